@@ -169,13 +169,14 @@ class TritonLCLoss(torch.autograd.Function):
         row_cnt = torch.empty(n_rows, dtype=torch.int32, device=z.device)
         _lc_fwd_kernel[(triton.cdiv(n_rows, BLOCK_M),)](
             z, sq_norm, row_num, row_cnt, n_rows, n_labeled, dim, eps, **_launch_config(z))
-        loss, inv_count = combine_row_sums(row_num, row_cnt.long(), n_labeled)
+        loss, fraction, inv_count = combine_row_sums(row_num, row_cnt.long(), n_labeled)
         ctx.save_for_backward(z, sq_norm, inv_count)
+        ctx.mark_non_differentiable(fraction)
         ctx.n_labeled, ctx.eps = n_labeled, eps
-        return loss
+        return loss, fraction
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, _grad_fraction):
         z, sq_norm, inv_count = ctx.saved_tensors
         n_labeled, eps = ctx.n_labeled, ctx.eps
         n_rows, dim = z.shape
@@ -198,7 +199,7 @@ def _triton_interpreted():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def lc_loss(z_labeled, z_unlabeled, eps, impl="auto"):
+def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False):
     """Local-clustering loss L_lc (paper Eq. 4-5) of student features, as a 0-dim tensor.
 
     z_labeled: (N_l, D), N_l >= 0; z_unlabeled: (N_u, D), N_u >= 1; eps: the cut-off on the MEAN
@@ -207,6 +208,8 @@ def lc_loss(z_labeled, z_unlabeled, eps, impl="auto"):
     gradients come back in the inputs' dtype.
     impl: "auto" (Triton for CUDA tensors, the torch path otherwise), "triton" (CUDA tensors, or
     CPU tensors under TRITON_INTERPRET=1) or "torch" (row-chunked, any device).
+    return_fraction: also return the fraction of the N_l N_u + N_u^2 ordered pairs that are
+    neighbours (the U x U diagonal included), a 0-dim fp32 tensor without gradient.
 
     Precision: |a|^2 + |b|^2 - 2 a.b cancels when points sit far from each other's common centre
     compared with their distance, which is where LC-trained clusters end up. Points are centred
@@ -226,9 +229,9 @@ def lc_loss(z_labeled, z_unlabeled, eps, impl="auto"):
     z = torch.cat([z_labeled.to(dtype), z_unlabeled.to(dtype)])
     if impl == "triton" and dtype in (torch.float16, torch.bfloat16):
         work = z - z.detach().float().mean(0).to(dtype)
-        loss = TritonLCLoss.apply(work, z_labeled.shape[0], eps)
+        loss, fraction = TritonLCLoss.apply(work, z_labeled.shape[0], eps)
     else:
         work = z.double() - z.detach().double().mean(0)
         fn = TritonLCLoss if impl == "triton" else ChunkedLCLoss
-        loss = fn.apply(work, z_labeled.shape[0], eps)
-    return loss.to(dtype)
+        loss, fraction = fn.apply(work, z_labeled.shape[0], eps)
+    return (loss.to(dtype), fraction) if return_fraction else loss.to(dtype)

@@ -12,7 +12,8 @@ CHUNK_PAIRS = 1 << 21
 
 
 def combine_row_sums(row_num, row_cnt, n_labeled):
-    """Per-row sums -> L_lc (Eq. 5) and the gradient scale 1 / neighbour count of each term.
+    """Per-row sums -> L_lc (Eq. 5), the fraction of pairs that are neighbours, and the gradient
+    scale 1 / neighbour count of each term.
 
     Rows 0..n_labeled-1 are labeled points (term L x U), the rest unlabeled (term U x U). Summing
     per-row partials in a fixed order keeps the result bitwise reproducible.
@@ -21,7 +22,9 @@ def combine_row_sums(row_num, row_cnt, n_labeled):
     count = torch.stack([row_cnt[:n_labeled].sum(), row_cnt[n_labeled:].sum()])
     # A term without neighbour pairs has num == 0; dividing by 1 makes it 0 instead of NaN.
     inv_count = 1.0 / count.clamp(min=1).to(row_num.dtype)
-    return (num * inv_count).sum(), inv_count
+    n_unlabeled = len(row_num) - n_labeled
+    fraction = count.sum().to(torch.float32) / (len(row_num) * n_unlabeled)
+    return (num * inv_count).sum(), fraction, inv_count
 
 
 def _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps):
@@ -52,13 +55,14 @@ class ChunkedLCLoss(torch.autograd.Function):
             d2, neighbour = _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps)
             row_num[start:stop] = (torch.exp(-d2 / eps) * d2).mul_(neighbour).sum(1)
             row_cnt[start:stop] = neighbour.sum(1)
-        loss, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
+        loss, fraction, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
         ctx.save_for_backward(z, sq_norm, inv_count)
+        ctx.mark_non_differentiable(fraction)
         ctx.n_labeled, ctx.eps = n_labeled, eps
-        return loss
+        return loss, fraction
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, _grad_fraction):
         z, sq_norm, inv_count = ctx.saved_tensors
         n_labeled, eps = ctx.n_labeled, ctx.eps
         n_rows, dim = z.shape

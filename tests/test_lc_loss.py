@@ -244,3 +244,12 @@ def test_torch_path_chunks_match_reference(monkeypatch, chunk_pairs):
     monkeypatch.setattr(sys.modules["kernels.lc_loss_torch"], "CHUNK_PAIRS", chunk_pairs)
     zl, zu = clustered(50, 70, 9, n_clusters=3)
     assert_matches_reference(zl, zu, 2.0, "torch", RTOL[torch.float32])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_neighbour_fraction(impl):
+    zl, zu = clustered(7, 30, 5, n_clusters=3)
+    loss, fraction = lc_loss(zl, zu, 2.0, impl=impl, return_fraction=True)
+    d2 = torch.cat([torch.cdist(zl, zu).flatten(), torch.cdist(zu, zu).flatten()]).pow(2) / 5
+    assert fraction.item() == pytest.approx((d2 <= 2.0).double().mean().item(), rel=1e-6)
+    assert not fraction.requires_grad and torch.equal(loss, lc_loss(zl, zu, 2.0, impl=impl))
