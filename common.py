@@ -1,0 +1,620 @@
+"""Shared pieces of the three stages: model, data, augmentation, ramps, EMA, checkpoints.
+
+Equation numbers refer to the paper (../shared/paper/local_clustering_mean_teacher.tex).
+"""
+import math
+import os
+import pickle
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------------------------
+# Presets: the paper's protocol (Section 5.1) per dataset; digits is the small offline quickstart.
+# Schedules are in epochs; an epoch is one pass over the unlabeled set.
+
+PRESETS = {
+    "svhn": dict(labels=1000, epochs=300, decay_epochs=200, ema=0.995, cons_rampup=5,
+                 lc_epochs=100, lc_decay_epochs=200, lc_rampup=50, eps=50.0, lam=20.0, eval_every=10, bn_momentum=0.001),
+    "cifar10": dict(labels=4000, epochs=800, decay_epochs=200, ema=0.99, cons_rampup=5,
+                    lc_epochs=200, lc_decay_epochs=200, lc_rampup=100, eps=50.0, lam=10.0, eval_every=10, bn_momentum=0.001),
+    # digits: ~1440 training images, ~10 steps per epoch. MT needs a consistency ramp of several
+    # hundred steps on data this small (a ramp of tens of steps makes it worse than supervised-only),
+    # and the running means of the BN layers must follow within the few hundred steps of a run.
+    "digits": dict(labels=100, epochs=60, decay_epochs=30, ema=0.99, cons_rampup=30,
+                   lc_epochs=20, lc_decay_epochs=30, lc_rampup=10, eps=50.0, lam=20.0, eval_every=10,
+                   bn_momentum=0.02),
+    "folder": dict(labels=None, epochs=300, decay_epochs=200, ema=0.99, cons_rampup=5,
+                   lc_epochs=100, lc_decay_epochs=200, lc_rampup=50, eps=50.0, lam=20.0, eval_every=10, bn_momentum=0.001),
+}
+# CIFAR-10 with 2,000 labels: MT for 600 epochs, LC until epoch 800 (Section 5.1), eps 40.
+CIFAR10_2000 = dict(epochs=600, eps=40.0)
+DATASETS = tuple(PRESETS)
+
+
+class UserError(click.ClickException):
+    """A problem with the user's input or files: a one-line message and exit code 2, no traceback."""
+    exit_code = 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Model: the 13-layer ConvNet ("conv-large") with weight normalization and mean-only batch norm.
+
+class WeightNormMeanOnlyBN(nn.Module):
+    """Conv or linear layer, weight-normalized, followed by mean-only batch normalization
+    (Salimans & Kingma 2016): y = W x - mean(W x) + b with W = g v / |v| per output unit.
+
+    `data_init` (on the first batch) sets g so that W x has standard deviation `init_scale` on that
+    batch, and, as the authors' code does, b = -mean(W x): the units start shifted by their initial
+    mean, mostly on the 0.1 slope of the LeakyReLU that follows. With b = 0 instead, SGD at the
+    paper's lr 0.05 with momentum 0.9 diverged within 10 steps here. Training subtracts the batch
+    mean and updates a running mean (momentum 0.001), which starts at the first batch's mean;
+    eval mode subtracts the running mean.
+    """
+
+    def __init__(self, in_features, out_features, kernel_size=None, padding=0, init_scale=1.0,
+                 v_std=0.05, momentum=0.001):
+        super().__init__()
+        shape = (out_features, in_features) + ((kernel_size, kernel_size) if kernel_size else ())
+        self.v = nn.Parameter(torch.randn(shape) * v_std)
+        self.g = nn.Parameter(torch.ones(out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        self.register_buffer("running_mean", torch.zeros(out_features))
+        self.is_conv, self.padding = kernel_size is not None, padding
+        self.init_scale, self.momentum = init_scale, momentum
+        self.pending_init = False
+
+    def _project(self, x, weight):
+        if self.is_conv:
+            return F.conv2d(x, weight, padding=self.padding)
+        return F.linear(x, weight)
+
+    def _weight(self):
+        norm = self.v.flatten(1).norm(dim=1).view(-1, *[1] * (self.v.dim() - 1))
+        return self.g.view_as(norm) * self.v / norm
+
+    def forward(self, x):
+        if self.pending_init:
+            self._data_init(x)
+        t = self._project(x, self._weight())
+        dims = (0, 2, 3) if self.is_conv else (0,)
+        shape = (1, -1, 1, 1) if self.is_conv else (1, -1)
+        if self.training:
+            mean = t.mean(dims)
+            with torch.no_grad():
+                self.running_mean.lerp_(mean.detach().float(), self.momentum)
+        else:
+            mean = self.running_mean.to(t.dtype)
+        return t - mean.view(shape) + self.bias.view(shape)
+
+    @torch.no_grad()
+    def _data_init(self, x):
+        self.pending_init = False
+        t = self._project(x, self._weight() / self.g.view(-1, *[1] * (self.v.dim() - 1)))
+        dims = (0, 2, 3) if self.is_conv else (0,)
+        self.g.copy_(self.init_scale / (t.std(dims) + 1e-8))
+        self.running_mean.copy_(t.mean(dims) * self.g)
+        self.bias.copy_(-self.running_mean)
+
+
+class ConvLarge(nn.Module):
+    """The 13-layer ConvNet of Pi-model, Mean Teacher and the paper (3,121,812 parameters at width 1).
+
+    forward(x) returns (z, logits): z is the globally average-pooled feature (128-d at width 1)
+    on which the LC loss acts, logits the 10 (num_classes) class scores.
+    """
+
+    def __init__(self, num_classes=10, width=1.0, bn_momentum=0.001):
+        super().__init__()
+        def channels(c):  # width-1 channel count -> this network's (the RGB input stays 3)
+            return c if c == 3 else max(1, round(c * width))
+
+        def layer(cin, cout, k=None, pad=0, init_scale=1.0):
+            # v ~ N(0, 0.05^2) at width 1, the authors' init. SGD's step on a weight direction
+            # scales as 1 / |v|^2, so a narrower layer keeps the full-width row norm |v| instead:
+            # otherwise its effective lr grows as 1 / width and training diverges.
+            v_std = 0.05 * math.sqrt(cin / channels(cin))
+            return WeightNormMeanOnlyBN(channels(cin), channels(cout), k, pad, init_scale, v_std, bn_momentum)
+
+        specs = [(3, 128, 3, 1), (128, 128, 3, 1), (128, 128, 3, 1), "pool",
+                 (128, 256, 3, 1), (256, 256, 3, 1), (256, 256, 3, 1), "pool",
+                 (256, 512, 3, 0), (512, 256, 1, 0), (256, 128, 1, 0)]
+        layers = []
+        for spec in specs:
+            if spec == "pool":
+                layers += [nn.MaxPool2d(2), nn.Dropout(0.5)]
+            else:
+                layers += [layer(*spec), nn.LeakyReLU(0.1)]
+        self.features = nn.Sequential(*layers)
+        self.feature_dim = channels(128)
+        self.classifier = WeightNormMeanOnlyBN(self.feature_dim, num_classes, init_scale=0.1,
+                                               v_std=0.05 * math.sqrt(128 / self.feature_dim), momentum=bn_momentum)
+
+    def forward(self, x):
+        z = self.features(x).mean((2, 3))
+        return z, self.classifier(z)
+
+    @torch.no_grad()
+    def data_init(self, x):
+        """Data-dependent initialization of every layer from one batch (train mode, as in training)."""
+        for m in self.modules():
+            if isinstance(m, WeightNormMeanOnlyBN):
+                m.pending_init = True
+        was_training = self.training
+        self.train()
+        self(x)
+        self.train(was_training)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: whole datasets decoded once into uint8 tensors (N, 3, 32, 32).
+
+@dataclass
+class ImageData:
+    train_x: torch.Tensor  # uint8 (N, 3, 32, 32)
+    train_y: torch.Tensor  # int64 (N,)
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: list
+
+    @property
+    def num_classes(self):
+        return len(self.classes)
+
+
+SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
+CIFAR10_DIR = "cifar-10-batches-py"
+CIFAR10_FILES = tuple(f"{CIFAR10_DIR}/data_batch_{i}" for i in range(1, 6)) + (f"{CIFAR10_DIR}/test_batch",)
+
+
+def _ensure_files(data_dir, files, download, what):
+    """Download a dataset into data_dir when its files are missing; exit 2 naming them if that fails."""
+    missing = [f for f in files if not (data_dir / f).is_file()]
+    if not missing:
+        return
+    try:
+        download()
+    except Exception as exc:  # offline, a proxy, a full disk: all end the same way for the user
+        raise UserError(f"{what} files missing in {data_dir} and the download failed "
+                        f"({type(exc).__name__}); place {', '.join(missing)} there") from None
+    still = [f for f in files if not (data_dir / f).is_file()]
+    if still:
+        raise UserError(f"{what} download did not produce {', '.join(still)} in {data_dir}")
+
+
+def load_svhn(data_dir):
+    """SVHN from torchvision's files (train_32x32.mat, test_32x32.mat), digit '0' stored as 10 -> 0."""
+    import scipy.io
+    import torchvision
+
+    def download():
+        for split in ("train", "test"):
+            torchvision.datasets.SVHN(str(data_dir), split=split, download=True)
+
+    _ensure_files(data_dir, SVHN_FILES, download, "SVHN")
+
+    def read(name):
+        try:
+            mat = scipy.io.loadmat(str(data_dir / name))
+            x = torch.from_numpy(np.ascontiguousarray(mat["X"].transpose(3, 2, 0, 1)))
+            y = torch.from_numpy(mat["y"].astype(np.int64).reshape(-1)) % 10
+        except Exception as exc:
+            raise UserError(f"cannot read {data_dir / name}: {type(exc).__name__}: {exc}") from None
+        return x, y
+
+    (train_x, train_y), (test_x, test_y) = read(SVHN_FILES[0]), read(SVHN_FILES[1])
+    return ImageData(train_x, train_y, test_x, test_y, [str(i) for i in range(10)])
+
+
+def load_cifar10(data_dir):
+    """CIFAR-10 from its pickled python batches (cifar-10-batches-py/data_batch_1..5, test_batch)."""
+    import torchvision
+
+    def download():
+        torchvision.datasets.CIFAR10(str(data_dir), train=True, download=True)
+
+    _ensure_files(data_dir, CIFAR10_FILES, download, "CIFAR-10")
+
+    def read(names):
+        xs, ys = [], []
+        for name in names:
+            try:
+                with open(data_dir / name, "rb") as f:
+                    batch = pickle.load(f, encoding="bytes")
+                xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+                ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
+            except Exception as exc:
+                raise UserError(f"cannot read {data_dir / name}: {type(exc).__name__}: {exc}") from None
+        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+    train_x, train_y = read(CIFAR10_FILES[:5])
+    test_x, test_y = read(CIFAR10_FILES[5:])
+    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    return ImageData(train_x, train_y, test_x, test_y, classes)
+
+
+def load_digits():
+    """scikit-learn's bundled 8x8 digits (1,797 images), upscaled to 3 x 32 x 32, with a fixed
+    stratified 80/20 train/test split (seed 0)."""
+    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sk_digits()
+    images = torch.from_numpy(bunch.images).float().div(16.0)[:, None]  # values 0..16
+    images = F.interpolate(images, size=32, mode="bilinear", align_corners=False)
+    images = (images.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
+    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=0.2, random_state=0,
+                                           stratify=bunch.target)
+    train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+    return ImageData(images[train_idx], labels[train_idx], images[test_idx], labels[test_idx],
+                     [str(i) for i in range(10)])
+
+
+def load_folder(data_dir):
+    """Images in ImageFolder layout: data_dir/train/<class>/*, data_dir/test/<class>/*, as RGB 32x32."""
+    from PIL import Image
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    def read(split):
+        root = data_dir / split
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        if not classes:
+            raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
+        try:
+            samples = make_dataset(str(root), {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS)
+        except FileNotFoundError as exc:
+            raise UserError(f"{root}: {str(exc).splitlines()[0]}") from None
+        xs = []
+        for path, _ in samples:
+            try:
+                with Image.open(path) as img:
+                    img = img.convert("RGB").resize((32, 32), Image.BILINEAR)
+            except Exception as exc:
+                raise UserError(f"cannot read image {path}: {type(exc).__name__}") from None
+            xs.append(torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1))
+        return torch.stack(xs), torch.tensor([label for _, label in samples]), classes
+
+    train_x, train_y, classes = read("train")
+    test_x, test_y, test_classes = read("test")
+    if test_classes != classes:
+        raise UserError(f"train and test class folders differ in {data_dir}: "
+                        f"{sorted(set(classes) ^ set(test_classes))}")
+    return ImageData(train_x, train_y, test_x, test_y, classes)
+
+
+def load_dataset(name, data_dir):
+    data_dir = Path(data_dir)
+    if name == "svhn":
+        return load_svhn(data_dir)
+    if name == "cifar10":
+        return load_cifar10(data_dir)
+    if name == "digits":
+        return load_digits()
+    if name == "folder":
+        return load_folder(data_dir)
+    raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def balanced_split(labels, n_labeled, num_classes, seed):
+    """Indices of n_labeled training images, n_labeled / num_classes per class, and of the rest.
+
+    Drawn with its own generator, so the split depends on `seed` alone.
+    """
+    if n_labeled < num_classes or n_labeled % num_classes:
+        raise UserError(f"--labels {n_labeled} must be a positive multiple of the {num_classes} classes")
+    per_class = n_labeled // num_classes
+    gen = torch.Generator().manual_seed(seed)
+    chosen = []
+    for c in range(num_classes):
+        members = (labels == c).nonzero().flatten()
+        if len(members) < per_class:
+            raise UserError(f"--labels {n_labeled} needs {per_class} images of class {c}, "
+                            f"the training set has {len(members)}")
+        chosen.append(members[torch.randperm(len(members), generator=gen)[:per_class]])
+    labeled = torch.cat(chosen).sort().values
+    is_labeled = torch.zeros(len(labels), dtype=torch.bool)
+    is_labeled[labeled] = True
+    unlabeled = (~is_labeled).nonzero().flatten()
+    if len(unlabeled) == 0:
+        raise UserError(f"--labels {n_labeled} leaves no unlabeled training image")
+    return labeled, unlabeled
+
+
+def channel_stats(x):
+    """Per-channel mean and std of uint8 images, in [0, 1] units."""
+    x = x.float().div(255)
+    return x.mean((0, 2, 3)), x.std((0, 2, 3))
+
+
+class BatchStream:
+    """The indices of every step's batches, a pure function of (seed, step): an epoch is one pass
+    over the unlabeled set in a fresh random order; the labeled set cycles in its own orders."""
+
+    def __init__(self, n_labeled, n_unlabeled, labeled_batch, unlabeled_batch, seed):
+        self.n_labeled, self.n_unlabeled = n_labeled, n_unlabeled
+        self.labeled_batch, self.unlabeled_batch, self.seed = labeled_batch, unlabeled_batch, seed
+        self.steps_per_epoch = max(1, n_unlabeled // unlabeled_batch)
+        self._perms = {}
+
+    def _perm(self, kind, k, n):
+        key = (kind, k)
+        if key not in self._perms:
+            if len(self._perms) > 8:
+                self._perms.clear()
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * k + kind)
+            self._perms[key] = torch.randperm(n, generator=gen)
+        return self._perms[key]
+
+    def batch(self, step):
+        """(positions in the labeled set, positions in the unlabeled set) for this step."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        u = self._perm(1, epoch, self.n_unlabeled)
+        u = u[torch.arange(i * self.unlabeled_batch, (i + 1) * self.unlabeled_batch) % self.n_unlabeled]
+        pos = torch.arange(step * self.labeled_batch, (step + 1) * self.labeled_batch)
+        cycles, offsets = pos // self.n_labeled, pos % self.n_labeled
+        lab = torch.empty_like(pos)
+        for cycle in cycles.unique().tolist():
+            sel = cycles == cycle
+            lab[sel] = self._perm(0, cycle, self.n_labeled)[offsets[sel]]
+        return lab, u
+
+
+# ----------------------------------------------------------------------------------------------
+# Augmentation, batch-wise on the training device: no per-image Python.
+
+def augment(x, mean, std, flip, max_shift=2):
+    """Normalized, randomly translated (pad 2 with black, random 32x32 crop) and, for CIFAR-10,
+    randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
+    b, _, h, w = x.shape
+    padded = F.pad(x, (max_shift,) * 4)
+    dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    dx = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]
+    out = padded[torch.arange(b, device=x.device)[:, None, None, None],
+                 torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
+    if flip:
+        flipped = torch.rand(b, device=x.device) < 0.5
+        out = torch.where(flipped[:, None, None, None], out.flip(3), out)
+    return normalize(out, mean, std)
+
+
+def normalize(x, mean, std):
+    return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Schedules, EMA, losses.
+
+def sigmoid_rampup(progress, length):
+    """exp(-5 (1 - t)^2), t = progress / length clipped to [0, 1] (Mean Teacher's ramp-up); 1 if length is 0."""
+    if length <= 0:
+        return 1.0
+    t = min(max(progress / length, 0.0), 1.0)
+    return math.exp(-5.0 * (1.0 - t) ** 2)
+
+
+def learning_rate(progress, lr, constant_epochs, decay_epochs):
+    """lr for `constant_epochs`, then linearly down to 0 over `decay_epochs` (progress in epochs)."""
+    if progress < constant_epochs:
+        return lr
+    if decay_epochs <= 0:
+        return 0.0
+    return lr * max(0.0, 1.0 - (progress - constant_epochs) / decay_epochs)
+
+
+@torch.no_grad()
+def ema_update(teacher, student, alpha):
+    """theta'' <- alpha theta'' + (1 - alpha) theta' (Eq. 3), one fused foreach operation."""
+    t_params, s_params = list(teacher.parameters()), list(student.parameters())
+    torch._foreach_mul_(t_params, alpha)
+    torch._foreach_add_(t_params, s_params, alpha=1.0 - alpha)
+
+
+def consistency_loss(student_logits, teacher_logits):
+    """MSE between the class probabilities (Eq. 1), mean over classes and images; teacher detached."""
+    return F.mse_loss(F.softmax(student_logits.float(), 1), F.softmax(teacher_logits.detach().float(), 1))
+
+
+@torch.no_grad()
+def test_error(model, x, y, mean, std, batch_size=500):
+    """Error (%) of the model in eval mode on uint8 images x with labels y."""
+    was_training = model.training
+    model.eval()
+    wrong = 0
+    for i in range(0, len(x), batch_size):
+        _, logits = model(normalize(x[i:i + batch_size], mean, std))
+        wrong += (logits.argmax(1) != y[i:i + batch_size]).sum().item()
+    model.train(was_training)
+    return 100.0 * wrong / len(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices, seeds, checkpoints, metrics.
+
+def pick_device(name):
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def seed_step(seed, step):
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step) alone."""
+    torch.manual_seed(seed * 1_000_003 + step)
+
+
+def atomic_write(path, write):
+    """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
+    never leaves a truncated file behind."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(path, state):
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def append_metrics(path, record):
+    """Append one JSON line (rewriting the file atomically, so it is never half-written)."""
+    import json
+    path = Path(path)
+    old = path.read_bytes() if path.exists() else b""
+    atomic_write(path, lambda f: f.write(old + (json.dumps(record) + "\n").encode()))
+
+
+CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx")
+
+
+def load_checkpoint(path):
+    """A checkpoint as a dict, loaded with weights_only=True (a checkpoint from elsewhere cannot run
+    code); any problem ends the run with exit code 2 and a one-line reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"cannot load checkpoint {path}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200] if str(exc) else 'unreadable'}") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise UserError(f"{path} is not a checkpoint of this project (missing {', '.join(missing)})")
+    return state
+
+
+def build_models(config, device):
+    student = ConvLarge(config["num_classes"], config["width"], config["bn_momentum"]).to(device)
+    teacher = ConvLarge(config["num_classes"], config["width"], config["bn_momentum"]).to(device)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return student, teacher
+
+
+def make_optimizer(student, lr):
+    return torch.optim.SGD(student.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# The training loop both stages run: the MT objective (Eq. 2), plus lambda2 * r2 * L_lc (Eq. 6) in
+# stage 2.
+
+@dataclass
+class Stage:
+    name: str                 # "mt" or "lc"
+    epochs: int               # constant-lr epochs of this stage
+    decay_epochs: int         # then linear decay of the lr to 0
+    lr: float
+    ema: float
+    cons_weight: float        # lambda1
+    cons_rampup: float        # epochs, counted from the start of stage 1
+    eval_every: int
+    first_step: int           # global step at which this stage starts
+    lc_eps: float = 0.0       # stage 2 only
+    lc_weight: float = 0.0    # lambda2
+    lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
+
+
+class NonFiniteLoss(click.ClickException):
+    exit_code = 3
+
+
+def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, labeled_idx, unlabeled_idx):
+    return dict(student=student.state_dict(), teacher=teacher.state_dict(), optimizer=optimizer.state_dict(),
+                stage=stage.name, epoch=epoch, step=step, config=config,
+                labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx)
+
+
+def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device,
+        metrics_path, checkpoints, echo=click.echo):
+    """Train for stage.epochs + stage.decay_epochs epochs; after epoch e (1-based) of the stage,
+    save a checkpoint to checkpoints[e] if present and append one metrics line."""
+    from kernels import lc_loss
+
+    seed, n_lab_batch = config["seed"], config["labeled_batch"]
+    stream = BatchStream(len(labeled_idx), len(unlabeled_idx), n_lab_batch, config["unlabeled_batch"], seed)
+    train_x, train_y = data.train_x.to(device), data.train_y.to(device)
+    test_x, test_y = data.test_x.to(device), data.test_y.to(device)
+    lab_idx, unl_idx = labeled_idx.to(device), unlabeled_idx.to(device)
+    mean, std = (t.to(device) for t in (torch.tensor(config["mean"]), torch.tensor(config["std"])))
+    flip = config["dataset"] == "cifar10"
+    spe = stream.steps_per_epoch
+    total_epochs = stage.epochs + stage.decay_epochs
+    student.train()
+    teacher.train()  # dropout on and batch means, as in both reference implementations
+    for epoch in range(1, total_epochs + 1):
+        start = time.perf_counter()
+        sums = torch.zeros(5, device=device)  # loss, ce, cons, lc, neighbour fraction
+        for i in range(spe):
+            step = stage.first_step + (epoch - 1) * spe + i
+            progress = (epoch - 1) + i / spe  # epochs into this stage
+            lr = learning_rate(progress, stage.lr, stage.epochs, stage.decay_epochs)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            cons_w = stage.cons_weight * sigmoid_rampup(step / spe, stage.cons_rampup)
+            lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
+
+            seed_step(seed, step)
+            lab_pos, unl_pos = stream.batch(step)
+            batch_idx = torch.cat([lab_idx[lab_pos.to(device)], unl_idx[unl_pos.to(device)]])
+            images, labels = train_x[batch_idx], train_y[batch_idx[:n_lab_batch]]
+            z, logits = student(augment(images, mean, std, flip))
+            with torch.no_grad():
+                _, teacher_logits = teacher(augment(images, mean, std, flip))
+            ce = F.cross_entropy(logits[:n_lab_batch].float(), labels)
+            cons = consistency_loss(logits, teacher_logits)
+            loss = ce + cons_w * cons
+            if stage.name == "lc":
+                lc, fraction = lc_loss(z[:n_lab_batch].float(), z[n_lab_batch:].float(), stage.lc_eps,
+                                       return_fraction=True)
+                loss = loss + lc_w * lc
+            else:
+                lc = fraction = torch.zeros((), device=device)
+            if not torch.isfinite(loss):
+                raise NonFiniteLoss(f"non-finite loss at step {step} (epoch {epoch} of stage {stage.name}): "
+                                    f"ce={ce.item():.4g} cons={cons.item():.4g} lc={lc.item():.4g}; "
+                                    f"the last good checkpoint is kept")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            ema_update(teacher, student, stage.ema)
+            sums += torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction]).float()
+
+        means = (sums / spe).tolist()
+        record = dict(stage=stage.name, epoch=epoch, step=stage.first_step + epoch * spe, lr=lr,
+                      cons_weight=cons_w, lc_weight=lc_w, loss=means[0], ce=means[1], cons=means[2],
+                      time_s=round(time.perf_counter() - start, 3))
+        if stage.name == "lc":
+            record.update(lc=means[3], neighbour_fraction=means[4])
+        line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
+                f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
+                + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
+                + f" | {record['time_s']:.1f}s")
+        if epoch % stage.eval_every == 0 or epoch == total_epochs:
+            record["student_error"] = test_error(student, test_x, test_y, mean, std)
+            record["teacher_error"] = test_error(teacher, test_x, test_y, mean, std)
+            line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
+        echo(line)
+        append_metrics(metrics_path, record)
+        if epoch in checkpoints:
+            save_checkpoint(checkpoints[epoch], checkpoint_state(
+                student, teacher, optimizer, stage, epoch, record["step"], config, labeled_idx, unlabeled_idx))
+    return record

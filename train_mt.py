@@ -1,0 +1,102 @@
+"""Stage 1: Mean Teacher (paper Eq. 1-3) on SVHN, CIFAR-10, scikit-learn's digits or your own folder.
+
+    python train_mt.py --dataset svhn                       # the paper's protocol for SVHN
+    python train_mt.py --dataset digits --width 0.25        # a few minutes on a CPU
+
+Writes to --out: mt.pt (the state at the end of the constant-lr phase, where the paper starts LC),
+mt_final.pt (after the lr decay: the MT baseline) and mt_metrics.jsonl (one JSON line per epoch).
+"""
+from pathlib import Path
+
+import click
+import torch
+
+import common
+
+OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--dataset", type=click.Choice(common.DATASETS), default="digits",
+              help="svhn / cifar10 (downloaded into --data-dir), digits (bundled with scikit-learn, offline), "
+                   "folder (--data-dir/train/<class>/* and --data-dir/test/<class>/*).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default="./data", help="Where the dataset files are or go.")
+@click.option("--labels", type=int, default=None,
+              help="Labeled training images, balanced over classes. [default: svhn 1000, cifar10 4000, digits 100; "
+                   "required for folder]")
+@click.option("--split-seed", type=int, default=0, help="Seed of the labeled/unlabeled split.")
+@click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
+@click.option("--unlabeled-batch", type=click.IntRange(min=1), default=128,
+              help="Unlabeled images per step; an epoch is one pass over the unlabeled set.")
+@click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              help="Channel multiplier of the 13-layer ConvNet; 1.0 is the paper's network.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Epochs at constant lr. [default: svhn 300, cifar10 800 (600 with 2000 labels), digits 60]")
+@click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
+              help="Epochs of linear lr decay to 0 after that. [default: 200; digits 30]")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
+@click.option("--ema", type=click.FloatRange(0, 1), default=None, help="Teacher EMA decay alpha. [default: svhn 0.995, others 0.99]")
+@click.option("--cons-weight", type=click.FloatRange(min=0), default=100.0,
+              help="Consistency weight lambda1; 0 trains the supervised-only baseline.")
+@click.option("--cons-rampup", type=click.FloatRange(min=0), default=None,
+              help="Epochs of the sigmoid ramp-up of lambda1. [default: 5; digits 30 (about 300 steps)]")
+@click.option("--bn-momentum", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Momentum of the BN layers' running means (used in eval mode). [default: 0.001; digits 0.02]")
+@click.option("--eval-every", type=click.IntRange(min=1), default=None, help="Test errors every this many epochs (and at the end). [default: 10]")
+@click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
+@click.option("--out", type=click.Path(file_okay=False), default=".", help="Output folder.")
+@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
+         lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite):
+    """Stage 1: train the Mean Teacher model (student + EMA teacher)."""
+    preset = dict(common.PRESETS[dataset])
+    if dataset == "cifar10" and labels == 2000:
+        preset.update(common.CIFAR10_2000)
+    labels = labels if labels is not None else preset["labels"]
+    if labels is None:
+        raise common.UserError("--labels is required for --dataset folder")
+    out = Path(out)
+    existing = [f for f in OUTPUTS if (out / f).exists()]
+    if existing and not overwrite:
+        raise common.UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
+                               f"pass --overwrite or choose another --out")
+    device = common.pick_device(device)
+
+    data = common.load_dataset(dataset, data_dir)
+    labeled_idx, unlabeled_idx = common.balanced_split(data.train_y, labels, data.num_classes, split_seed)
+    mean, std = common.channel_stats(data.train_x)
+    config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
+                  labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
+                  num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
+                  seed=seed, lr=lr, ema=ema if ema is not None else preset["ema"], cons_weight=cons_weight,
+                  cons_rampup=cons_rampup if cons_rampup is not None else preset["cons_rampup"],
+                  epochs=epochs or preset["epochs"],
+                  decay_epochs=decay_epochs if decay_epochs is not None else preset["decay_epochs"],
+                  bn_momentum=bn_momentum or preset["bn_momentum"], eval_every=eval_every or preset["eval_every"])
+    click.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(data.test_y)} test, "
+               f"width {width}, {config['epochs']}+{config['decay_epochs']} epochs, device {device}")
+
+    torch.manual_seed(seed)
+    student, teacher = common.build_models(config, device)
+    first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
+    student.data_init(common.augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10"))
+    teacher.load_state_dict(student.state_dict())
+    optimizer = common.make_optimizer(student, lr)
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in existing:
+        (out / f).unlink()
+    stage = common.Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=lr,
+                         ema=config["ema"], cons_weight=cons_weight, cons_rampup=config["cons_rampup"],
+                         eval_every=config["eval_every"], first_step=0)
+    total = config["epochs"] + config["decay_epochs"]
+    checkpoints = {config["epochs"]: out / "mt.pt", total: out / "mt_final.pt"}
+    last = common.fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device,
+                      out / "mt_metrics.jsonl", checkpoints)
+    click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
+               f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()
