@@ -618,3 +618,29 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
             save_checkpoint(checkpoints[epoch], checkpoint_state(
                 student, teacher, optimizer, stage, epoch, record["step"], config, labeled_idx, unlabeled_idx))
     return record
+
+
+def restore_models(state, device):
+    """Student and teacher of a checkpoint; a checkpoint of another width or class count exits 2."""
+    config = state["config"]
+    try:
+        student, teacher = build_models(config, device)
+        student.load_state_dict(state["student"])
+        teacher.load_state_dict(state["teacher"])
+    except (KeyError, TypeError, RuntimeError) as exc:
+        raise UserError(f"checkpoint does not fit this project's model: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200]}") from None
+    return student, teacher
+
+
+def restore_data(state, data_dir=None):
+    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it."""
+    config = state["config"]
+    data = load_dataset(config["dataset"], data_dir or config["data_dir"])
+    n_train = len(data.train_y)
+    split = torch.cat([state["labeled_idx"], state["unlabeled_idx"]])
+    if data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train:
+        raise UserError(f"the {config['dataset']} data in {data_dir or config['data_dir']} does not match the "
+                        f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
+                        f"{config['num_classes']} and {len(split)} in the checkpoint)")
+    return data

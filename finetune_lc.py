@@ -1,0 +1,88 @@
+"""Stage 2: continue a Mean Teacher checkpoint with the local-clustering loss (paper Eq. 4-6).
+
+    python finetune_lc.py --ckpt mt.pt --eps 50 --lam 20
+
+Loads student, teacher, optimizer and the labeled split from the MT checkpoint, then minimizes
+CE + lambda1 * consistency + lambda2 * r2 * L_lc, where L_lc acts on the student's features of
+the labeled and unlabeled images of each batch and r2 ramps up over --lc-rampup epochs from the
+start of fine-tuning. Writes lc.pt and lc_metrics.jsonl to --out (default: the checkpoint's folder).
+"""
+from pathlib import Path
+
+import click
+
+import common
+
+OUTPUTS = ("lc.pt", "lc_metrics.jsonl")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--ckpt", type=click.Path(dir_okay=False), required=True,
+              help="The MT checkpoint to start from (mt.pt: the end of MT's constant-lr phase, as in the paper).")
+@click.option("--eps", type=float, default=None,
+              help="LC cut-off on the mean squared feature distance. [default: 50; cifar10 with 2000 labels 40]")
+@click.option("--lam", type=float, default=None, help="LC weight lambda2. [default: svhn 20, cifar10 10, digits 20]")
+@click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
+              help="Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. [default: svhn 50, cifar10 100, digits 10]")
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Epochs at constant lr. [default: svhn 100, cifar10 200, digits 20]")
+@click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
+              help="Epochs of linear lr decay to 0 after that. [default: 200; digits 30]")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="SGD learning rate. [default: the checkpoint's]")
+@click.option("--eval-every", type=click.IntRange(min=1), default=None,
+              help="Test errors every this many epochs (and at the end). [default: the checkpoint's]")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: the checkpoint's folder]")
+@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, device, out, overwrite):
+    """Stage 2: fine-tune an MT checkpoint with the local-clustering loss."""
+    state = common.load_checkpoint(ckpt)
+    if state.get("stage") != "mt":
+        raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
+    config = dict(state["config"])
+    preset = dict(common.PRESETS[config["dataset"]])
+    if config["dataset"] == "cifar10" and config["labels"] == 2000:
+        preset.update(common.CIFAR10_2000)
+    eps = eps if eps is not None else preset["eps"]
+    lam = lam if lam is not None else preset["lam"]
+    if not eps > 0 or eps == float("inf"):
+        raise common.UserError(f"--eps must be finite and > 0, got {eps}")
+    if not lam >= 0 or lam == float("inf"):
+        raise common.UserError(f"--lam must be finite and >= 0, got {lam}")
+    out = Path(out) if out is not None else Path(ckpt).parent
+    existing = [f for f in OUTPUTS if (out / f).exists()]
+    if existing and not overwrite:
+        raise common.UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
+                               f"pass --overwrite or choose another --out")
+    device = common.pick_device(device)
+
+    data = common.restore_data(state, data_dir)
+    student, teacher = common.restore_models(state, device)
+    optimizer = common.make_optimizer(student, config["lr"])
+    optimizer.load_state_dict(state["optimizer"])
+    config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else preset["lc_rampup"],
+                        epochs=epochs or preset["lc_epochs"],
+                        decay_epochs=decay_epochs if decay_epochs is not None else preset["lc_decay_epochs"],
+                        lr=lr or config["lr"], eval_every=eval_every or config["eval_every"],
+                        mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
+    lc = config["lc"]
+    click.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
+               f"eps {eps}, lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, device {device}")
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in existing:
+        (out / f).unlink()
+    stage = common.Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
+                         ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
+                         eval_every=lc["eval_every"], first_step=state["step"],
+                         lc_eps=eps, lc_weight=lam, lc_rampup=lc["lc_rampup"])
+    total = lc["epochs"] + lc["decay_epochs"]
+    last = common.fit(student, teacher, optimizer, data, state["labeled_idx"], state["unlabeled_idx"], config,
+                      stage, device, out / "lc_metrics.jsonl", {total: out / "lc.pt"})
+    click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
+               f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Tiny datasets in the real on-disk formats, for tests: SVHN's .mat, CIFAR-10's pickled batches,
+an ImageFolder tree."""
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+
+def write_svhn(root, n_train=200, n_test=50, seed=0):
+    """train_32x32.mat / test_32x32.mat: X is (32, 32, 3, N) uint8, y is (N, 1) with digit 0 stored as 10."""
+    import scipy.io
+    rng = np.random.default_rng(seed)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, n in (("train", n_train), ("test", n_test)):
+        digits = np.arange(n) % 10
+        x = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
+        y = np.where(digits == 0, 10, digits).astype(np.uint8).reshape(-1, 1)
+        scipy.io.savemat(str(Path(root) / f"{name}_32x32.mat"), {"X": x, "y": y})
+        out[name] = (x, digits)
+    return out
+
+
+def write_cifar10(root, per_batch=40, n_test=50, seed=0):
+    """cifar-10-batches-py/data_batch_1..5 and test_batch: dicts with b'data' (N, 3072) uint8 and b'labels'."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", n_test)]:
+        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        labels = [int(v) for v in rng.permutation(np.arange(n) % 10)]
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"data": data, b"labels": labels,
+                         b"filenames": [b"x.png"] * n}, f, protocol=2)
+        out[name] = (data, labels)
+    return out
+
+
+def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=0):
+    """root/train/<class>/*.png and root/test/<class>/*.png of assorted sizes and modes."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("test", n_test)):
+        for c in classes:
+            folder = Path(root) / split / c
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                size = (int(rng.integers(20, 60)), int(rng.integers(20, 60)))
+                mode = ("RGB", "L", "RGBA")[i % 3]
+                pixels = rng.integers(0, 256, (size[1], size[0], len(mode)), dtype=np.uint8)
+                Image.fromarray(pixels.squeeze(-1) if mode == "L" else pixels, mode).save(folder / f"{i}.png")

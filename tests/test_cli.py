@@ -1,0 +1,187 @@
+"""The three stages end to end on tiny data: files, metrics lines, JSON keys, exit codes."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import common
+import evaluate
+import finetune_lc
+import train_mt
+from fakedata import write_cifar10, write_folder, write_svhn
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1"]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+
+
+def lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def mt_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mt")
+    res = run("train_mt.py", "--dataset", "digits", *TINY, "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert "mt epoch 2/2" in res.stdout and "test error student" in res.stdout
+    return out
+
+
+def test_three_stages_on_digits(mt_run, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("mt.pt", "mt_final.pt", "mt_metrics.jsonl"):
+        (out / name).write_bytes((mt_run / name).read_bytes())
+    for name in ("mt.pt", "mt_final.pt", "mt_metrics.jsonl"):
+        assert (out / name).stat().st_size > 0
+    records = lines(out / "mt_metrics.jsonl")
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert {"loss", "ce", "cons", "lr", "cons_weight", "time_s", "step"} <= set(records[0])
+    assert "student_error" in records[-1]
+
+    ckpt = torch.load(out / "mt.pt", weights_only=True)
+    assert set(common.CHECKPOINT_KEYS) <= set(ckpt) and ckpt["epoch"] == 1 and ckpt["stage"] == "mt"
+    assert torch.load(out / "mt_final.pt", weights_only=True)["epoch"] == 2
+
+    lc = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--eps", "50", "--lam", "20", "--epochs", "1",
+             "--decay-epochs", "1", "--lc-rampup", "1")
+    assert lc.returncode == 0, lc.stderr
+    records = lines(out / "lc_metrics.jsonl")
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert records[0]["lc"] > 0 and 0 < records[0]["neighbour_fraction"] <= 1
+    lc_ckpt = torch.load(out / "lc.pt", weights_only=True)
+    assert lc_ckpt["stage"] == "lc" and lc_ckpt["step"] == 2 * ckpt["step"] + ckpt["step"]
+    assert torch.equal(lc_ckpt["labeled_idx"], ckpt["labeled_idx"])  # the MT split is reused
+
+    ev = run("evaluate.py", "--ckpt", out / "lc.pt", "--json")
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert {"student_error", "teacher_error", "n_test", "dataset", "labels"} <= set(result)
+    assert result["dataset"] == "digits" and result["labels"] == 100 and result["n_test"] == 360
+    assert result["teacher_error"] == pytest.approx(records[-1]["teacher_error"])
+
+
+@pytest.mark.parametrize("dataset, writer", [("svhn", write_svhn), ("cifar10", write_cifar10)])
+def test_train_mt_reads_real_file_formats(tmp_path, dataset, writer):
+    writer(tmp_path / "data")
+    res = run("train_mt.py", "--dataset", dataset, "--data-dir", tmp_path / "data", "--labels", "20", *TINY,
+              "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    assert "20 labeled / 180 unlabeled / 50 test" in res.stdout
+
+
+def test_folder_dataset(tmp_path):
+    write_folder(tmp_path / "data", n_train=12)
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "data", "--labels", "6",
+              "--unlabeled-batch", "16", "--width", "0.0625", "--epochs", "1", "--decay-epochs", "0",
+              "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    ev = run("evaluate.py", "--ckpt", tmp_path / "run" / "mt_final.pt", "--json")
+    assert json.loads(ev.stdout.splitlines()[-1])["n_test"] == 9
+
+
+def invoke(command, args):
+    return CliRunner().invoke(command.main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--labels", "15"], "multiple of the 10 classes"),
+    (["--labels", "5000"], "needs 500 images of class"),
+    (["--dataset", "folder"], "--labels is required"),
+    (["--dataset", "imagenet"], "Invalid value for '--dataset'"),
+    (["--labeled-batch", "0"], "Invalid value for '--labeled-batch'"),
+    (["--unlabeled-batch", "0"], "Invalid value for '--unlabeled-batch'"),
+])
+def test_train_mt_bad_input(tmp_path, args, message):
+    result = invoke(train_mt, [*args, "--out", tmp_path / "run"])
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_svhn_offline_names_the_files(tmp_path, monkeypatch):
+    import torchvision
+
+    def offline(*a, **k):
+        raise OSError("no network")
+    monkeypatch.setattr(torchvision.datasets, "SVHN", offline)
+    result = invoke(train_mt, ["--dataset", "svhn", "--data-dir", tmp_path, "--out", tmp_path / "run"])
+    assert result.exit_code == 2 and "train_32x32.mat" in result.output and "test_32x32.mat" in result.output
+
+
+def test_refuses_to_overwrite(mt_run):
+    before = (mt_run / "mt.pt").read_bytes()
+    result = invoke(train_mt, ["--dataset", "digits", *TINY, "--out", mt_run])
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert (mt_run / "mt.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eps", "0"], "--eps must be finite and > 0"),
+    (["--eps", "-1"], "--eps must be finite and > 0"),
+    (["--eps", "nan"], "--eps must be finite and > 0"),
+    (["--eps", "inf"], "--eps must be finite and > 0"),
+    (["--lam", "-1"], "--lam must be finite and >= 0"),
+])
+def test_finetune_bad_input(mt_run, tmp_path, args, message):
+    result = invoke(finetune_lc, ["--ckpt", mt_run / "mt.pt", *args, "--out", tmp_path / "lc"])
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "lc").exists()
+
+
+def test_bad_checkpoints(mt_run, tmp_path):
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    torch.save({"student": {}}, tmp_path / "foreign.pt")
+    truncated = (mt_run / "mt.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(truncated[: len(truncated) // 2])
+    for name, message in [("missing.pt", "does not exist"), ("junk.pt", "cannot load"),
+                          ("truncated.pt", "cannot load"), ("foreign.pt", "not a checkpoint of this project")]:
+        for command in (finetune_lc, evaluate):
+            result = invoke(command, ["--ckpt", tmp_path / name])
+            assert result.exit_code == 2 and message in result.output, (name, result.output)
+            assert "Traceback" not in result.output
+
+
+def test_finetune_refuses_an_lc_checkpoint(mt_run, tmp_path):
+    state = torch.load(mt_run / "mt.pt", weights_only=True)
+    state["stage"] = "lc"
+    torch.save(state, tmp_path / "lc.pt")
+    result = invoke(finetune_lc, ["--ckpt", tmp_path / "lc.pt"])
+    assert result.exit_code == 2 and "not a Mean Teacher checkpoint" in result.output
+
+
+@pytest.mark.parametrize("script", ["train_mt.py", "finetune_lc.py", "evaluate.py"])
+def test_help(script):
+    res = run(script, "--help")
+    assert res.returncode == 0 and "--device" in res.stdout
+
+
+def test_unlabeled_labels_are_never_used(tmp_path):
+    """Two runs that differ only in the labels of the unlabeled images end bitwise equal."""
+    data = common.load_digits()
+    labeled, unlabeled = common.balanced_split(data.train_y, 100, 10, seed=0)
+    config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
+    stage = common.Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
+                         eval_every=5, first_step=0, lc_eps=50.0, lc_weight=5.0, lc_rampup=0)
+    finals = []
+    for scramble in (False, True):
+        if scramble:
+            data.train_y[unlabeled] = (data.train_y[unlabeled] + 1 + torch.randint(0, 9, (len(unlabeled),))) % 10
+        torch.manual_seed(0)
+        student, teacher = common.build_models(config, torch.device("cpu"))
+        student.data_init(common.augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
+                                         torch.tensor(config["std"]), False))
+        teacher.load_state_dict(student.state_dict())
+        optimizer = common.make_optimizer(student, 0.05)
+        common.fit(student, teacher, optimizer, data, labeled, unlabeled, config, stage, torch.device("cpu"),
+                   tmp_path / f"m{scramble}.jsonl", {}, echo=lambda line: None)
+        finals.append(student.state_dict())
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
