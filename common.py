@@ -560,6 +560,8 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
     total_epochs = stage.epochs + stage.decay_epochs
     student.train()
     teacher.train()  # dropout on and batch means, as in both reference implementations
+    student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
+    teacher.to(memory_format=torch.channels_last)
     for epoch in range(1, total_epochs + 1):
         start = time.perf_counter()
         sums = torch.zeros(5, device=device)  # loss, ce, cons, lc, neighbour fraction
@@ -576,9 +578,10 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
             lab_pos, unl_pos = stream.batch(step)
             batch_idx = torch.cat([lab_idx[lab_pos.to(device)], unl_idx[unl_pos.to(device)]])
             images, labels = train_x[batch_idx], train_y[batch_idx[:n_lab_batch]]
-            z, logits = student(augment(images, mean, std, flip))
+            z, logits = student(augment(images, mean, std, flip).contiguous(memory_format=torch.channels_last))
             with torch.no_grad():
-                _, teacher_logits = teacher(augment(images, mean, std, flip))
+                teacher_view = augment(images, mean, std, flip).contiguous(memory_format=torch.channels_last)
+                _, teacher_logits = teacher(teacher_view)
             ce = F.cross_entropy(logits[:n_lab_batch].float(), labels)
             cons = consistency_loss(logits, teacher_logits)
             loss = ce + cons_w * cons

@@ -16,9 +16,11 @@ import common
               help="A checkpoint written by train_mt.py or finetune_lc.py (repeat for several).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per checkpoint instead of text.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
+@click.option("--seed", type=int, default=0, help="Seed of anything random (the errors themselves are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(ckpts, as_json, data_dir, device):
+def main(ckpts, as_json, data_dir, seed, device):
     """Print the test error (%) of the student and the teacher of each checkpoint."""
+    torch.manual_seed(seed)
     device = common.pick_device(device)
     states = [common.load_checkpoint(path) for path in ckpts]  # every file checked before any work
     for path, state in zip(ckpts, states):

@@ -32,15 +32,18 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,
               help="Test errors every this many epochs (and at the end). [default: the checkpoint's]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
+@click.option("--seed", type=int, default=None,
+              help="Seed of batch order, augmentation and dropout. [default: the checkpoint's]")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: the checkpoint's folder]")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, device, out, overwrite):
+def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss."""
     state = common.load_checkpoint(ckpt)
     if state.get("stage") != "mt":
         raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
     config = dict(state["config"])
+    config["seed"] = seed if seed is not None else config["seed"]
     preset = dict(common.PRESETS[config["dataset"]])
     if config["dataset"] == "cifar10" and config["labels"] == 2000:
         preset.update(common.CIFAR10_2000)

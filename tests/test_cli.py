@@ -185,3 +185,12 @@ def test_unlabeled_labels_are_never_used(tmp_path):
                    tmp_path / f"m{scramble}.jsonl", {}, echo=lambda line: None)
         finals.append(student.state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_same_seed_same_weights_on_cpu(mt_run, tmp_path):
+    res = run("train_mt.py", "--dataset", "digits", *TINY, "--out", tmp_path, "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    a = torch.load(mt_run / "mt_final.pt", weights_only=True)
+    b = torch.load(tmp_path / "mt_final.pt", weights_only=True)
+    for model in ("student", "teacher"):
+        assert all(torch.equal(a[model][k], b[model][k]) for k in a[model])
