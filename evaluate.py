@@ -2,8 +2,10 @@
 
     python evaluate.py --ckpt lc.pt
     python evaluate.py --ckpt lc.pt --json     # one JSON object on the last line
+    python evaluate.py --ckpt runs/mt1/mt_final.pt --ckpt runs/mt2/mt_final.pt   # and mean +- std
 """
 import json
+import statistics
 
 import click
 import torch
@@ -23,6 +25,7 @@ def main(ckpts, as_json, data_dir, seed, device):
     torch.manual_seed(seed)
     device = common.pick_device(device)
     states = [common.load_checkpoint(path) for path in ckpts]  # every file checked before any work
+    results = []
     for path, state in zip(ckpts, states):
         config = state["config"]
         data = common.restore_data(state, data_dir)
@@ -33,12 +36,25 @@ def main(ckpts, as_json, data_dir, seed, device):
                       stage=state["stage"], epoch=state["epoch"], n_test=len(y),
                       student_error=common.test_error(student, x, y, mean, std),
                       teacher_error=common.test_error(teacher, x, y, mean, std))
+        results.append(result)
         if as_json:
             click.echo(json.dumps(result))
         else:
             click.echo(f"{path}: {config['dataset']}, {config['labels']} labels, {state['stage']} epoch "
                        f"{state['epoch']}: test error student {result['student_error']:.2f}% "
                        f"teacher {result['teacher_error']:.2f}% ({len(y)} test images)")
+    if len(results) > 1:
+        summary = {"n_checkpoints": len(results)}
+        for model in ("student", "teacher"):
+            errors = [r[f"{model}_error"] for r in results]
+            summary[f"{model}_error_mean"] = statistics.mean(errors)
+            summary[f"{model}_error_std"] = statistics.stdev(errors)  # sample std, as papers report it
+        if as_json:
+            click.echo(json.dumps(summary))
+        else:
+            click.echo(f"mean +- std over {len(results)} checkpoints: "
+                       f"student {summary['student_error_mean']:.2f} +- {summary['student_error_std']:.2f}%, "
+                       f"teacher {summary['teacher_error_mean']:.2f} +- {summary['teacher_error_std']:.2f}%")
 
 
 if __name__ == "__main__":

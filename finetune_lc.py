@@ -20,14 +20,14 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl")
 @click.option("--ckpt", type=click.Path(dir_okay=False), required=True,
               help="The MT checkpoint to start from (mt.pt: the end of MT's constant-lr phase, as in the paper).")
 @click.option("--eps", type=float, default=None,
-              help="LC cut-off on the mean squared feature distance. [default: 50; cifar10 with 2000 labels 40]")
-@click.option("--lam", type=float, default=None, help="LC weight lambda2. [default: svhn 20, cifar10 10, digits 20]")
+              help=f"LC cut-off on the mean squared feature distance. {common.preset_help('eps')}")
+@click.option("--lam", type=float, default=None, help=f"LC weight lambda2. {common.preset_help('lam')}")
 @click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
-              help="Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. [default: svhn 50, cifar10 100, digits 10]")
+              help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {common.preset_help('lc_rampup')}")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help="Epochs at constant lr. [default: svhn 100, cifar10 200, digits 20]")
+              help=f"Epochs at constant lr. {common.preset_help('lc_epochs')}")
 @click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
-              help="Epochs of linear lr decay to 0 after that. [default: 200; digits 30]")
+              help=f"Epochs of linear lr decay to 0 after that. {common.preset_help('lc_decay_epochs')}")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="SGD learning rate. [default: the checkpoint's]")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,
               help="Test errors every this many epochs (and at the end). [default: the checkpoint's]")

@@ -22,8 +22,7 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl")
                    "folder (--data-dir/train/<class>/* and --data-dir/test/<class>/*).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default="./data", help="Where the dataset files are or go.")
 @click.option("--labels", type=int, default=None,
-              help="Labeled training images, balanced over classes. [default: svhn 1000, cifar10 4000, digits 100; "
-                   "required for folder]")
+              help=f"Labeled training images, balanced over classes; required for folder. {common.preset_help('labels')}")
 @click.option("--split-seed", type=int, default=0, help="Seed of the labeled/unlabeled split.")
 @click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
 @click.option("--unlabeled-batch", type=click.IntRange(min=1), default=128,
@@ -31,18 +30,18 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl")
 @click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0,
               help="Channel multiplier of the 13-layer ConvNet; 1.0 is the paper's network.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help="Epochs at constant lr. [default: svhn 300, cifar10 800 (600 with 2000 labels), digits 60]")
+              help=f"Epochs at constant lr. {common.preset_help('epochs')}")
 @click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
-              help="Epochs of linear lr decay to 0 after that. [default: 200; digits 30]")
+              help=f"Epochs of linear lr decay to 0 after that. {common.preset_help('decay_epochs')}")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
-@click.option("--ema", type=click.FloatRange(0, 1), default=None, help="Teacher EMA decay alpha. [default: svhn 0.995, others 0.99]")
+@click.option("--ema", type=click.FloatRange(0, 1), default=None, help=f"Teacher EMA decay alpha. {common.preset_help('ema')}")
 @click.option("--cons-weight", type=click.FloatRange(min=0), default=100.0,
               help="Consistency weight lambda1; 0 trains the supervised-only baseline.")
 @click.option("--cons-rampup", type=click.FloatRange(min=0), default=None,
-              help="Epochs of the sigmoid ramp-up of lambda1. [default: 5; digits 30 (about 300 steps)]")
+              help=f"Epochs of the sigmoid ramp-up of lambda1. {common.preset_help('cons_rampup')}")
 @click.option("--bn-momentum", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="Momentum of the BN layers' running means (used in eval mode). [default: 0.001; digits 0.02]")
-@click.option("--eval-every", type=click.IntRange(min=1), default=None, help="Test errors every this many epochs (and at the end). [default: 10]")
+              help=f"Momentum of the BN layers' running means (used in eval mode). {common.preset_help('bn_momentum')}")
+@click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {common.preset_help('eval_every')}")
 @click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=".", help="Output folder.")

@@ -194,3 +194,14 @@ def test_same_seed_same_weights_on_cpu(mt_run, tmp_path):
     b = torch.load(tmp_path / "mt_final.pt", weights_only=True)
     for model in ("student", "teacher"):
         assert all(torch.equal(a[model][k], b[model][k]) for k in a[model])
+
+
+def test_evaluate_several_checkpoints(mt_run):
+    result = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.strip().splitlines()]
+    assert len(rows) == 3 and rows[-1]["n_checkpoints"] == 2
+    errors = [rows[0]["teacher_error"], rows[1]["teacher_error"]]
+    assert rows[-1]["teacher_error_mean"] == pytest.approx(sum(errors) / 2)
+    text = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt"]).output
+    assert "mean +- std over 2 checkpoints" in text
