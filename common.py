@@ -479,6 +479,15 @@ def atomic_write(path, write):
         raise
 
 
+def existing_outputs(out, names, overwrite):
+    """The files among `names` that an earlier run left in `out`; exit 2 unless told to overwrite them."""
+    existing = [name for name in names if (Path(out) / name).exists()]
+    if existing and not overwrite:
+        raise UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
+                        f"pass --overwrite or choose another --out")
+    return existing
+
+
 def save_checkpoint(path, state):
     atomic_write(path, lambda f: torch.save(state, f))
 

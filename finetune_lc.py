@@ -54,10 +54,7 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
     if not lam >= 0 or lam == float("inf"):
         raise common.UserError(f"--lam must be finite and >= 0, got {lam}")
     out = Path(out) if out is not None else Path(ckpt).parent
-    existing = [f for f in OUTPUTS if (out / f).exists()]
-    if existing and not overwrite:
-        raise common.UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
-                               f"pass --overwrite or choose another --out")
+    existing = common.existing_outputs(out, OUTPUTS, overwrite)
     device = common.pick_device(device)
 
     data = common.restore_data(state, data_dir)

@@ -56,10 +56,7 @@ def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, 
     if labels is None:
         raise common.UserError("--labels is required for --dataset folder")
     out = Path(out)
-    existing = [f for f in OUTPUTS if (out / f).exists()]
-    if existing and not overwrite:
-        raise common.UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
-                               f"pass --overwrite or choose another --out")
+    existing = common.existing_outputs(out, OUTPUTS, overwrite)
     device = common.pick_device(device)
 
     data = common.load_dataset(dataset, data_dir)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .lc_loss_torch import ChunkedLCLoss, combine_row_sums
+from .lc_loss_torch import ChunkedLCLoss, finish_forward
 from .reference import check_lc_inputs
 
 BLOCK_M = 64  # rows of z per tile
@@ -169,11 +169,7 @@ class TritonLCLoss(torch.autograd.Function):
         row_cnt = torch.empty(n_rows, dtype=torch.int32, device=z.device)
         _lc_fwd_kernel[(triton.cdiv(n_rows, BLOCK_M),)](
             z, sq_norm, row_num, row_cnt, n_rows, n_labeled, dim, eps, **_launch_config(z))
-        loss, fraction, inv_count = combine_row_sums(row_num, row_cnt.long(), n_labeled)
-        ctx.save_for_backward(z, sq_norm, inv_count)
-        ctx.mark_non_differentiable(fraction)
-        ctx.n_labeled, ctx.eps = n_labeled, eps
-        return loss, fraction
+        return finish_forward(ctx, z, sq_norm, row_num, row_cnt.long(), n_labeled, eps)
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_fraction):

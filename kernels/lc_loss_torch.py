@@ -27,6 +27,15 @@ def combine_row_sums(row_num, row_cnt, n_labeled):
     return (num * inv_count).sum(), fraction, inv_count
 
 
+def finish_forward(ctx, z, sq_norm, row_num, row_cnt, n_labeled, eps):
+    """The loss and neighbour fraction from the per-row sums; saves what the backward recomputes from."""
+    loss, fraction, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
+    ctx.save_for_backward(z, sq_norm, inv_count)
+    ctx.mark_non_differentiable(fraction)
+    ctx.n_labeled, ctx.eps = n_labeled, eps
+    return loss, fraction
+
+
 def _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps):
     """Mean squared distances of rows start..stop of z to every unlabeled point, and the neighbour mask."""
     u, sq_u = z[n_labeled:], sq_norm[n_labeled:]
@@ -55,11 +64,7 @@ class ChunkedLCLoss(torch.autograd.Function):
             d2, neighbour = _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps)
             row_num[start:stop] = (torch.exp(-d2 / eps) * d2).mul_(neighbour).sum(1)
             row_cnt[start:stop] = neighbour.sum(1)
-        loss, fraction, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
-        ctx.save_for_backward(z, sq_norm, inv_count)
-        ctx.mark_non_differentiable(fraction)
-        ctx.n_labeled, ctx.eps = n_labeled, eps
-        return loss, fraction
+        return finish_forward(ctx, z, sq_norm, row_num, row_cnt, n_labeled, eps)
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_fraction):
