@@ -2,9 +2,13 @@
 
 Equation numbers refer to the paper (../shared/paper/local_clustering_mean_teacher.tex).
 """
+import contextlib
+import json
 import math
 import os
 import pickle
+import random
+import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -492,12 +496,32 @@ def save_checkpoint(path, state):
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def append_metrics(path, record):
-    """Append one JSON line (rewriting the file atomically, so it is never half-written)."""
-    import json
+def read_metrics(path):
     path = Path(path)
-    old = path.read_bytes() if path.exists() else b""
-    atomic_write(path, lambda f: f.write(old + (json.dumps(record) + "\n").encode()))
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def write_metrics(path, records):
+    """Rewrite the metrics file atomically, so it is never half-written."""
+    atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
+
+
+def rng_state():
+    state = dict(torch=torch.get_rng_state(), python=random.getstate())
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx")
@@ -552,20 +576,68 @@ class Stage:
     lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
 
 
-class NonFiniteLoss(click.ClickException):
+class TrainingFailed(click.ClickException):
+    """Training went wrong (a non-finite loss, collapsed features): exit code 3, checkpoints kept."""
     exit_code = 3
 
 
-def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, labeled_idx, unlabeled_idx):
+class Interrupted(click.ClickException):
+    def __init__(self, signum):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; every file on disk is complete "
+                         f"(the last finished epoch is in the *_last.pt checkpoint: continue with --resume)")
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM end the run at once with a message; atomic writes keep the files whole."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# Collapse: the batch's feature spread (mean over features of the std over images) below this
+# fraction of its value when LC started means LC has pulled every image onto one point.
+COLLAPSE_FRACTION = 0.01
+
+
+def feature_spread(z):
+    return z.detach().float().std(0).mean()
+
+
+def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, labeled_idx, unlabeled_idx,
+                     reference_spread, metrics):
     return dict(student=student.state_dict(), teacher=teacher.state_dict(), optimizer=optimizer.state_dict(),
                 stage=stage.name, epoch=epoch, step=step, config=config,
-                labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx)
+                labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, rng=rng_state(),
+                reference_spread=reference_spread, metrics=metrics)
 
 
-def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device,
-        metrics_path, checkpoints, echo=click.echo):
-    """Train for stage.epochs + stage.decay_epochs epochs; after epoch e (1-based) of the stage,
-    save a checkpoint to checkpoints[e] if present and append one metrics line."""
+def resume_checkpoint(out, stage_name):
+    """The `<stage>_last.pt` of an interrupted run in `out`, its RNG states restored, and the metrics
+    file rewritten to the epochs that checkpoint has seen (it holds their records)."""
+    path = Path(out) / f"{stage_name}_last.pt"
+    if not path.exists():
+        raise UserError(f"--resume: {path} does not exist (nothing to resume in {out})")
+    state = load_checkpoint(path)
+    if state.get("stage") != stage_name:
+        raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
+    set_rng_state(state["rng"])
+    write_metrics(Path(out) / f"{stage_name}_metrics.jsonl", state["metrics"])
+    return state
+
+
+def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device, out,
+        milestones, start_epoch=0, reference_spread=None, echo=click.echo):
+    """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch: write
+    the resume checkpoint <stage>_last.pt (with the metrics so far), copy it to milestones[epoch] if
+    that epoch has a name there, then add the epoch's line to <stage>_metrics.jsonl. A kill between
+    any two of these leaves files that --resume continues from exactly. Returns the last record."""
     from kernels import lc_loss
 
     seed, n_lab_batch = config["seed"], config["labeled_batch"]
@@ -581,7 +653,10 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
     teacher.train()  # dropout on and batch means, as in both reference implementations
     student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
     teacher.to(memory_format=torch.channels_last)
-    for epoch in range(1, total_epochs + 1):
+    out = Path(out)
+    metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
+    record = metrics[-1] if metrics else None
+    for epoch in range(start_epoch + 1, total_epochs + 1):
         start = time.perf_counter()
         sums = torch.zeros(5, device=device)  # loss, ce, cons, lc, neighbour fraction
         for i in range(spe):
@@ -608,12 +683,25 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
                 lc, fraction = lc_loss(z[:n_lab_batch].float(), z[n_lab_batch:].float(), stage.lc_eps,
                                        return_fraction=True)
                 loss = loss + lc_w * lc
+                spread = feature_spread(z)
+                if reference_spread is None:
+                    reference_spread = spread.item()
+                collapsed = spread < COLLAPSE_FRACTION * reference_spread
             else:
                 lc = fraction = torch.zeros((), device=device)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"non-finite loss at step {step} (epoch {epoch} of stage {stage.name}): "
-                                    f"ce={ce.item():.4g} cons={cons.item():.4g} lc={lc.item():.4g}; "
-                                    f"the last good checkpoint is kept")
+                collapsed = torch.zeros((), dtype=torch.bool, device=device)
+            status = torch.stack([~torch.isfinite(loss), collapsed]).tolist()  # one sync per step
+            if status[0]:
+                raise TrainingFailed(f"non-finite loss at step {step} (epoch {epoch} of stage {stage.name}): "
+                                     f"ce={ce.item():.4g} cons={cons.item():.4g} lc={lc.item():.4g}; "
+                                     f"the checkpoints of the finished epochs are kept")
+            if status[1]:
+                raise TrainingFailed(f"distribution collapse at step {step} (epoch {epoch} of LC): the features' "
+                                     f"spread fell to {spread.item():.3g}, under {COLLAPSE_FRACTION:g} of its "
+                                     f"{reference_spread:.3g} when LC started; eps={stage.lc_eps:g} and "
+                                     f"lambda2={stage.lc_weight:g} pull every image onto one point (the paper "
+                                     f"saw this for eps > 500 or lambda2 > 50); the checkpoints of the "
+                                     f"finished epochs are kept")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -635,10 +723,13 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
             record["teacher_error"] = test_error(teacher, test_x, test_y, mean, std)
             line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
         echo(line)
-        append_metrics(metrics_path, record)
-        if epoch in checkpoints:
-            save_checkpoint(checkpoints[epoch], checkpoint_state(
-                student, teacher, optimizer, stage, epoch, record["step"], config, labeled_idx, unlabeled_idx))
+        metrics.append(record)
+        state = checkpoint_state(student, teacher, optimizer, stage, epoch, record["step"], config,
+                                 labeled_idx, unlabeled_idx, reference_spread, metrics)
+        save_checkpoint(out / f"{stage.name}_last.pt", state)
+        if epoch in milestones:
+            save_checkpoint(out / milestones[epoch], state)
+        write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
     return record
 
 
@@ -653,6 +744,17 @@ def restore_models(state, device):
         raise UserError(f"checkpoint does not fit this project's model: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:200]}") from None
     return student, teacher
+
+
+def restore_training(state, device):
+    """Student, teacher and optimizer of a checkpoint, ready to continue training."""
+    student, teacher = restore_models(state, device)
+    optimizer = make_optimizer(student, state["config"]["lr"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"checkpoint's optimizer state does not fit: {type(exc).__name__}: {exc}") from None
+    return student, teacher, optimizer
 
 
 def restore_data(state, data_dir=None):

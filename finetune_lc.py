@@ -5,15 +5,17 @@
 Loads student, teacher, optimizer and the labeled split from the MT checkpoint, then minimizes
 CE + lambda1 * consistency + lambda2 * r2 * L_lc, where L_lc acts on the student's features of
 the labeled and unlabeled images of each batch and r2 ramps up over --lc-rampup epochs from the
-start of fine-tuning. Writes lc.pt and lc_metrics.jsonl to --out (default: the checkpoint's folder).
+start of fine-tuning. Writes lc.pt, lc_metrics.jsonl and lc_last.pt (the state after the latest
+epoch, for --resume) to --out (default: the checkpoint's folder).
 """
+import math
 from pathlib import Path
 
 import click
 
 import common
 
-OUTPUTS = ("lc.pt", "lc_metrics.jsonl")
+OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -37,8 +39,25 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: the checkpoint's folder]")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite):
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in --out from its lc_last.pt, with that run's settings "
+                   "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
+def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
+         resume):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss."""
+    if resume and overwrite:
+        raise common.UserError("--resume and --overwrite exclude each other")
+    out = Path(out) if out is not None else Path(ckpt).parent
+    if resume:
+        state = common.resume_checkpoint(out, "lc")
+        device = common.pick_device(device)
+        data = common.restore_data(state, data_dir)
+        student, teacher, optimizer = common.restore_training(state, device)
+        click.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
+        run(state["config"], data, state, student, teacher, optimizer, device, out, start_epoch=state["epoch"],
+            reference_spread=state["reference_spread"])
+        return
+
     state = common.load_checkpoint(ckpt)
     if state.get("stage") != "mt":
         raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
@@ -49,18 +68,15 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
         preset.update(common.CIFAR10_2000)
     eps = eps if eps is not None else preset["eps"]
     lam = lam if lam is not None else preset["lam"]
-    if not eps > 0 or eps == float("inf"):
+    if not (math.isfinite(eps) and eps > 0):
         raise common.UserError(f"--eps must be finite and > 0, got {eps}")
-    if not lam >= 0 or lam == float("inf"):
+    if not (math.isfinite(lam) and lam >= 0):
         raise common.UserError(f"--lam must be finite and >= 0, got {lam}")
-    out = Path(out) if out is not None else Path(ckpt).parent
     existing = common.existing_outputs(out, OUTPUTS, overwrite)
     device = common.pick_device(device)
 
     data = common.restore_data(state, data_dir)
-    student, teacher = common.restore_models(state, device)
-    optimizer = common.make_optimizer(student, config["lr"])
-    optimizer.load_state_dict(state["optimizer"])
+    student, teacher, optimizer = common.restore_training(state, device)
     config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else preset["lc_rampup"],
                         epochs=epochs or preset["lc_epochs"],
                         decay_epochs=decay_epochs if decay_epochs is not None else preset["lc_decay_epochs"],
@@ -69,17 +85,22 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
     lc = config["lc"]
     click.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
                f"eps {eps}, lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, device {device}")
-
     out.mkdir(parents=True, exist_ok=True)
     for f in existing:
         (out / f).unlink()
+    run(config, data, state, student, teacher, optimizer, device, out, start_epoch=0, reference_spread=None)
+
+
+def run(config, data, state, student, teacher, optimizer, device, out, start_epoch, reference_spread):
+    lc = config["lc"]
     stage = common.Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
                          ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
-                         eval_every=lc["eval_every"], first_step=state["step"],
-                         lc_eps=eps, lc_weight=lam, lc_rampup=lc["lc_rampup"])
-    total = lc["epochs"] + lc["decay_epochs"]
-    last = common.fit(student, teacher, optimizer, data, state["labeled_idx"], state["unlabeled_idx"], config,
-                      stage, device, out / "lc_metrics.jsonl", {total: out / "lc.pt"})
+                         eval_every=lc["eval_every"], first_step=lc["mt_step"],
+                         lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"])
+    with common.stop_on_signals():
+        last = common.fit(student, teacher, optimizer, data, state["labeled_idx"], state["unlabeled_idx"], config,
+                          stage, device, out, {lc["epochs"] + lc["decay_epochs"]: "lc.pt"},
+                          start_epoch=start_epoch, reference_spread=reference_spread)
     click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
                f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")
 

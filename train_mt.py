@@ -4,7 +4,8 @@
     python train_mt.py --dataset digits --width 0.25        # a few minutes on a CPU
 
 Writes to --out: mt.pt (the state at the end of the constant-lr phase, where the paper starts LC),
-mt_final.pt (after the lr decay: the MT baseline) and mt_metrics.jsonl (one JSON line per epoch).
+mt_final.pt (after the lr decay: the MT baseline), mt_metrics.jsonl (one JSON line per epoch) and
+mt_last.pt (the state after the latest epoch, from which --resume continues).
 """
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 
 import common
 
-OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl")
+OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -46,16 +47,30 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=".", help="Output folder.")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in --out from its mt_last.pt, with that run's settings "
+                   "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
 def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite):
+         lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume):
     """Stage 1: train the Mean Teacher model (student + EMA teacher)."""
+    if resume and overwrite:
+        raise common.UserError("--resume and --overwrite exclude each other")
+    out = Path(out)
+    if resume:
+        state = common.resume_checkpoint(out, "mt")
+        device = common.pick_device(device)
+        config, data = state["config"], common.restore_data(state)
+        student, teacher, optimizer = common.restore_training(state, device)
+        click.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
+        run(config, data, state["labeled_idx"], state["unlabeled_idx"], student, teacher, optimizer, device, out,
+            start_epoch=state["epoch"])
+        return
     preset = dict(common.PRESETS[dataset])
     if dataset == "cifar10" and labels == 2000:
         preset.update(common.CIFAR10_2000)
     labels = labels if labels is not None else preset["labels"]
     if labels is None:
         raise common.UserError("--labels is required for --dataset folder")
-    out = Path(out)
     existing = common.existing_outputs(out, OUTPUTS, overwrite)
     device = common.pick_device(device)
 
@@ -83,13 +98,17 @@ def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, 
     out.mkdir(parents=True, exist_ok=True)
     for f in existing:
         (out / f).unlink()
-    stage = common.Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=lr,
-                         ema=config["ema"], cons_weight=cons_weight, cons_rampup=config["cons_rampup"],
+    run(config, data, labeled_idx, unlabeled_idx, student, teacher, optimizer, device, out, start_epoch=0)
+
+
+def run(config, data, labeled_idx, unlabeled_idx, student, teacher, optimizer, device, out, start_epoch):
+    stage = common.Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
+                         ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                          eval_every=config["eval_every"], first_step=0)
-    total = config["epochs"] + config["decay_epochs"]
-    checkpoints = {config["epochs"]: out / "mt.pt", total: out / "mt_final.pt"}
-    last = common.fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device,
-                      out / "mt_metrics.jsonl", checkpoints)
+    milestones = {config["epochs"]: "mt.pt", config["epochs"] + config["decay_epochs"]: "mt_final.pt"}
+    with common.stop_on_signals():
+        last = common.fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device,
+                          out, milestones, start_epoch=start_epoch)
     click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
                f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
 

@@ -181,8 +181,9 @@ def test_unlabeled_labels_are_never_used(tmp_path):
                                          torch.tensor(config["std"]), False))
         teacher.load_state_dict(student.state_dict())
         optimizer = common.make_optimizer(student, 0.05)
+        (tmp_path / f"m{scramble}").mkdir()
         common.fit(student, teacher, optimizer, data, labeled, unlabeled, config, stage, torch.device("cpu"),
-                   tmp_path / f"m{scramble}.jsonl", {}, echo=lambda line: None)
+                   tmp_path / f"m{scramble}", {}, echo=lambda line: None)
         finals.append(student.state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 

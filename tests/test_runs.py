@@ -1,0 +1,101 @@
+"""Runs that survive: resume after a real SIGTERM ends bitwise equal, guards stop bad runs cleanly."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+
+
+def epochs_in(path):
+    return [json.loads(line)["epoch"] for line in Path(path).read_text().splitlines()]
+
+
+def kill_after_first_epoch(args, checkpoint):
+    """Start a run, send it SIGTERM as soon as its first resume checkpoint is on disk (while it
+    writes the milestone checkpoint and the metrics, or trains on), and return what it said."""
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not checkpoint.exists() and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def assert_same_weights(a, b):
+    a, b = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    for model in ("student", "teacher"):
+        assert all(torch.equal(a[model][k], b[model][k]) for k in a[model]), model
+    assert a["step"] == b["step"] and a["epoch"] == b["epoch"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Uninterrupted MT (4 epochs) and LC (3 epochs) runs to compare resumed ones against."""
+    out = tmp_path_factory.mktemp("straight")
+    res = run("train_mt.py", *TINY, "--epochs", "3", "--decay-epochs", "1", "--out", out)
+    assert res.returncode == 0, res.stderr
+    res = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--epochs", "2", "--decay-epochs", "1", "--lc-rampup", "1")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_mt_resume_after_sigterm_is_bitwise(straight, tmp_path):
+    args = ["train_mt.py", *TINY, "--epochs", "3", "--decay-epochs", "1", "--out", tmp_path]
+    code, err = kill_after_first_epoch(args, tmp_path / "mt_last.pt")
+    assert code == 128 + signal.SIGTERM and "interrupted by SIGTERM" in err and "Traceback" not in err, (code, err)
+    assert torch.load(tmp_path / "mt_last.pt", weights_only=True)["epoch"] >= 1  # a whole checkpoint
+    res = run("train_mt.py", "--resume", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert epochs_in(tmp_path / "mt_metrics.jsonl") == [1, 2, 3, 4]
+    for name in ("mt.pt", "mt_final.pt"):
+        assert_same_weights(straight / name, tmp_path / name)
+
+
+def test_lc_resume_after_sigterm_is_bitwise(straight, tmp_path):
+    args = ["finetune_lc.py", "--ckpt", straight / "mt.pt", "--epochs", "2", "--decay-epochs", "1",
+            "--lc-rampup", "1", "--out", tmp_path]
+    code, err = kill_after_first_epoch(args, tmp_path / "lc_last.pt")
+    assert code == 128 + signal.SIGTERM and "interrupted by SIGTERM" in err, (code, err)
+    res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--resume", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert epochs_in(tmp_path / "lc_metrics.jsonl") == [1, 2, 3]
+    assert_same_weights(straight / "lc.pt", tmp_path / "lc.pt")
+
+
+def test_resume_needs_a_run_to_resume(tmp_path):
+    res = run("train_mt.py", "--resume", "--out", tmp_path)
+    assert res.returncode == 2 and "nothing to resume" in res.stderr
+    res = run("train_mt.py", "--resume", "--overwrite", "--out", tmp_path)
+    assert res.returncode == 2 and "exclude each other" in res.stderr
+
+
+def test_non_finite_loss_stops_and_keeps_checkpoints(straight, tmp_path):
+    before = (straight / "mt.pt").read_bytes()
+    res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--lr", "1e6", "--out", tmp_path)
+    assert res.returncode == 3 and "non-finite loss at step" in res.stderr and "Traceback" not in res.stderr
+    assert "ce=" in res.stderr and "lc=" in res.stderr
+    assert (straight / "mt.pt").read_bytes() == before
+    assert not (tmp_path / "lc.pt").exists()
+
+
+def test_distribution_collapse_stops(straight, tmp_path):
+    # eps above every distance with the paper's lambda2 = 20: LC pulls all images onto one point
+    # (at the default lr 0.05 this tiny network blows up to a non-finite loss first).
+    res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--eps", "1e6", "--lam", "20", "--lc-rampup", "0",
+              "--lr", "0.01", "--epochs", "12", "--decay-epochs", "0", "--out", tmp_path)
+    assert res.returncode == 3, res.stderr
+    assert "collapse" in res.stderr and "eps=1e+06" in res.stderr and "lambda2=20" in res.stderr
