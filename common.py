@@ -709,7 +709,9 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
             sums += torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction]).float()
 
         means = (sums / spe).tolist()
-        record = dict(stage=stage.name, epoch=epoch, step=stage.first_step + epoch * spe, lr=lr,
+        # global_epoch counts from the start of MT, so MT and LC curves share an axis (Fig. 2).
+        record = dict(stage=stage.name, epoch=epoch, global_epoch=stage.first_step / spe + epoch,
+                      step=stage.first_step + epoch * spe, lr=lr,
                       cons_weight=cons_w, lc_weight=lc_w, loss=means[0], ce=means[1], cons=means[2],
                       time_s=round(time.perf_counter() - start, 3))
         if stage.name == "lc":

@@ -1,11 +1,14 @@
-"""Test errors of checkpoints: student and teacher, in eval mode, on the dataset's test set.
+"""Test errors of checkpoints, the paper's results table, error curves and t-SNE pictures.
 
-    python evaluate.py --ckpt lc.pt
-    python evaluate.py --ckpt lc.pt --json     # one JSON object on the last line
-    python evaluate.py --ckpt runs/mt1/mt_final.pt --ckpt runs/mt2/mt_final.pt   # and mean +- std
+    python evaluate.py --ckpt lc.pt                                   # student and teacher test error
+    python evaluate.py --ckpt lc.pt --json                            # one JSON object on the last line
+    python evaluate.py --ckpt runs/*/mt_final.pt --ckpt runs/*/lc.pt --table results.md   # Table 1
+    python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
+    python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
 """
 import json
 import statistics
+from pathlib import Path
 
 import click
 import torch
@@ -13,15 +16,149 @@ import torch
 import common
 
 
+def method_name(state):
+    if state["stage"] == "lc":
+        return "MT+LC"
+    return "supervised" if state["config"]["cons_weight"] == 0 else "MT"
+
+
+def mean_std(values):
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def results_table(results):
+    """Rows: method; columns: dataset and labels; cells: mean +- std of the test error over seeds."""
+    groups = {}
+    for r in results:
+        groups.setdefault((r["method"], f"{r['dataset']}, {r['labels']} labels"), []).append(r)
+    methods = list(dict.fromkeys(m for m, _ in groups))
+    settings = list(dict.fromkeys(s for _, s in groups))
+    rows = []
+    for (method, setting), runs in groups.items():
+        row = dict(method=method, setting=setting, runs=len(runs))
+        for model in ("student", "teacher"):
+            row[f"{model}_mean"], row[f"{model}_std"] = mean_std([r[f"{model}_error"] for r in runs])
+        rows.append(row)
+    return methods, settings, rows
+
+
+def write_table(path, results):
+    methods, settings, rows = results_table(results)
+    path = Path(path)
+    if path.suffix == ".csv":
+        keys = ["method", "setting", "runs", "student_mean", "student_std", "teacher_mean", "teacher_std"]
+        text = ",".join(keys) + "\n" + "".join(",".join(f'"{r[k]}"' if k == "setting" else str(r[k]) for k in keys)
+                                               + "\n" for r in rows)
+    else:
+        cell = {(r["method"], r["setting"]): r for r in rows}
+        text = ""
+        for model in ("teacher", "student"):
+            text += f"Test error (%) of the {model}, mean +- std over runs (runs in brackets)\n\n"
+            text += "| method | " + " | ".join(settings) + " |\n| --- |" + " --- |" * len(settings) + "\n"
+            for m in methods:
+                cells = [f"{cell[m, s][model + '_mean']:.2f} +- {cell[m, s][model + '_std']:.2f} ({cell[m, s]['runs']})"
+                         if (m, s) in cell else "-" for s in settings]
+                text += f"| {m} | " + " | ".join(cells) + " |\n"
+            text += "\n"
+    common.atomic_write(path, lambda f: f.write(text.encode()))
+    return text
+
+
+def plot_curves(paths, out):
+    """Test error per epoch of each metrics file (Fig. 2: MT, then MT+LC from the epoch LC starts)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for path in paths:
+        records = [r for r in common.read_metrics(path) if "teacher_error" in r]
+        if not records:
+            raise common.UserError(f"{path} holds no evaluated epochs (is it a *_metrics.jsonl?)")
+        label = "MT+LC" if records[0]["stage"] == "lc" else "MT"
+        x = [r.get("global_epoch", r["epoch"]) for r in records]
+        ax.plot(x, [r["student_error"] for r in records], "--", label=f"{label} student")
+        ax.plot(x, [r["teacher_error"] for r in records], "-", label=f"{label} teacher")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test error (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    common.atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+
+
+@torch.no_grad()
+def features(model, x, mean, std, batch_size=500):
+    model.eval()
+    return torch.cat([model(common.normalize(x[i:i + batch_size], mean, std))[0].float().cpu()
+                      for i in range(0, len(x), batch_size)])
+
+
+def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
+    """t-SNE of the teacher's features z: training images coloured labeled / unlabeled, test images
+    coloured by class (the paper's Figs. 5 and 6)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.manifold import TSNE
+    config = state["config"]
+    mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+    gen = torch.Generator().manual_seed(seed)
+    labeled = torch.zeros(len(data.train_y), dtype=torch.bool)
+    labeled[state["labeled_idx"]] = True
+    train_pick = torch.cat([state["labeled_idx"], state["unlabeled_idx"][torch.randperm(
+        len(state["unlabeled_idx"]), generator=gen)[:max(0, max_points - len(state["labeled_idx"]))]]])
+    test_pick = torch.randperm(len(data.test_y), generator=gen)[:max_points]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, x, colour, title in (
+            (axes[0], data.train_x[train_pick], labeled[train_pick], "training data: labeled (blue), unlabeled (red)"),
+            (axes[1], data.test_x[test_pick], data.test_y[test_pick], "test data, coloured by class")):
+        z = features(teacher, x.to(device), mean, std)
+        xy = TSNE(n_components=2, init="pca", random_state=seed, perplexity=min(30, len(z) - 1)).fit_transform(z.numpy())
+        if title.startswith("training"):
+            for flag, c, name in ((False, "tab:red", "unlabeled"), (True, "tab:blue", "labeled")):
+                sel = (colour == flag).numpy()
+                ax.scatter(xy[sel, 0], xy[sel, 1], s=4 if not flag else 10, c=c, label=name, alpha=0.6)
+            ax.legend(markerscale=3)
+        else:
+            sc = ax.scatter(xy[:, 0], xy[:, 1], s=4, c=colour.numpy(), cmap="tab10", alpha=0.8)
+            ax.legend(*sc.legend_elements(), title="class", fontsize=7, loc="best")
+        ax.set_title(title)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"t-SNE of the teacher's features: {config['dataset']}, {config['labels']} labels, "
+                 f"{method_name(state)} ({state['stage']} epoch {state['epoch']})")
+    fig.tight_layout()
+    common.atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--ckpt", "ckpts", type=click.Path(dir_okay=False), required=True, multiple=True,
-              help="A checkpoint written by train_mt.py or finetune_lc.py (repeat for several).")
+@click.option("--ckpt", "ckpts", type=click.Path(dir_okay=False), multiple=True,
+              help="A checkpoint written by train_mt.py or finetune_lc.py (repeat for several: one per seed).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per checkpoint instead of text.")
+@click.option("--table", type=click.Path(dir_okay=False), default=None,
+              help="Write the results as the paper's Table 1 (methods x settings, mean +- std over the "
+                   "checkpoints) to this .md or .csv file.")
+@click.option("--curves", type=click.Path(dir_okay=False, exists=True), multiple=True,
+              help="A *_metrics.jsonl file to draw with --plot (repeat: mt_metrics.jsonl and lc_metrics.jsonl).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="PNG of the test error per epoch of the --curves files (the paper's Fig. 2).")
+@click.option("--tsne", type=click.Path(dir_okay=False), default=None,
+              help="PNG of a t-SNE of the first checkpoint's features (the paper's Figs. 5-6).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
-@click.option("--seed", type=int, default=0, help="Seed of anything random (the errors themselves are deterministic).")
+@click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(ckpts, as_json, data_dir, seed, device):
-    """Print the test error (%) of the student and the teacher of each checkpoint."""
+def main(ckpts, as_json, table, curves, plot, tsne, data_dir, seed, device):
+    """Test errors (%) of the student and teacher of checkpoints, tables and figures."""
+    if bool(curves) != bool(plot):
+        raise common.UserError("--curves and --plot go together")
+    if table and Path(table).suffix not in (".md", ".csv"):
+        raise common.UserError(f"--table must end in .md or .csv, got {table}")
+    if (table or tsne) and not ckpts:
+        raise common.UserError("--table and --tsne need at least one --ckpt")
+    if not ckpts and not curves:
+        raise common.UserError("nothing to do: give --ckpt, or --curves with --plot")
     torch.manual_seed(seed)
     device = common.pick_device(device)
     states = [common.load_checkpoint(path) for path in ckpts]  # every file checked before any work
@@ -33,28 +170,34 @@ def main(ckpts, as_json, data_dir, seed, device):
         mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
         x, y = data.test_x.to(device), data.test_y.to(device)
         result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"],
-                      stage=state["stage"], epoch=state["epoch"], n_test=len(y),
+                      method=method_name(state), stage=state["stage"], epoch=state["epoch"], n_test=len(y),
                       student_error=common.test_error(student, x, y, mean, std),
                       teacher_error=common.test_error(teacher, x, y, mean, std))
         results.append(result)
         if as_json:
             click.echo(json.dumps(result))
         else:
-            click.echo(f"{path}: {config['dataset']}, {config['labels']} labels, {state['stage']} epoch "
-                       f"{state['epoch']}: test error student {result['student_error']:.2f}% "
+            click.echo(f"{path}: {config['dataset']}, {config['labels']} labels, {result['method']} "
+                       f"({state['stage']} epoch {state['epoch']}): test error student {result['student_error']:.2f}% "
                        f"teacher {result['teacher_error']:.2f}% ({len(y)} test images)")
-    if len(results) > 1:
-        summary = {"n_checkpoints": len(results)}
-        for model in ("student", "teacher"):
-            errors = [r[f"{model}_error"] for r in results]
-            summary[f"{model}_error_mean"] = statistics.mean(errors)
-            summary[f"{model}_error_std"] = statistics.stdev(errors)  # sample std, as papers report it
-        if as_json:
-            click.echo(json.dumps(summary))
-        else:
-            click.echo(f"mean +- std over {len(results)} checkpoints: "
-                       f"student {summary['student_error_mean']:.2f} +- {summary['student_error_std']:.2f}%, "
-                       f"teacher {summary['teacher_error_mean']:.2f} +- {summary['teacher_error_std']:.2f}%")
+        if tsne and len(results) == 1:
+            plot_tsne(state, data, teacher, device, tsne, seed)
+            click.echo(f"wrote {tsne}")
+    if len(results) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1
+        _, _, rows = results_table(results)
+        for row in rows:
+            if as_json:
+                click.echo(json.dumps(row))
+            else:
+                click.echo(f"{row['method']}, {row['setting']}: mean +- std over {row['runs']} runs: "
+                           f"student {row['student_mean']:.2f} +- {row['student_std']:.2f}%, "
+                           f"teacher {row['teacher_mean']:.2f} +- {row['teacher_std']:.2f}%")
+    if table:
+        write_table(table, results)
+        click.echo(f"wrote {table}")
+    if curves:
+        plot_curves(curves, plot)
+        click.echo(f"wrote {plot}")
 
 
 if __name__ == "__main__":

@@ -201,8 +201,32 @@ def test_evaluate_several_checkpoints(mt_run):
     result = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt", "--json"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.output.strip().splitlines()]
-    assert len(rows) == 3 and rows[-1]["n_checkpoints"] == 2
+    assert len(rows) == 3 and rows[-1]["runs"] == 2 and rows[-1]["method"] == "MT"
     errors = [rows[0]["teacher_error"], rows[1]["teacher_error"]]
-    assert rows[-1]["teacher_error_mean"] == pytest.approx(sum(errors) / 2)
+    assert rows[-1]["teacher_mean"] == pytest.approx(sum(errors) / 2)
     text = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt"]).output
-    assert "mean +- std over 2 checkpoints" in text
+    assert "MT, digits, 100 labels: mean +- std over 2 runs" in text
+
+
+def test_results_table_curves_and_tsne(mt_run, tmp_path):
+    ckpts = ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt"]
+    result = invoke(evaluate, [*ckpts, "--table", tmp_path / "t.md", "--tsne", tmp_path / "tsne.png"])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "t.md").read_text()
+    assert "| method | digits, 100 labels |" in table and "| MT | " in table and "(2) |" in table
+    assert (tmp_path / "tsne.png").read_bytes()[:4] == b"\x89PNG"
+    result = invoke(evaluate, [*ckpts, "--table", tmp_path / "t.csv"])
+    header, row = (tmp_path / "t.csv").read_text().splitlines()
+    assert header.startswith("method,setting,runs") and row.startswith('MT,"digits, 100 labels",2,')
+    result = invoke(evaluate, ["--curves", mt_run / "mt_metrics.jsonl", "--plot", tmp_path / "c.png"])
+    assert result.exit_code == 0 and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--curves", "README.md"], "--curves and --plot go together"),
+    (["--table", "x.txt", "--ckpt", "a.pt"], "must end in .md or .csv"),
+    ([], "nothing to do"),
+])
+def test_evaluate_bad_input(args, message):
+    result = invoke(evaluate, args)
+    assert result.exit_code == 2 and message in result.output
