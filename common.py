@@ -342,6 +342,14 @@ def balanced_split(labels, n_labeled, num_classes, seed):
     return labeled, unlabeled
 
 
+def hold_out(unlabeled, n_val, seed):
+    """Move n_val random images of the unlabeled set into a validation set that is never trained on."""
+    if n_val < 0 or n_val >= len(unlabeled):
+        raise UserError(f"--val {n_val} must be >= 0 and leave unlabeled images ({len(unlabeled)} available)")
+    order = torch.randperm(len(unlabeled), generator=torch.Generator().manual_seed(seed + 1))
+    return unlabeled[order[n_val:]].sort().values, unlabeled[order[:n_val]].sort().values
+
+
 def channel_stats(x):
     """Per-channel mean and std of uint8 images, in [0, 1] units."""
     x = x.float().div(255)
@@ -610,12 +618,16 @@ def feature_spread(z):
     return z.detach().float().std(0).mean()
 
 
-def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, labeled_idx, unlabeled_idx,
-                     reference_spread, metrics):
+def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, split, reference_spread, metrics):
     return dict(student=student.state_dict(), teacher=teacher.state_dict(), optimizer=optimizer.state_dict(),
-                stage=stage.name, epoch=epoch, step=step, config=config,
-                labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, rng=rng_state(),
+                stage=stage.name, epoch=epoch, step=step, config=config, **split, rng=rng_state(),
                 reference_spread=reference_spread, metrics=metrics)
+
+
+def checkpoint_split(state):
+    """The labeled / unlabeled / validation indices of a checkpoint."""
+    return dict(labeled_idx=state["labeled_idx"], unlabeled_idx=state["unlabeled_idx"],
+                val_idx=state.get("val_idx", torch.zeros(0, dtype=torch.long)))
 
 
 def resume_checkpoint(out, stage_name):
@@ -632,7 +644,7 @@ def resume_checkpoint(out, stage_name):
     return state
 
 
-def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device, out,
+def fit(student, teacher, optimizer, data, split, config, stage, device, out,
         milestones, start_epoch=0, reference_spread=None, echo=click.echo):
     """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch: write
     the resume checkpoint <stage>_last.pt (with the metrics so far), copy it to milestones[epoch] if
@@ -641,10 +653,10 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
     from kernels import lc_loss
 
     seed, n_lab_batch = config["seed"], config["labeled_batch"]
-    stream = BatchStream(len(labeled_idx), len(unlabeled_idx), n_lab_batch, config["unlabeled_batch"], seed)
+    lab_idx, unl_idx, val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
+    stream = BatchStream(len(lab_idx), len(unl_idx), n_lab_batch, config["unlabeled_batch"], seed)
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
     test_x, test_y = data.test_x.to(device), data.test_y.to(device)
-    lab_idx, unl_idx = labeled_idx.to(device), unlabeled_idx.to(device)
     mean, std = (t.to(device) for t in (torch.tensor(config["mean"]), torch.tensor(config["std"])))
     flip = config["dataset"] == "cifar10"
     spe = stream.steps_per_epoch
@@ -724,10 +736,15 @@ def fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, s
             record["student_error"] = test_error(student, test_x, test_y, mean, std)
             record["teacher_error"] = test_error(teacher, test_x, test_y, mean, std)
             line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
+            if len(val_idx):
+                record["student_val_error"] = test_error(student, train_x[val_idx], train_y[val_idx], mean, std)
+                record["teacher_val_error"] = test_error(teacher, train_x[val_idx], train_y[val_idx], mean, std)
+                line += (f" | val error student {record['student_val_error']:.2f}% "
+                         f"teacher {record['teacher_val_error']:.2f}%")
         echo(line)
         metrics.append(record)
         state = checkpoint_state(student, teacher, optimizer, stage, epoch, record["step"], config,
-                                 labeled_idx, unlabeled_idx, reference_spread, metrics)
+                                 split, reference_spread, metrics)
         save_checkpoint(out / f"{stage.name}_last.pt", state)
         if epoch in milestones:
             save_checkpoint(out / milestones[epoch], state)
@@ -764,7 +781,7 @@ def restore_data(state, data_dir=None):
     config = state["config"]
     data = load_dataset(config["dataset"], data_dir or config["data_dir"])
     n_train = len(data.train_y)
-    split = torch.cat([state["labeled_idx"], state["unlabeled_idx"]])
+    split = torch.cat(list(checkpoint_split(state).values()))
     if data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train:
         raise UserError(f"the {config['dataset']} data in {data_dir or config['data_dir']} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "

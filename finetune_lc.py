@@ -98,7 +98,7 @@ def run(config, data, state, student, teacher, optimizer, device, out, start_epo
                          eval_every=lc["eval_every"], first_step=lc["mt_step"],
                          lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"])
     with common.stop_on_signals():
-        last = common.fit(student, teacher, optimizer, data, state["labeled_idx"], state["unlabeled_idx"], config,
+        last = common.fit(student, teacher, optimizer, data, common.checkpoint_split(state), config,
                           stage, device, out, {lc["epochs"] + lc["decay_epochs"]: "lc.pt"},
                           start_epoch=start_epoch, reference_spread=reference_spread)
     click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "

@@ -24,7 +24,10 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--data-dir", type=click.Path(file_okay=False), default="./data", help="Where the dataset files are or go.")
 @click.option("--labels", type=int, default=None,
               help=f"Labeled training images, balanced over classes; required for folder. {common.preset_help('labels')}")
-@click.option("--split-seed", type=int, default=0, help="Seed of the labeled/unlabeled split.")
+@click.option("--split-seed", type=int, default=0, help="Seed of the labeled/unlabeled/validation split.")
+@click.option("--val", type=click.IntRange(min=0), default=0,
+              help="Hold out this many unlabeled training images (never trained on) as a validation set, "
+                   "reported at every evaluation, for model selection that never looks at the test set.")
 @click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
 @click.option("--unlabeled-batch", type=click.IntRange(min=1), default=128,
               help="Unlabeled images per step; an epoch is one pass over the unlabeled set.")
@@ -50,7 +53,7 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --out from its mt_last.pt, with that run's settings "
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
-def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
+def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
          lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume):
     """Stage 1: train the Mean Teacher model (student + EMA teacher)."""
     if resume and overwrite:
@@ -62,7 +65,7 @@ def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, 
         config, data = state["config"], common.restore_data(state)
         student, teacher, optimizer = common.restore_training(state, device)
         click.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
-        run(config, data, state["labeled_idx"], state["unlabeled_idx"], student, teacher, optimizer, device, out,
+        run(config, data, common.checkpoint_split(state), student, teacher, optimizer, device, out,
             start_epoch=state["epoch"])
         return
     preset = dict(common.PRESETS[dataset])
@@ -76,8 +79,10 @@ def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, 
 
     data = common.load_dataset(dataset, data_dir)
     labeled_idx, unlabeled_idx = common.balanced_split(data.train_y, labels, data.num_classes, split_seed)
+    unlabeled_idx, val_idx = common.hold_out(unlabeled_idx, val, split_seed)
+    split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
     mean, std = common.channel_stats(data.train_x)
-    config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
+    config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed, val=val,
                   labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                   num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
                   seed=seed, lr=lr, ema=ema if ema is not None else preset["ema"], cons_weight=cons_weight,
@@ -85,7 +90,8 @@ def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, 
                   epochs=epochs or preset["epochs"],
                   decay_epochs=decay_epochs if decay_epochs is not None else preset["decay_epochs"],
                   bn_momentum=bn_momentum or preset["bn_momentum"], eval_every=eval_every or preset["eval_every"])
-    click.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(data.test_y)} test, "
+    click.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {val} validation / "
+               f"{len(data.test_y)} test, "
                f"width {width}, {config['epochs']}+{config['decay_epochs']} epochs, device {device}")
 
     torch.manual_seed(seed)
@@ -98,17 +104,17 @@ def main(dataset, data_dir, labels, split_seed, labeled_batch, unlabeled_batch, 
     out.mkdir(parents=True, exist_ok=True)
     for f in existing:
         (out / f).unlink()
-    run(config, data, labeled_idx, unlabeled_idx, student, teacher, optimizer, device, out, start_epoch=0)
+    run(config, data, split, student, teacher, optimizer, device, out, start_epoch=0)
 
 
-def run(config, data, labeled_idx, unlabeled_idx, student, teacher, optimizer, device, out, start_epoch):
+def run(config, data, split, student, teacher, optimizer, device, out, start_epoch):
     stage = common.Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
                          ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                          eval_every=config["eval_every"], first_step=0)
     milestones = {config["epochs"]: "mt.pt", config["epochs"] + config["decay_epochs"]: "mt_final.pt"}
     with common.stop_on_signals():
-        last = common.fit(student, teacher, optimizer, data, labeled_idx, unlabeled_idx, config, stage, device,
-                          out, milestones, start_epoch=start_epoch)
+        last = common.fit(student, teacher, optimizer, data, split, config, stage, device, out, milestones,
+                          start_epoch=start_epoch)
     click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
                f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
 

@@ -75,7 +75,7 @@ def test_train_mt_reads_real_file_formats(tmp_path, dataset, writer):
     res = run("train_mt.py", "--dataset", dataset, "--data-dir", tmp_path / "data", "--labels", "20", *TINY,
               "--out", tmp_path / "run")
     assert res.returncode == 0, res.stderr
-    assert "20 labeled / 180 unlabeled / 50 test" in res.stdout
+    assert "20 labeled / 180 unlabeled / 0 validation / 50 test" in res.stdout
 
 
 def test_folder_dataset(tmp_path):
@@ -182,7 +182,8 @@ def test_unlabeled_labels_are_never_used(tmp_path):
         teacher.load_state_dict(student.state_dict())
         optimizer = common.make_optimizer(student, 0.05)
         (tmp_path / f"m{scramble}").mkdir()
-        common.fit(student, teacher, optimizer, data, labeled, unlabeled, config, stage, torch.device("cpu"),
+        split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
+        common.fit(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"),
                    tmp_path / f"m{scramble}", {}, echo=lambda line: None)
         finals.append(student.state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
@@ -230,3 +231,14 @@ def test_results_table_curves_and_tsne(mt_run, tmp_path):
 def test_evaluate_bad_input(args, message):
     result = invoke(evaluate, args)
     assert result.exit_code == 2 and message in result.output
+
+
+def test_validation_hold_out(tmp_path):
+    res = run("train_mt.py", "--dataset", "digits", *TINY, "--val", "200", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    state = torch.load(tmp_path / "mt_final.pt", weights_only=True)
+    val, unl, lab = (set(state[k].tolist()) for k in ("val_idx", "unlabeled_idx", "labeled_idx"))
+    assert len(val) == 200 and not val & unl and not val & lab and len(val | unl | lab) == 1437
+    last = lines(tmp_path / "mt_metrics.jsonl")[-1]
+    assert 0 <= last["teacher_val_error"] <= 100 and "val error student" in res.stdout
+    assert invoke(train_mt, ["--val", "2000", "--out", tmp_path / "x"]).exit_code == 2
