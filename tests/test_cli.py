@@ -242,3 +242,20 @@ def test_validation_hold_out(tmp_path):
     last = lines(tmp_path / "mt_metrics.jsonl")[-1]
     assert 0 <= last["teacher_val_error"] <= 100 and "val error student" in res.stdout
     assert invoke(train_mt, ["--val", "2000", "--out", tmp_path / "x"]).exit_code == 2
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s["config"].update(width=0.25), "does not fit this project's model"),
+    (lambda s: s["config"].update(num_classes=7), "does not match the checkpoint"),
+    (lambda s: s["config"].update(dataset="svhn", data_dir="/nonexistent"), "SVHN files missing"),
+])
+def test_incompatible_checkpoint(mt_run, tmp_path, monkeypatch, change, message):
+    import torchvision
+    monkeypatch.setattr(torchvision.datasets, "SVHN", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    state = torch.load(mt_run / "mt.pt", weights_only=True)
+    change(state)
+    torch.save(state, tmp_path / "odd.pt")
+    for command in (evaluate, finetune_lc):
+        result = invoke(command, ["--ckpt", tmp_path / "odd.pt", "--out", tmp_path / "o"] if command is finetune_lc
+                        else ["--ckpt", tmp_path / "odd.pt"])
+        assert result.exit_code == 2 and message in result.output, result.output
