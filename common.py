@@ -480,6 +480,9 @@ def atomic_write(path, write):
     never leaves a truncated file behind."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -2,7 +2,7 @@
 
     python evaluate.py --ckpt lc.pt                                   # student and teacher test error
     python evaluate.py --ckpt lc.pt --json                            # one JSON object on the last line
-    python evaluate.py --ckpt runs/*/mt_final.pt --ckpt runs/*/lc.pt --table results.md   # Table 1
+    python evaluate.py --ckpt runs/mt*/mt_final.pt runs/lc*/lc.pt --table results.md    # Table 1
     python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
 """
@@ -134,8 +134,10 @@ def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.argument("more_ckpts", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--ckpt", "ckpts", type=click.Path(dir_okay=False), multiple=True,
-              help="A checkpoint written by train_mt.py or finetune_lc.py (repeat for several: one per seed).")
+              help="A checkpoint written by train_mt.py or finetune_lc.py. Several (one per seed): "
+                   "--ckpt a.pt b.pt c.pt, or --ckpt repeated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per checkpoint instead of text.")
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
               help="Write the results as the paper's Table 1 (methods x settings, mean +- std over the "
@@ -149,8 +151,9 @@ def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
 @click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(ckpts, as_json, table, curves, plot, tsne, data_dir, seed, device):
+def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, tables and figures."""
+    ckpts = ckpts + more_ckpts
     if bool(curves) != bool(plot):
         raise common.UserError("--curves and --plot go together")
     if table and Path(table).suffix not in (".md", ".csv"):

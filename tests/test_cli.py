@@ -205,7 +205,7 @@ def test_evaluate_several_checkpoints(mt_run):
     assert len(rows) == 3 and rows[-1]["runs"] == 2 and rows[-1]["method"] == "MT"
     errors = [rows[0]["teacher_error"], rows[1]["teacher_error"]]
     assert rows[-1]["teacher_mean"] == pytest.approx(sum(errors) / 2)
-    text = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt"]).output
+    text = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", mt_run / "mt_final.pt"]).output  # one --ckpt, two files
     assert "MT, digits, 100 labels: mean +- std over 2 runs" in text
 
 
