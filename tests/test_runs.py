@@ -99,3 +99,15 @@ def test_distribution_collapse_stops(straight, tmp_path):
               "--lr", "0.01", "--epochs", "12", "--decay-epochs", "0", "--out", tmp_path)
     assert res.returncode == 3, res.stderr
     assert "collapse" in res.stderr and "eps=1e+06" in res.stderr and "lambda2=20" in res.stderr
+
+
+def test_sigint_stops_with_a_message(tmp_path):
+    proc = subprocess.Popen([sys.executable, "train_mt.py", *TINY, "--epochs", "6", "--out", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "mt_last.pt").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT and "interrupted by SIGINT" in err, (proc.returncode, err)
+    assert torch.load(tmp_path / "mt_last.pt", weights_only=True)["epoch"] >= 1
