@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels import lc_loss
+
 # ----------------------------------------------------------------------------------------------
 # Presets: the paper's protocol (Section 5.1) per dataset; digits is the small offline quickstart.
 # Schedules are in epochs; an epoch is one pass over the unlabeled set.
@@ -44,6 +46,14 @@ PRESETS = {
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC until epoch 800 (Section 5.1), eps 40.
 CIFAR10_2000 = dict(epochs=600, eps=40.0)
 DATASETS = tuple(PRESETS)
+
+
+def preset(dataset, labels):
+    """The protocol's defaults for a dataset, and for CIFAR-10 with 2,000 labels its own."""
+    values = dict(PRESETS[dataset])
+    if dataset == "cifar10" and labels == 2000:
+        values.update(CIFAR10_2000)
+    return values
 
 
 def preset_help(key):
@@ -653,8 +663,6 @@ def fit(student, teacher, optimizer, data, split, config, stage, device, out,
     the resume checkpoint <stage>_last.pt (with the metrics so far), copy it to milestones[epoch] if
     that epoch has a name there, then add the epoch's line to <stage>_metrics.jsonl. A kill between
     any two of these leaves files that --resume continues from exactly. Returns the last record."""
-    from kernels import lc_loss
-
     seed, n_lab_batch = config["seed"], config["labeled_batch"]
     lab_idx, unl_idx, val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
     stream = BatchStream(len(lab_idx), len(unl_idx), n_lab_batch, config["unlabeled_batch"], seed)

@@ -63,9 +63,7 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
         raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
     config = dict(state["config"])
     config["seed"] = seed if seed is not None else config["seed"]
-    preset = dict(common.PRESETS[config["dataset"]])
-    if config["dataset"] == "cifar10" and config["labels"] == 2000:
-        preset.update(common.CIFAR10_2000)
+    preset = common.preset(config["dataset"], config["labels"])
     eps = eps if eps is not None else preset["eps"]
     lam = lam if lam is not None else preset["lam"]
     if not (math.isfinite(eps) and eps > 0):

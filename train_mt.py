@@ -68,9 +68,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         run(config, data, common.checkpoint_split(state), student, teacher, optimizer, device, out,
             start_epoch=state["epoch"])
         return
-    preset = dict(common.PRESETS[dataset])
-    if dataset == "cifar10" and labels == 2000:
-        preset.update(common.CIFAR10_2000)
+    preset = common.preset(dataset, labels)
     labels = labels if labels is not None else preset["labels"]
     if labels is None:
         raise common.UserError("--labels is required for --dataset folder")

@@ -7,7 +7,6 @@ N = N_l + N_u points with N_l = N / 5. Prints the median time and the peak extra
 inputs) of each method, and on CUDA checks the kernel's targets. On a CPU it runs what fits the
 time and memory budgets, and says what it skipped and why.
 """
-import math
 import os
 import platform
 import statistics

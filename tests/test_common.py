@@ -154,3 +154,10 @@ def test_data_init_sets_every_layer():
     layers = [m for m in model.modules() if isinstance(m, common.WeightNormMeanOnlyBN)]
     assert len(layers) == 10 and not any(m.pending_init for m in layers)
     assert all(not torch.equal(m.g, torch.ones_like(m.g)) for m in layers)
+
+
+def test_presets_follow_the_paper():
+    assert common.preset("svhn", 1000)["epochs"] == 300 and common.preset("svhn", 500)["lam"] == 20.0
+    assert common.preset("cifar10", 4000)["epochs"] == 800 and common.preset("cifar10", 4000)["eps"] == 50.0
+    assert common.preset("cifar10", 2000)["epochs"] == 600 and common.preset("cifar10", 2000)["eps"] == 40.0
+    assert common.PRESETS["cifar10"]["epochs"] == 800  # the 2000-label variant leaves the table alone
