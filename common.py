@@ -10,6 +10,8 @@ import pickle
 import random
 import signal
 import tempfile
+import platform
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,11 @@ import click
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.flop_counter import FlopCounterMode
 
 from kernels import lc_loss
 
@@ -116,7 +122,7 @@ class WeightNormMeanOnlyBN(nn.Module):
                 self.running_mean.lerp_(mean.detach().float(), self.momentum)
         else:
             mean = self.running_mean.to(t.dtype)
-        return t + (self.bias - mean).view(shape)  # one pass over t instead of two
+        return t + (self.bias - mean).to(t.dtype).view(shape)  # one pass over t; t's dtype under autocast
 
     @torch.no_grad()
     def _data_init(self, x):
@@ -126,6 +132,24 @@ class WeightNormMeanOnlyBN(nn.Module):
         self.g.copy_(self.init_scale / (t.std(dims) + 1e-8))
         self.running_mean.copy_(t.mean(dims) * self.g)
         self.bias.copy_(-self.running_mean)
+
+
+class Dropout(nn.Module):
+    """Dropout (zero with probability p, scale the rest by 1 / (1 - p)). On a CPU the mask comes
+    from rand_like: nn.Dropout's bernoulli_ took 16% of a training step at width 0.125, this 4x less.
+    On a GPU nn.functional.dropout is one fused kernel already."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        if x.is_cuda:
+            return F.dropout(x, self.p, training=True)
+        mask = torch.rand_like(x, dtype=torch.float32).ge_(self.p).mul_(1.0 / (1.0 - self.p))
+        return x * mask.to(x.dtype)
 
 
 class ConvLarge(nn.Module):
@@ -153,7 +177,7 @@ class ConvLarge(nn.Module):
         layers = []
         for spec in specs:
             if spec == "pool":
-                layers += [nn.MaxPool2d(2), nn.Dropout(0.5)]
+                layers += [nn.MaxPool2d(2), Dropout(0.5)]
             else:
                 layers += [layer(*spec), nn.LeakyReLU(0.1, inplace=True)]
         self.features = nn.Sequential(*layers)
@@ -480,9 +504,59 @@ def pick_device(name):
     return torch.device(name)
 
 
-def seed_step(seed, step):
-    """Seed the global generators for one step: dropout and augmentation depend on (seed, step) alone."""
-    torch.manual_seed(seed * 1_000_003 + step)
+def seed_step(seed, step, rank=0):
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
+    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_precision(precision, device):
+    """'auto' is bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with
+    AVX512-BF16 or AMX), else fp32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bf16" if native else "fp32"
+
+
+@dataclass
+class Processes:
+    """This process's place among the processes of a torchrun launch (rank 0 of 1 without one)."""
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def echo(self, message):
+        """Print on the main process only."""
+        if self.main:
+            click.echo(message)
+
+
+@contextlib.contextmanager
+def processes(device_name):
+    """(Processes, this process's device). Under torchrun (WORLD_SIZE > 1) it joins the process group:
+    nccl with one GPU per process (LOCAL_RANK) on CUDA, gloo on CPU; and leaves it at the end."""
+    device = pick_device(device_name)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        yield Processes(), device
+        return
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield Processes(dist.get_rank(), dist.get_world_size()), device
+    finally:
+        dist.destroy_process_group()
 
 
 def atomic_write(path, write):
@@ -643,9 +717,17 @@ def checkpoint_split(state):
                 val_idx=state.get("val_idx", torch.zeros(0, dtype=torch.long)))
 
 
-def resume_checkpoint(out, stage_name):
-    """The `<stage>_last.pt` of an interrupted run in `out`, its RNG states restored, and the metrics
-    file rewritten to the epochs that checkpoint has seen (it holds their records)."""
+def check_resume_flags(resume, **flags):
+    """--resume continues a run as it was: it excludes the flags given here that are set."""
+    for name, value in flags.items():
+        if resume and value:
+            raise UserError(f"--resume and --{name} exclude each other")
+
+
+def resume_checkpoint(out, stage_name, write=True):
+    """The `<stage>_last.pt` of an interrupted run in `out`, its RNG states restored, and (by the
+    process that writes) the metrics file rewritten to the epochs that checkpoint has seen (it holds
+    their records)."""
     path = Path(out) / f"{stage_name}_last.pt"
     if not path.exists():
         raise UserError(f"--resume: {path} does not exist (nothing to resume in {out})")
@@ -653,85 +735,173 @@ def resume_checkpoint(out, stage_name):
     if state.get("stage") != stage_name:
         raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
     set_rng_state(state["rng"])
-    write_metrics(Path(out) / f"{stage_name}_metrics.jsonl", state["metrics"])
+    if write:
+        write_metrics(Path(out) / f"{stage_name}_metrics.jsonl", state["metrics"])
     return state
 
 
-def fit(student, teacher, optimizer, data, split, config, stage, device, out,
-        milestones, start_epoch=0, reference_spread=None, echo=click.echo):
-    """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch: write
-    the resume checkpoint <stage>_last.pt (with the metrics so far), copy it to milestones[epoch] if
-    that epoch has a name there, then add the epoch's line to <stage>_metrics.jsonl. A kill between
-    any two of these leaves files that --resume continues from exactly. Returns the last record."""
-    seed, n_lab_batch = config["seed"], config["labeled_batch"]
-    lab_idx, unl_idx, val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
-    stream = BatchStream(len(lab_idx), len(unl_idx), n_lab_batch, config["unlabeled_batch"], seed)
-    train_x, train_y = data.train_x.to(device), data.train_y.to(device)
-    test_x, test_y = data.test_x.to(device), data.test_y.to(device)
-    mean, std = (t.to(device) for t in (torch.tensor(config["mean"]), torch.tensor(config["std"])))
-    flip = config["dataset"] == "cifar10"
-    spe = stream.steps_per_epoch
+def step_epoch(trainer, step):
+    """1-based epoch of the stage that a global step falls in."""
+    return (step - trainer.stage.first_step) // trainer.stream.steps_per_epoch + 1
+
+
+class Trainer:
+    """What one process needs for the training step of both stages, on its device: the MT objective
+    (Eq. 2) and, in stage 2, lambda2 * r2 * L_lc on top (Eq. 6). With several processes each one
+    takes its 1/world share of the configured (global) labeled and unlabeled batches."""
+
+    def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None,
+                 reference_spread=None):
+        procs = procs or Processes()
+        for key in ("labeled_batch", "unlabeled_batch"):
+            if config[key] % procs.world:
+                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
+                                f"{procs.world} processes")
+        self.student, self.teacher, self.optimizer = student, teacher, optimizer
+        self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
+        self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
+        self.n_lab, self.n_unl = config["labeled_batch"] // procs.world, config["unlabeled_batch"] // procs.world
+        self.lab_idx, self.unl_idx, self.val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
+        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
+                                  config["unlabeled_batch"], config["seed"])
+        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
+        self.test_x, self.test_y = data.test_x.to(device), data.test_y.to(device)
+        self.mean, self.std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+        self.flip = config["dataset"] == "cifar10"
+        self.precision = config.get("precision", "fp32")
+        self.lc_global = config.get("lc", {}).get("scope", "local") == "global" and procs.world > 1
+        student.train()
+        teacher.train()  # dropout on and batch means, as in both reference implementations
+        student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
+        teacher.to(memory_format=torch.channels_last)
+        # The BN running means are averaged over the processes after every step (average_buffers),
+        # not broadcast from rank 0.
+        model = student if procs.world == 1 else DDP(student, broadcast_buffers=False)
+        compile_ = torch.compile if config.get("compile") else (lambda m: m)
+        self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
+
+    def schedule(self, step):
+        """(lr, lambda1 * r, lambda2 * r2) at a global step: r counts epochs from the start of MT,
+        r2 and the lr schedule from the start of this stage."""
+        stage, spe = self.stage, self.stream.steps_per_epoch
+        progress = (step - stage.first_step) / spe
+        lr = learning_rate(progress, stage.lr, stage.epochs, stage.decay_epochs)
+        cons_w = stage.cons_weight * sigmoid_rampup(step / spe, stage.cons_rampup)
+        lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
+        return lr, cons_w, lc_w
+
+    def views(self, step):
+        """This process's share of the step's batch: the student's and the teacher's independently
+        augmented views (labeled images first) and the labels of the labeled images."""
+        seed_step(self.config["seed"], step, self.procs.rank)
+        lab_pos, unl_pos = self.stream.batch(step)
+        r = self.procs.rank
+        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
+        idx = torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
+        images = self.train_x[idx]
+        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip)
+                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
+        return student_view, teacher_view, self.train_y[idx[:self.n_lab]]
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def train_step(self, step, student_view, teacher_view, labels):
+        """One SGD step and the EMA update (Eq. 3). Returns (loss, ce, cons, lc, neighbour fraction)."""
+        lr, cons_w, lc_w = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.autocast():  # the convolutions; every loss below is computed in fp32
+            z, logits = self.student_forward(student_view)
+            with torch.no_grad():
+                _, teacher_logits = self.teacher_forward(teacher_view)
+        ce = F.cross_entropy(logits[:self.n_lab].float(), labels)
+        cons = consistency_loss(logits, teacher_logits)
+        loss = ce + cons_w * cons
+        z = z.float()
+        if self.stage.name == "lc":
+            z_lab, z_unl = z[:self.n_lab], z[self.n_lab:]
+            if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
+                z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
+            lc, fraction = lc_loss(z_lab, z_unl, self.stage.lc_eps, return_fraction=True)
+            loss = loss + lc_w * lc
+        else:
+            lc = fraction = torch.zeros((), device=self.device)
+        self.check(step, loss, feature_spread(z), dict(ce=ce, cons=cons, lc=lc))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        ema_update(self.teacher, self.student, self.stage.ema)
+        if self.procs.world > 1:
+            average_buffers([self.student, self.teacher], self.procs.world)
+        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction.float()])
+
+    def check(self, step, loss, spread, parts):
+        """Stop on a non-finite loss or, in LC, on collapsed features: one host sync per step, and
+        with several processes one all_reduce, so that every process decides alike."""
+        status = torch.stack([(~torch.isfinite(loss)).float(), spread])
+        if self.procs.world > 1:
+            dist.all_reduce(status)
+        nonfinite, spread = status.tolist()
+        spread /= self.procs.world
+        where = f"at step {step} (epoch {step_epoch(self, step)} of stage {self.stage.name})"
+        if nonfinite:
+            values = " ".join(f"{k}={v.item():.4g}" for k, v in parts.items())
+            raise TrainingFailed(f"non-finite loss {where}: {values}; the checkpoints of the finished epochs are kept")
+        if self.stage.name != "lc":
+            return
+        if self.reference_spread is None:
+            self.reference_spread = spread
+        if spread < COLLAPSE_FRACTION * self.reference_spread:
+            raise TrainingFailed(f"distribution collapse {where}: the features' spread fell to {spread:.3g}, under "
+                                 f"{COLLAPSE_FRACTION:g} of its {self.reference_spread:.3g} when LC started; "
+                                 f"eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} pull every image "
+                                 f"onto one point (the paper saw this for eps > 500 or lambda2 > 50); the "
+                                 f"checkpoints of the finished epochs are kept")
+
+    def errors(self):
+        """Test errors (%) of student and teacher, and on the validation hold-out if there is one."""
+        errors = dict(student_error=test_error(self.student, self.test_x, self.test_y, self.mean, self.std),
+                      teacher_error=test_error(self.teacher, self.test_x, self.test_y, self.mean, self.std))
+        if len(self.val_idx):
+            x, y = self.train_x[self.val_idx], self.train_y[self.val_idx]
+            errors.update(student_val_error=test_error(self.student, x, y, self.mean, self.std),
+                          teacher_val_error=test_error(self.teacher, x, y, self.mean, self.std))
+        return errors
+
+
+def average_buffers(modules, world):
+    """Average the BN running means over the processes. Each process's running mean followed the
+    batch means of its own shard; their average is what one process seeing the whole (equally
+    sharded) batch would hold, and it keeps every process's teacher identical."""
+    buffers = [b for m in modules for b in m.buffers()]
+    flat = torch.cat([b.flatten() for b in buffers])
+    dist.all_reduce(flat)
+    flat /= world
+    torch._foreach_copy_(buffers, [v.view_as(b) for v, b in zip(flat.split([b.numel() for b in buffers]), buffers)])
+
+
+def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
+    """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
+    process writes the resume checkpoint <stage>_last.pt (with the metrics so far), copies it to
+    each name in milestones[epoch], then adds the epoch's line to
+    <stage>_metrics.jsonl. A kill between any two of these leaves files that --resume continues
+    from exactly. Returns the last record."""
+    stage, spe, procs = trainer.stage, trainer.stream.steps_per_epoch, trainer.procs
     total_epochs = stage.epochs + stage.decay_epochs
-    student.train()
-    teacher.train()  # dropout on and batch means, as in both reference implementations
-    student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
-    teacher.to(memory_format=torch.channels_last)
     out = Path(out)
     metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
     record = metrics[-1] if metrics else None
     for epoch in range(start_epoch + 1, total_epochs + 1):
         start = time.perf_counter()
-        sums = torch.zeros(5, device=device)  # loss, ce, cons, lc, neighbour fraction
+        sums = torch.zeros(5, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction
         for i in range(spe):
             step = stage.first_step + (epoch - 1) * spe + i
-            progress = (epoch - 1) + i / spe  # epochs into this stage
-            lr = learning_rate(progress, stage.lr, stage.epochs, stage.decay_epochs)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            cons_w = stage.cons_weight * sigmoid_rampup(step / spe, stage.cons_rampup)
-            lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
-
-            seed_step(seed, step)
-            lab_pos, unl_pos = stream.batch(step)
-            batch_idx = torch.cat([lab_idx[lab_pos.to(device)], unl_idx[unl_pos.to(device)]])
-            images, labels = train_x[batch_idx], train_y[batch_idx[:n_lab_batch]]
-            z, logits = student(augment(images, mean, std, flip).contiguous(memory_format=torch.channels_last))
-            with torch.no_grad():
-                teacher_view = augment(images, mean, std, flip).contiguous(memory_format=torch.channels_last)
-                _, teacher_logits = teacher(teacher_view)
-            ce = F.cross_entropy(logits[:n_lab_batch].float(), labels)
-            cons = consistency_loss(logits, teacher_logits)
-            loss = ce + cons_w * cons
-            if stage.name == "lc":
-                lc, fraction = lc_loss(z[:n_lab_batch].float(), z[n_lab_batch:].float(), stage.lc_eps,
-                                       return_fraction=True)
-                loss = loss + lc_w * lc
-                spread = feature_spread(z)
-                if reference_spread is None:
-                    reference_spread = spread.item()
-                collapsed = spread < COLLAPSE_FRACTION * reference_spread
-            else:
-                lc = fraction = torch.zeros((), device=device)
-                collapsed = torch.zeros((), dtype=torch.bool, device=device)
-            status = torch.stack([~torch.isfinite(loss), collapsed]).tolist()  # one sync per step
-            if status[0]:
-                raise TrainingFailed(f"non-finite loss at step {step} (epoch {epoch} of stage {stage.name}): "
-                                     f"ce={ce.item():.4g} cons={cons.item():.4g} lc={lc.item():.4g}; "
-                                     f"the checkpoints of the finished epochs are kept")
-            if status[1]:
-                raise TrainingFailed(f"distribution collapse at step {step} (epoch {epoch} of LC): the features' "
-                                     f"spread fell to {spread.item():.3g}, under {COLLAPSE_FRACTION:g} of its "
-                                     f"{reference_spread:.3g} when LC started; eps={stage.lc_eps:g} and "
-                                     f"lambda2={stage.lc_weight:g} pull every image onto one point (the paper "
-                                     f"saw this for eps > 500 or lambda2 > 50); the checkpoints of the "
-                                     f"finished epochs are kept")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            ema_update(teacher, student, stage.ema)
-            sums += torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction]).float()
-
-        means = (sums / spe).tolist()
+            sums += trainer.train_step(step, *trainer.views(step))
+        if procs.world > 1:
+            dist.all_reduce(sums)
+        means = (sums / (spe * procs.world)).tolist()
+        lr, cons_w, lc_w = trainer.schedule(step)
         # global_epoch counts from the start of MT, so MT and LC curves share an axis (Fig. 2).
         record = dict(stage=stage.name, epoch=epoch, global_epoch=stage.first_step / spe + epoch,
                       step=stage.first_step + epoch * spe, lr=lr,
@@ -739,28 +909,97 @@ def fit(student, teacher, optimizer, data, split, config, stage, device, out,
                       time_s=round(time.perf_counter() - start, 3))
         if stage.name == "lc":
             record.update(lc=means[3], neighbour_fraction=means[4])
+        if not procs.main:
+            continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
         line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
                 f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
                 + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
                 + f" | {record['time_s']:.1f}s")
         if epoch % stage.eval_every == 0 or epoch == total_epochs:
-            record["student_error"] = test_error(student, test_x, test_y, mean, std)
-            record["teacher_error"] = test_error(teacher, test_x, test_y, mean, std)
+            record.update(trainer.errors())
             line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
-            if len(val_idx):
-                record["student_val_error"] = test_error(student, train_x[val_idx], train_y[val_idx], mean, std)
-                record["teacher_val_error"] = test_error(teacher, train_x[val_idx], train_y[val_idx], mean, std)
+            if "student_val_error" in record:
                 line += (f" | val error student {record['student_val_error']:.2f}% "
                          f"teacher {record['teacher_val_error']:.2f}%")
         echo(line)
         metrics.append(record)
-        state = checkpoint_state(student, teacher, optimizer, stage, epoch, record["step"], config,
-                                 split, reference_spread, metrics)
+        state = checkpoint_state(trainer.student, trainer.teacher, trainer.optimizer, stage, epoch, record["step"],
+                                 trainer.config, trainer.split, trainer.reference_spread, metrics)
         save_checkpoint(out / f"{stage.name}_last.pt", state)
-        if epoch in milestones:
-            save_checkpoint(out / milestones[epoch], state)
+        for name in milestones.get(epoch, ()):
+            save_checkpoint(out / name, state)
         write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
     return record
+
+
+def step_flops(trainer, student_view, teacher_view):
+    """FLOPs of one training step's model work (student forward + backward, teacher forward),
+    counted by torch on the eager modules."""
+    with FlopCounterMode(display=False) as counter:
+        z, logits = trainer.student(student_view)
+        (z.float().sum() + logits.float().sum()).backward()
+        with torch.no_grad():
+            trainer.teacher(teacher_view)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def benchmark(trainer, steps, warmup=3, echo=click.echo):
+    """Time `steps` training steps after `warmup` ones (the steps train for real; nothing is saved).
+    Returns medians over the timed steps, throughput of all processes together, and the share of
+    each step spent on the data path (index, gather, augment both views)."""
+    def sync():
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
+
+    first = trainer.stage.first_step
+    step_times, data_times = [], []
+    for i in range(warmup + steps):
+        sync()
+        t0 = time.perf_counter()
+        views = trainer.views(first + i)
+        sync()
+        t1 = time.perf_counter()
+        trainer.train_step(first + i, *views)
+        sync()
+        t2 = time.perf_counter()
+        if i >= warmup:
+            step_times.append(t2 - t0)
+            data_times.append(t1 - t0)
+        echo(f"benchmark {'warm-up' if i < warmup else 'step'} {i + 1 - warmup * (i >= warmup)}/"
+             f"{warmup if i < warmup else steps}: {t2 - t0:.4f} s (data {t1 - t0:.4f} s)")
+    sec = statistics.median(step_times)
+    flops = step_flops(trainer, *views[:2]) * trainer.procs.world
+    batch = trainer.config["labeled_batch"] + trainer.config["unlabeled_batch"]
+    return dict(sec_per_step=sec, images_per_sec=batch / sec, gflops_per_sec=flops / 1e9 / sec,
+                data_share=statistics.median(data_times) / sec, precision=trainer.precision,
+                gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, stage=trainer.stage.name,
+                dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
+                processes=trainer.procs.world, compile=bool(trainer.config.get("compile")),
+                device=device_name(trainer.device), threads=torch.get_num_threads())
+
+
+def report_benchmark(trainer, steps, out=None):
+    """Run the benchmark; the main process prints its result as one JSON line, the last it prints,
+    and writes it to `out`/<stage>_benchmark.json when `out` is given."""
+    result = benchmark(trainer, steps, echo=trainer.procs.echo)
+    if trainer.procs.main:
+        line = json.dumps(result)
+        if out is not None:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            atomic_write(Path(out) / f"{trainer.stage.name}_benchmark.json", lambda f: f.write(line.encode() + b"\n"))
+        click.echo(line)
+
+
+def device_name(device):
+    """The GPU's or the CPU's model name, for benchmark records."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def restore_models(state, device):

@@ -1,6 +1,7 @@
 """Stage 2: continue a Mean Teacher checkpoint with the local-clustering loss (paper Eq. 4-6).
 
     python finetune_lc.py --ckpt mt.pt --eps 50 --lam 20
+    torchrun --nproc_per_node 4 finetune_lc.py --ckpt mt.pt --lc-scope global   # neighbours across 4 GPUs
 
 Loads student, teacher, optimizer and the labeled split from the MT checkpoint, then minimizes
 CE + lambda1 * consistency + lambda2 * r2 * L_lc, where L_lc acts on the student's features of
@@ -42,65 +43,94 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --out from its lc_last.pt, with that run's settings "
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
+@click.option("--lc-scope", type=click.Choice(["local", "global"]), default="local",
+              help="Under torchrun: local finds each process's neighbours in its own share of the batch; global "
+                   "gathers the features of all processes (gradients flow back to each) so neighbours are "
+                   "found across the whole global batch, as on one device. No effect in one process.")
+@click.option("--precision", type=click.Choice(common.PRECISIONS), default="auto",
+              help="bf16 runs the networks under autocast; the losses (LC included), the EMA and the weights stay "
+                   "fp32. auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with "
+                   "AVX512-BF16 or AMX), else fp32.")
+@click.option("--compile", "compile_", is_flag=True,
+              help="torch.compile the networks: faster steps after a slower start (minutes on a CPU).")
+@click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Time N training steps after 3 warm-up steps instead of training; the last line printed is "
+                   "one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, ...). "
+                   "Writes nothing, unless --out is given: then lc_benchmark.json there.")
 def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
-         resume):
-    """Stage 2: fine-tune an MT checkpoint with the local-clustering loss."""
-    if resume and overwrite:
-        raise common.UserError("--resume and --overwrite exclude each other")
+         resume, lc_scope, precision, compile_, benchmark):
+    """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
+    process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
+    common.check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out) if out is not None else Path(ckpt).parent
-    if resume:
-        state = common.resume_checkpoint(out, "lc")
-        device = common.pick_device(device)
+    with common.processes(device) as (procs, device):
+        if resume:
+            state = common.resume_checkpoint(out, "lc", write=procs.main)
+            data = common.restore_data(state, data_dir)
+            student, teacher, optimizer = common.restore_training(state, device)
+            procs.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
+            trainer = make_trainer(state["config"], data, state, student, teacher, optimizer, device, procs,
+                                   reference_spread=state["reference_spread"])
+            run(trainer, out, start_epoch=state["epoch"])
+            return
+
+        state = common.load_checkpoint(ckpt)
+        if state.get("stage") != "mt":
+            raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
+        config = dict(state["config"])
+        config["seed"] = seed if seed is not None else config["seed"]
+        preset = common.preset(config["dataset"], config["labels"])
+        eps = eps if eps is not None else preset["eps"]
+        lam = lam if lam is not None else preset["lam"]
+        if not (math.isfinite(eps) and eps > 0):
+            raise common.UserError(f"--eps must be finite and > 0, got {eps}")
+        if not (math.isfinite(lam) and lam >= 0):
+            raise common.UserError(f"--lam must be finite and >= 0, got {lam}")
+        existing = common.existing_outputs(out, outputs, overwrite)
+
         data = common.restore_data(state, data_dir)
         student, teacher, optimizer = common.restore_training(state, device)
-        click.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
-        run(state["config"], data, state, student, teacher, optimizer, device, out, start_epoch=state["epoch"],
-            reference_spread=state["reference_spread"])
-        return
-
-    state = common.load_checkpoint(ckpt)
-    if state.get("stage") != "mt":
-        raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
-    config = dict(state["config"])
-    config["seed"] = seed if seed is not None else config["seed"]
-    preset = common.preset(config["dataset"], config["labels"])
-    eps = eps if eps is not None else preset["eps"]
-    lam = lam if lam is not None else preset["lam"]
-    if not (math.isfinite(eps) and eps > 0):
-        raise common.UserError(f"--eps must be finite and > 0, got {eps}")
-    if not (math.isfinite(lam) and lam >= 0):
-        raise common.UserError(f"--lam must be finite and >= 0, got {lam}")
-    existing = common.existing_outputs(out, OUTPUTS, overwrite)
-    device = common.pick_device(device)
-
-    data = common.restore_data(state, data_dir)
-    student, teacher, optimizer = common.restore_training(state, device)
-    config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else preset["lc_rampup"],
-                        epochs=epochs or preset["lc_epochs"],
-                        decay_epochs=decay_epochs if decay_epochs is not None else preset["lc_decay_epochs"],
-                        lr=lr or config["lr"], eval_every=eval_every or config["eval_every"],
-                        mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
-    lc = config["lc"]
-    click.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
-               f"eps {eps}, lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, device {device}")
-    out.mkdir(parents=True, exist_ok=True)
-    for f in existing:
-        (out / f).unlink()
-    run(config, data, state, student, teacher, optimizer, device, out, start_epoch=0, reference_spread=None)
+        config.update(precision=common.resolve_precision(precision, device), compile=compile_,
+                      processes=procs.world)
+        config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else preset["lc_rampup"],
+                            epochs=epochs or preset["lc_epochs"],
+                            decay_epochs=decay_epochs if decay_epochs is not None else preset["lc_decay_epochs"],
+                            lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
+                            mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
+        lc = config["lc"]
+        procs.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
+                   f"eps {eps}, lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, "
+                   f"device {device} x {procs.world}, {config['precision']}, LC scope {lc_scope}")
+        trainer = make_trainer(config, data, state, student, teacher, optimizer, device, procs)
+        if benchmark:
+            common.report_benchmark(trainer, benchmark, out if outputs else None)
+            return
+        if procs.main:
+            out.mkdir(parents=True, exist_ok=True)
+            for f in existing:
+                (out / f).unlink()
+        run(trainer, out, start_epoch=0)
 
 
-def run(config, data, state, student, teacher, optimizer, device, out, start_epoch, reference_spread):
+def make_trainer(config, data, state, student, teacher, optimizer, device, procs, reference_spread=None):
     lc = config["lc"]
     stage = common.Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
                          ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                          eval_every=lc["eval_every"], first_step=lc["mt_step"],
                          lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"])
+    return common.Trainer(student, teacher, optimizer, data, common.checkpoint_split(state), config, stage, device,
+                          procs, reference_spread=reference_spread)
+
+
+def run(trainer, out, start_epoch):
+    lc = trainer.config["lc"]
     with common.stop_on_signals():
-        last = common.fit(student, teacher, optimizer, data, common.checkpoint_split(state), config,
-                          stage, device, out, {lc["epochs"] + lc["decay_epochs"]: "lc.pt"},
-                          start_epoch=start_epoch, reference_spread=reference_spread)
-    click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
-               f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")
+        last = common.fit(trainer, out, {lc["epochs"] + lc["decay_epochs"]: ["lc.pt"]}, start_epoch=start_epoch,
+                          echo=trainer.procs.echo)
+    if trainer.procs.main:
+        click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
+                   f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     python train_mt.py --dataset svhn                       # the paper's protocol for SVHN
     python train_mt.py --dataset digits --width 0.25        # a few minutes on a CPU
+    torchrun --nproc_per_node 4 train_mt.py --dataset svhn  # 4 GPUs, the same global batch
+    python train_mt.py --dataset svhn --benchmark 20        # time 20 steps, print one JSON line
 
 Writes to --out: mt.pt (the state at the end of the constant-lr phase, where the paper starts LC),
 mt_final.pt (after the lr decay: the MT baseline), mt_metrics.jsonl (one JSON line per epoch) and
@@ -48,73 +50,96 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {common.preset_help('eval_every')}")
 @click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-@click.option("--out", type=click.Path(file_okay=False), default=".", help="Output folder.")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: .]")
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --out from its mt_last.pt, with that run's settings "
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
+@click.option("--precision", type=click.Choice(common.PRECISIONS), default="auto",
+              help="bf16 runs the networks under autocast; the losses, the EMA and the weights stay fp32. "
+                   "auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with "
+                   "AVX512-BF16 or AMX), else fp32.")
+@click.option("--compile", "compile_", is_flag=True,
+              help="torch.compile the networks: faster steps after a slower start (minutes on a CPU).")
+@click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Time N training steps after 3 warm-up steps instead of training; the last line printed is "
+                   "one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, ...). "
+                   "Writes nothing, unless --out is given: then mt_benchmark.json there.")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume):
-    """Stage 1: train the Mean Teacher model (student + EMA teacher)."""
-    if resume and overwrite:
-        raise common.UserError("--resume and --overwrite exclude each other")
-    out = Path(out)
-    if resume:
-        state = common.resume_checkpoint(out, "mt")
-        device = common.pick_device(device)
-        config, data = state["config"], common.restore_data(state)
-        student, teacher, optimizer = common.restore_training(state, device)
-        click.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
-        run(config, data, common.checkpoint_split(state), student, teacher, optimizer, device, out,
-            start_epoch=state["epoch"])
-        return
-    preset = common.preset(dataset, labels)
-    labels = labels if labels is not None else preset["labels"]
-    if labels is None:
-        raise common.UserError("--labels is required for --dataset folder")
-    existing = common.existing_outputs(out, OUTPUTS, overwrite)
-    device = common.pick_device(device)
+         lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume,
+         precision, compile_, benchmark):
+    """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
+    trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
+    common.check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
+    out = Path(out or ".")
+    with common.processes(device) as (procs, device):
+        if resume:
+            state = common.resume_checkpoint(out, "mt", write=procs.main)
+            config, data = state["config"], common.restore_data(state)
+            student, teacher, optimizer = common.restore_training(state, device)
+            procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
+            trainer = make_trainer(config, data, common.checkpoint_split(state), student, teacher, optimizer,
+                                   device, procs)
+            run(trainer, out, start_epoch=state["epoch"])
+            return
+        preset = common.preset(dataset, labels)
+        labels = labels if labels is not None else preset["labels"]
+        if labels is None:
+            raise common.UserError("--labels is required for --dataset folder")
+        existing = common.existing_outputs(out, outputs, overwrite)
 
-    data = common.load_dataset(dataset, data_dir)
-    labeled_idx, unlabeled_idx = common.balanced_split(data.train_y, labels, data.num_classes, split_seed)
-    unlabeled_idx, val_idx = common.hold_out(unlabeled_idx, val, split_seed)
-    split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
-    mean, std = common.channel_stats(data.train_x)
-    config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed, val=val,
-                  labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
-                  num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
-                  seed=seed, lr=lr, ema=ema if ema is not None else preset["ema"], cons_weight=cons_weight,
-                  cons_rampup=cons_rampup if cons_rampup is not None else preset["cons_rampup"],
-                  epochs=epochs or preset["epochs"],
-                  decay_epochs=decay_epochs if decay_epochs is not None else preset["decay_epochs"],
-                  bn_momentum=bn_momentum or preset["bn_momentum"], eval_every=eval_every or preset["eval_every"])
-    click.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {val} validation / "
-               f"{len(data.test_y)} test, "
-               f"width {width}, {config['epochs']}+{config['decay_epochs']} epochs, device {device}")
+        data = common.load_dataset(dataset, data_dir)
+        labeled_idx, unlabeled_idx = common.balanced_split(data.train_y, labels, data.num_classes, split_seed)
+        unlabeled_idx, val_idx = common.hold_out(unlabeled_idx, val, split_seed)
+        split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
+        mean, std = common.channel_stats(data.train_x)
+        config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
+                      val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
+                      num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
+                      seed=seed, lr=lr, ema=ema if ema is not None else preset["ema"], cons_weight=cons_weight,
+                      cons_rampup=cons_rampup if cons_rampup is not None else preset["cons_rampup"],
+                      epochs=epochs or preset["epochs"],
+                      decay_epochs=decay_epochs if decay_epochs is not None else preset["decay_epochs"],
+                      bn_momentum=bn_momentum or preset["bn_momentum"], eval_every=eval_every or preset["eval_every"],
+                      precision=common.resolve_precision(precision, device), compile=compile_, processes=procs.world)
+        procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {val} validation / "
+                   f"{len(data.test_y)} test, width {width}, {config['epochs']}+{config['decay_epochs']} epochs, "
+                   f"device {device} x {procs.world}, {config['precision']}")
 
-    torch.manual_seed(seed)
-    student, teacher = common.build_models(config, device)
-    first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
-    student.data_init(common.augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10"))
-    teacher.load_state_dict(student.state_dict())
-    optimizer = common.make_optimizer(student, lr)
+        torch.manual_seed(seed)  # every process builds the same networks; DDP checks they agree
+        student, teacher = common.build_models(config, device)
+        first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
+        student.data_init(common.augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10"))
+        teacher.load_state_dict(student.state_dict())
+        optimizer = common.make_optimizer(student, lr)
+        trainer = make_trainer(config, data, split, student, teacher, optimizer, device, procs)
+        if benchmark:
+            common.report_benchmark(trainer, benchmark, out if outputs else None)
+            return
+        if procs.main:
+            out.mkdir(parents=True, exist_ok=True)
+            for f in existing:
+                (out / f).unlink()
+        run(trainer, out, start_epoch=0)
 
-    out.mkdir(parents=True, exist_ok=True)
-    for f in existing:
-        (out / f).unlink()
-    run(config, data, split, student, teacher, optimizer, device, out, start_epoch=0)
 
-
-def run(config, data, split, student, teacher, optimizer, device, out, start_epoch):
+def make_trainer(config, data, split, student, teacher, optimizer, device, procs):
     stage = common.Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
                          ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                          eval_every=config["eval_every"], first_step=0)
-    milestones = {config["epochs"]: "mt.pt", config["epochs"] + config["decay_epochs"]: "mt_final.pt"}
+    return common.Trainer(student, teacher, optimizer, data, split, config, stage, device, procs)
+
+
+def run(trainer, out, start_epoch):
+    config = trainer.config
+    milestones = {config["epochs"]: ["mt.pt"]}
+    milestones.setdefault(config["epochs"] + config["decay_epochs"], []).append("mt_final.pt")
     with common.stop_on_signals():
-        last = common.fit(student, teacher, optimizer, data, split, config, stage, device, out, milestones,
-                          start_epoch=start_epoch)
-    click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
-               f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
+        last = common.fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
+    if trainer.procs.main:
+        click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
+                   f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
 
 
 if __name__ == "__main__":

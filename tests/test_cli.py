@@ -51,7 +51,7 @@ def test_three_stages_on_digits(mt_run, tmp_path):
     assert set(common.CHECKPOINT_KEYS) <= set(ckpt) and ckpt["epoch"] == 1 and ckpt["stage"] == "mt"
     assert torch.load(out / "mt_final.pt", weights_only=True)["epoch"] == 2
 
-    lc = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--eps", "50", "--lam", "20", "--epochs", "1",
+    lc = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--eps", "3", "--lam", "2", "--epochs", "1",
              "--decay-epochs", "1", "--lc-rampup", "1")
     assert lc.returncode == 0, lc.stderr
     records = lines(out / "lc_metrics.jsonl")
@@ -183,8 +183,8 @@ def test_unlabeled_labels_are_never_used(tmp_path):
         optimizer = common.make_optimizer(student, 0.05)
         (tmp_path / f"m{scramble}").mkdir()
         split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
-        common.fit(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"),
-                   tmp_path / f"m{scramble}", {}, echo=lambda line: None)
+        trainer = common.Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"))
+        common.fit(trainer, tmp_path / f"m{scramble}", {}, echo=lambda line: None)
         finals.append(student.state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
