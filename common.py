@@ -776,7 +776,7 @@ class Trainer:
         teacher.to(memory_format=torch.channels_last)
         # The BN running means are averaged over the processes after every step (average_buffers),
         # not broadcast from rank 0.
-        model = student if procs.world == 1 else DDP(student, broadcast_buffers=False)
+        model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
         compile_ = torch.compile if config.get("compile") else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
 

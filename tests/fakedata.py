@@ -50,3 +50,18 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
                 mode = ("RGB", "L", "RGBA")[i % 3]
                 pixels = rng.integers(0, 256, (size[1], size[0], len(mode)), dtype=np.uint8)
                 Image.fromarray(pixels.squeeze(-1) if mode == "L" else pixels, mode).save(folder / f"{i}.png")
+
+
+def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None):
+    """A common.Trainer on CPU for `config` (seed 0 weights, data-initialized on the first labeled images)."""
+    import torch
+
+    import common
+    torch.manual_seed(0)
+    student, teacher = common.build_models(config, torch.device("cpu"))
+    student.data_init(common.augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
+                                     torch.tensor(config["std"]), False))
+    teacher.load_state_dict(student.state_dict())
+    optimizer = common.make_optimizer(student, 0.05)
+    split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
+    return common.Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs)

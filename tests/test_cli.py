@@ -12,7 +12,7 @@ import common
 import evaluate
 import finetune_lc
 import train_mt
-from fakedata import write_cifar10, write_folder, write_svhn
+from fakedata import tiny_trainer, write_cifar10, write_folder, write_svhn
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1"]
@@ -175,17 +175,10 @@ def test_unlabeled_labels_are_never_used(tmp_path):
     for scramble in (False, True):
         if scramble:
             data.train_y[unlabeled] = (data.train_y[unlabeled] + 1 + torch.randint(0, 9, (len(unlabeled),))) % 10
-        torch.manual_seed(0)
-        student, teacher = common.build_models(config, torch.device("cpu"))
-        student.data_init(common.augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
-                                         torch.tensor(config["std"]), False))
-        teacher.load_state_dict(student.state_dict())
-        optimizer = common.make_optimizer(student, 0.05)
+        trainer = tiny_trainer(data, labeled, unlabeled, config, stage)
         (tmp_path / f"m{scramble}").mkdir()
-        split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
-        trainer = common.Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"))
         common.fit(trainer, tmp_path / f"m{scramble}", {}, echo=lambda line: None)
-        finals.append(student.state_dict())
+        finals.append(trainer.student.state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 

@@ -1,0 +1,101 @@
+"""--benchmark, --precision and --compile: what they print, write and change."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--width", "0.0625", "--device", "cpu"]
+KEYS = {"sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "precision"}
+
+
+def run(script, *args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True)
+
+
+def last_json(stdout):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_benchmark_writes_nothing_and_ends_with_json(tmp_path):
+    res = run("train_mt.py", *TINY, "--benchmark", "2", "--precision", "fp32", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    result = last_json(res.stdout)
+    assert KEYS <= set(result) and result["precision"] == "fp32" and result["steps"] == 2
+    assert result["sec_per_step"] > 0 and 0 <= result["data_share"] < 1
+    assert result["images_per_sec"] == pytest.approx(160 / result["sec_per_step"])
+    # FLOPs counted by torch: a conv-large forward is 1.46 GFLOP per image at width 1 (the issue's
+    # anchor: 935 GFLOP per step); at width 1/16 the 3x3 convs scale with width^2.
+    assert 0 < result["gflops_per_sec"] * result["sec_per_step"] < 935 / 16 ** 2 * 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_benchmark_full_width_flop_count():
+    """The counted work of one step at the paper's width is the issue's 935 GFLOP (701 + 234)."""
+    config = dict(num_classes=10, width=1.0, bn_momentum=0.001)
+    student, _ = common.build_models(config, torch.device("meta"))
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        student(torch.empty(160, 3, 32, 32, device="meta"))
+    assert counter.get_total_flops() / 160 / 1e9 == pytest.approx(1.46, abs=0.01)
+
+
+def test_benchmark_with_out_writes_its_json(tmp_path):
+    res = run("train_mt.py", *TINY, "--benchmark", "1", "--out", tmp_path / "b")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "b" / "mt_benchmark.json").read_text()) == last_json(res.stdout)
+    res = run("train_mt.py", *TINY, "--benchmark", "1", "--out", tmp_path / "b")
+    assert res.returncode == 2 and "--overwrite" in res.stderr  # no silent replacement
+
+
+def test_finetune_benchmark(tmp_path):
+    res = run("train_mt.py", *TINY, "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "0",
+              "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "mt.pt", "--benchmark", "2", "--precision", "bf16",
+              "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    result = last_json(res.stdout)
+    assert result["stage"] == "lc" and result["precision"] == "bf16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_auto_precision():
+    assert common.resolve_precision("fp32", torch.device("cpu")) == "fp32"
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert common.resolve_precision("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+
+
+def test_bf16_step_keeps_fp32_weights_and_losses():
+    """Under bf16 the networks run in bf16, but weights, optimizer state and the EMA stay fp32."""
+    student, teacher = common.build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
+    x = torch.randn(8, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z, logits = student(x)
+    assert z.dtype == logits.dtype == torch.bfloat16  # no silent promotion back to fp32 between layers
+    loss = common.consistency_loss(logits, logits.detach() * 0.5)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    common.ema_update(teacher, student, 0.9)
+    assert all(p.dtype == torch.float32 for p in [*student.parameters(), *teacher.parameters()])
+    assert all(p.grad.dtype == torch.float32 for p in student.parameters() if p.grad is not None)
+
+
+@pytest.mark.slow
+def test_compile_trains_like_eager(tmp_path):
+    """--compile runs the same training: after 3 steps its weights match eager ones closely."""
+    finals = {}
+    for flag in ([], ["--compile"]):
+        out = tmp_path / ("compiled" if flag else "eager")
+        res = run("train_mt.py", *TINY, "--precision", "fp32", "--unlabeled-batch", "512", "--labeled-batch", "16",
+                  "--epochs", "1", "--decay-epochs", "0", *flag, "--out", out)
+        assert res.returncode == 0, res.stderr
+        finals[bool(flag)] = torch.load(out / "mt_final.pt", weights_only=True)["student"]
+    for key, value in finals[False].items():
+        torch.testing.assert_close(finals[True][key], value, rtol=1e-3, atol=1e-4)
