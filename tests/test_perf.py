@@ -88,14 +88,30 @@ def test_bf16_step_keeps_fp32_weights_and_losses():
 
 
 @pytest.mark.slow
-def test_compile_trains_like_eager(tmp_path):
-    """--compile runs the same training: after 3 steps its weights match eager ones closely."""
-    finals = {}
-    for flag in ([], ["--compile"]):
-        out = tmp_path / ("compiled" if flag else "eager")
-        res = run("train_mt.py", *TINY, "--precision", "fp32", "--unlabeled-batch", "512", "--labeled-batch", "16",
-                  "--epochs", "1", "--decay-epochs", "0", *flag, "--out", out)
-        assert res.returncode == 0, res.stderr
-        finals[bool(flag)] = torch.load(out / "mt_final.pt", weights_only=True)["student"]
-    for key, value in finals[False].items():
-        torch.testing.assert_close(finals[True][key], value, rtol=1e-3, atol=1e-4)
+def test_compiled_model_matches_eager():
+    """torch.compile gives the eager model's training-mode outputs and gradients. Dropout is off:
+    compiled code draws its masks from its own generator, so masked runs differ by design."""
+    torch.manual_seed(0)
+    model, _ = common.build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
+    x = torch.randn(16, 3, 32, 32)
+    model.data_init(x)
+    for m in model.modules():
+        if isinstance(m, common.Dropout):
+            m.p = 0.0
+    results = []
+    for forward in (model, torch.compile(model)):
+        model.zero_grad()
+        z, logits = forward(x)
+        (z.sum() + logits.square().sum()).backward()
+        results.append([z.detach(), logits.detach()] + [p.grad.clone() for p in model.parameters()])
+    # Relative to each tensor's norm (2e-4 measured at worst): fused kernels reorder fp32 sums through 13
+    # layers, and near-zero gradient entries differ by up to 4e-3 of themselves; a real mismatch is of order 1.
+    for eager, compiled in zip(*results):
+        assert (compiled - eager).norm() <= 1e-3 * eager.norm(), (compiled - eager).norm() / eager.norm()
+
+
+@pytest.mark.slow
+def test_compile_flag_trains(tmp_path):
+    res = run("train_mt.py", *TINY, "--compile", "--benchmark", "1", "--precision", "fp32", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert last_json(res.stdout)["compile"] is True
