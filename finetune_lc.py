@@ -52,7 +52,7 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
                    "fp32. auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with "
                    "AVX512-BF16 or AMX), else fp32.")
 @click.option("--compile", "compile_", is_flag=True,
-              help="torch.compile the networks: faster steps after a slower start (minutes on a CPU).")
+              help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 on a CPU).")
 @click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
               help="Time N training steps after 3 warm-up steps instead of training; the last line printed is "
                    "one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, ...). "

@@ -115,3 +115,9 @@ def test_compile_flag_trains(tmp_path):
     res = run("train_mt.py", *TINY, "--compile", "--benchmark", "1", "--precision", "fp32", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert last_json(res.stdout)["compile"] is True
+
+
+def test_authors_pipeline_rebuilt_for_comparison():
+    import bench_pipeline
+    result = bench_pipeline.authors_step_times(width=0.0625, workers=0, steps=2, warmup=1, labeled_batch=8, batch=24)
+    assert result["pipeline"] == "authors" and result["sec_per_step"] > 0 and 0 < result["data_share"] < 1
