@@ -1,13 +1,16 @@
 """Time a training step of the authors' pipeline and of ours, in one run on one machine (issue 5).
 
     python bench_pipeline.py --steps 5 --workers 0 --workers 2
+    python bench_pipeline.py --device cuda --steps 50 --workers 8
 
 The authors' pipeline, rebuilt from the Mean Teacher PyTorch code the paper's code extends: images
 kept as PNG files' bytes and decoded by PIL on every access; torchvision transforms (2 px
 reflect-padded translation, ToTensor, Normalize) applied twice per image for the two views, in
 DataLoader workers; the 13-layer network in fp32, NCHW, nn.Dropout; teacher forward, student
 forward, CE + softmax-MSE, backward, SGD step and a per-parameter EMA loop. Ours is
-`train_mt.py --benchmark` at the same batch and width. Prints one JSON line per measurement.
+`train_mt.py --benchmark` at the same batch and width. Then the device's rate on conv-large's
+3x3 convolutions (128 -> 128 channels, 32 x 32, channels_last, forward and backward) in fp32 and
+bf16, and the FLOP floor of a step it implies. Prints one JSON line per measurement.
 """
 import io
 import json
@@ -57,15 +60,16 @@ def two_stream_batches(n_labeled, n, labeled_batch, batch, steps, seed):
         yield torch.cat([lab, unl]).tolist()
 
 
-def authors_step_times(width, workers, steps, warmup, labeled_batch, batch):
+def authors_step_times(width, workers, steps, warmup, labeled_batch, batch, device=torch.device("cpu")):
     data = common.load_digits()
     x, y = data.train_x, data.train_y
     mean, std = (t.tolist() for t in common.channel_stats(x))
     dataset = PNGImages(x, y, mean, std)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=list(two_stream_batches(
-        100, len(dataset), labeled_batch, batch, warmup + steps, seed=0)), num_workers=workers)
+        100, len(dataset), labeled_batch, batch, warmup + steps, seed=0)), num_workers=workers,
+        pin_memory=device.type == "cuda")
     torch.manual_seed(0)
-    student, teacher = common.build_models(dict(num_classes=10, width=width, bn_momentum=0.001), torch.device("cpu"))
+    student, teacher = common.build_models(dict(num_classes=10, width=width, bn_momentum=0.001), device)
     for model in (student, teacher):
         for i, m in enumerate(model.features):
             if isinstance(m, common.Dropout):
@@ -73,7 +77,9 @@ def authors_step_times(width, workers, steps, warmup, labeled_batch, batch):
     optimizer = common.make_optimizer(student, 0.05)
     times, data_times = [], []
     t0 = time.perf_counter()
-    for i, (view, teacher_view, labels) in enumerate(loader):
+    for i, batch_tensors in enumerate(loader):
+        view, teacher_view, labels = (t.to(device, non_blocking=True) for t in batch_tensors)
+        sync(device)
         t1 = time.perf_counter()
         _, teacher_logits = teacher(teacher_view)
         _, logits = student(view)
@@ -85,6 +91,7 @@ def authors_step_times(width, workers, steps, warmup, labeled_batch, batch):
         with torch.no_grad():
             for t_param, s_param in zip(teacher.parameters(), student.parameters()):
                 t_param.mul_(0.99).add_(s_param, alpha=0.01)
+        sync(device)
         t2 = time.perf_counter()
         if i >= warmup:
             times.append(t2 - t0)
@@ -95,22 +102,53 @@ def authors_step_times(width, workers, steps, warmup, labeled_batch, batch):
                 data_share=statistics.median(data_times) / sec, precision="fp32", width=width, steps=steps)
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def conv_rate(device, dtype, repeats):
+    """GFLOP/s of forward + backward of conv-large's widest 3x3 convolution, channels_last."""
+    x = torch.randn(160, 128, 32, 32, device=device, dtype=dtype).to(memory_format=torch.channels_last)
+    conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False).to(device, dtype, memory_format=torch.channels_last)
+    x.requires_grad_()
+    flops = 3 * 2 * 160 * 128 * 32 * 32 * 128 * 9  # forward, grad input, grad weight
+    times = []
+    for i in range(repeats + 2):
+        sync(device)
+        start = time.perf_counter()
+        conv(x).sum().backward()
+        sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return flops / statistics.median(times) / 1e9
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0, help="Channel multiplier.")
 @click.option("--steps", type=click.IntRange(min=1), default=5, help="Timed steps after 3 warm-up steps.")
 @click.option("--workers", type=click.IntRange(min=0), multiple=True, default=[0],
               help="DataLoader workers of the authors' pipeline; repeat to time several.")
-def main(width, steps, workers):
-    """Time the authors' pipeline and ours (train_mt.py --benchmark) on digits, one after the other."""
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
+def main(width, steps, workers, device):
+    """Time the authors' pipeline and ours (train_mt.py --benchmark) on digits, one after the other,
+    then the device's conv rate and the step's FLOP floor."""
+    device = common.pick_device(device)
     for n in workers:
-        click.echo(json.dumps(authors_step_times(width, n, steps, 3, 32, 160)))
+        click.echo(json.dumps(authors_step_times(width, n, steps, 3, 32, 160, device)))
+    gflop_per_step = None
     for precision in ("fp32", "bf16"):
         res = subprocess.run([sys.executable, str(Path(__file__).with_name("train_mt.py")), "--width", str(width),
-                              "--benchmark", str(steps), "--precision", precision, "--device", "cpu"],
+                              "--benchmark", str(steps), "--precision", precision, "--device", device.type],
                              capture_output=True, text=True, check=True)
         ours = json.loads(res.stdout.strip().splitlines()[-1])
+        gflop_per_step = ours["gflop_per_step"]
         click.echo(json.dumps(dict(pipeline="ours", **{k: ours[k] for k in (
             "sec_per_step", "images_per_sec", "data_share", "precision", "width", "steps")})))
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        rate = conv_rate(device, dtype, repeats=5 if device.type == "cpu" else 50)
+        click.echo(json.dumps(dict(measure="conv3x3", precision=precision, gflops_per_sec=rate,
+                                   floor_sec_per_step=gflop_per_step / rate, device=common.device_name(device))))
 
 
 if __name__ == "__main__":

@@ -770,6 +770,8 @@ class Trainer:
         self.flip = config["dataset"] == "cifar10"
         self.precision = config.get("precision", "fp32")
         self.lc_global = config.get("lc", {}).get("scope", "local") == "global" and procs.world > 1
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest conv algorithms once
         student.train()
         teacher.train()  # dropout on and batch means, as in both reference implementations
         student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
