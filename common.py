@@ -740,11 +740,6 @@ def resume_checkpoint(out, stage_name, write=True):
     return state
 
 
-def step_epoch(trainer, step):
-    """1-based epoch of the stage that a global step falls in."""
-    return (step - trainer.stage.first_step) // trainer.stream.steps_per_epoch + 1
-
-
 class Trainer:
     """What one process needs for the training step of both stages, on its device: the MT objective
     (Eq. 2) and, in stage 2, lambda2 * r2 * L_lc on top (Eq. 6). With several processes each one
@@ -820,16 +815,17 @@ class Trainer:
         ce = F.cross_entropy(logits[:self.n_lab].float(), labels)
         cons = consistency_loss(logits, teacher_logits)
         loss = ce + cons_w * cons
-        z = z.float()
         if self.stage.name == "lc":
+            z = z.float()
             z_lab, z_unl = z[:self.n_lab], z[self.n_lab:]
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
             lc, fraction = lc_loss(z_lab, z_unl, self.stage.lc_eps, return_fraction=True)
             loss = loss + lc_w * lc
+            spread = feature_spread(z)
         else:
-            lc = fraction = torch.zeros((), device=self.device)
-        self.check(step, loss, feature_spread(z), dict(ce=ce, cons=cons, lc=lc))
+            lc = fraction = spread = torch.zeros((), device=self.device)
+        self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -846,7 +842,8 @@ class Trainer:
             dist.all_reduce(status)
         nonfinite, spread = status.tolist()
         spread /= self.procs.world
-        where = f"at step {step} (epoch {step_epoch(self, step)} of stage {self.stage.name})"
+        epoch = (step - self.stage.first_step) // self.stream.steps_per_epoch + 1
+        where = f"at step {step} (epoch {epoch} of stage {self.stage.name})"
         if nonfinite:
             values = " ".join(f"{k}={v.item():.4g}" for k, v in parts.items())
             raise TrainingFailed(f"non-finite loss {where}: {values}; the checkpoints of the finished epochs are kept")
@@ -979,6 +976,29 @@ def benchmark(trainer, steps, warmup=3, echo=click.echo):
                 dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
                 processes=trainer.procs.world, compile=bool(trainer.config.get("compile")),
                 device=device_name(trainer.device), threads=torch.get_num_threads())
+
+
+def speed_options(stage_name):
+    """The --precision, --compile and --benchmark options that both training stages take."""
+    options = [
+        click.option("--precision", type=click.Choice(PRECISIONS), default="auto",
+                     help="bf16 runs the networks under autocast; the losses, the EMA and the weights stay fp32. "
+                          "auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs "
+                          "with AVX512-BF16 or AMX), else fp32."),
+        click.option("--compile", "compile_", is_flag=True,
+                     help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 "
+                          "on a CPU)."),
+        click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Time N training steps after 3 warm-up steps instead of training; the last line printed "
+                          "is one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, "
+                          f"...). Writes nothing, unless --out is given: then {stage_name}_benchmark.json there."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
 
 
 def report_benchmark(trainer, steps, out=None):

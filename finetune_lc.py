@@ -47,16 +47,7 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
               help="Under torchrun: local finds each process's neighbours in its own share of the batch; global "
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
                    "found across the whole global batch, as on one device. No effect in one process.")
-@click.option("--precision", type=click.Choice(common.PRECISIONS), default="auto",
-              help="bf16 runs the networks under autocast; the losses (LC included), the EMA and the weights stay "
-                   "fp32. auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with "
-                   "AVX512-BF16 or AMX), else fp32.")
-@click.option("--compile", "compile_", is_flag=True,
-              help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 on a CPU).")
-@click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Time N training steps after 3 warm-up steps instead of training; the last line printed is "
-                   "one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, ...). "
-                   "Writes nothing, unless --out is given: then lc_benchmark.json there.")
+@common.speed_options("lc")
 def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
          resume, lc_scope, precision, compile_, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every

@@ -55,16 +55,7 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --out from its mt_last.pt, with that run's settings "
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
-@click.option("--precision", type=click.Choice(common.PRECISIONS), default="auto",
-              help="bf16 runs the networks under autocast; the losses, the EMA and the weights stay fp32. "
-                   "auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with "
-                   "AVX512-BF16 or AMX), else fp32.")
-@click.option("--compile", "compile_", is_flag=True,
-              help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 on a CPU).")
-@click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Time N training steps after 3 warm-up steps instead of training; the last line printed is "
-                   "one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, ...). "
-                   "Writes nothing, unless --out is given: then mt_benchmark.json there.")
+@common.speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
          lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume,
          precision, compile_, benchmark):
