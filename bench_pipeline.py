@@ -27,7 +27,10 @@ import torch.nn.functional as F
 import torchvision.transforms as T
 from PIL import Image
 
-import common
+from model import Dropout, build_models
+from data import channel_stats, load_digits
+from devices import device_name, pick_device
+from training import make_optimizer
 
 
 class PNGImages(torch.utils.data.Dataset):
@@ -61,20 +64,20 @@ def two_stream_batches(n_labeled, n, labeled_batch, batch, steps, seed):
 
 
 def authors_step_times(width, workers, steps, warmup, labeled_batch, batch, device=torch.device("cpu")):
-    data = common.load_digits()
+    data = load_digits()
     x, y = data.train_x, data.train_y
-    mean, std = (t.tolist() for t in common.channel_stats(x))
+    mean, std = (t.tolist() for t in channel_stats(x))
     dataset = PNGImages(x, y, mean, std)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=list(two_stream_batches(
         100, len(dataset), labeled_batch, batch, warmup + steps, seed=0)), num_workers=workers,
         pin_memory=device.type == "cuda")
     torch.manual_seed(0)
-    student, teacher = common.build_models(dict(num_classes=10, width=width, bn_momentum=0.001), device)
+    student, teacher = build_models(dict(num_classes=10, width=width, bn_momentum=0.001), device)
     for model in (student, teacher):
         for i, m in enumerate(model.features):
-            if isinstance(m, common.Dropout):
+            if isinstance(m, Dropout):
                 model.features[i] = nn.Dropout(0.5)
-    optimizer = common.make_optimizer(student, 0.05)
+    optimizer = make_optimizer(student, 0.05)
     times, data_times = [], []
     t0 = time.perf_counter()
     for i, batch_tensors in enumerate(loader):
@@ -133,7 +136,7 @@ def conv_rate(device, dtype, repeats):
 def main(width, steps, workers, device):
     """Time the authors' pipeline and ours (train_mt.py --benchmark) on digits, one after the other,
     then the device's conv rate and the step's FLOP floor."""
-    device = common.pick_device(device)
+    device = pick_device(device)
     for n in workers:
         click.echo(json.dumps(authors_step_times(width, n, steps, 3, 32, 160, device)))
     gflop_per_step = None
@@ -148,7 +151,7 @@ def main(width, steps, workers, device):
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         rate = conv_rate(device, dtype, repeats=5 if device.type == "cpu" else 50)
         click.echo(json.dumps(dict(measure="conv3x3", precision=precision, gflops_per_sec=rate,
-                                   floor_sec_per_step=gflop_per_step / rate, device=common.device_name(device))))
+                                   floor_sec_per_step=gflop_per_step / rate, device=device_name(device))))
 
 
 if __name__ == "__main__":

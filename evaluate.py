@@ -13,7 +13,10 @@ from pathlib import Path
 import click
 import torch
 
-import common
+from data import normalize, restore_data
+from runs import UserError, atomic_write, load_checkpoint, read_metrics, restore_models
+from devices import pick_device
+from training import test_error
 
 
 def method_name(state):
@@ -60,7 +63,7 @@ def write_table(path, results):
                          if (m, s) in cell else "-" for s in settings]
                 text += f"| {m} | " + " | ".join(cells) + " |\n"
             text += "\n"
-    common.atomic_write(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: f.write(text.encode()))
     return text
 
 
@@ -71,9 +74,9 @@ def plot_curves(paths, out):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for path in paths:
-        records = [r for r in common.read_metrics(path) if "teacher_error" in r]
+        records = [r for r in read_metrics(path) if "teacher_error" in r]
         if not records:
-            raise common.UserError(f"{path} holds no evaluated epochs (is it a *_metrics.jsonl?)")
+            raise UserError(f"{path} holds no evaluated epochs (is it a *_metrics.jsonl?)")
         label = "MT+LC" if records[0]["stage"] == "lc" else "MT"
         x = [r.get("global_epoch", r["epoch"]) for r in records]
         ax.plot(x, [r["student_error"] for r in records], "--", label=f"{label} student")
@@ -83,14 +86,14 @@ def plot_curves(paths, out):
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    common.atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=120))
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
 
 
 @torch.no_grad()
 def features(model, x, mean, std, batch_size=500):
     model.eval()
-    return torch.cat([model(common.normalize(x[i:i + batch_size], mean, std))[0].float().cpu()
+    return torch.cat([model(normalize(x[i:i + batch_size], mean, std))[0].float().cpu()
                       for i in range(0, len(x), batch_size)])
 
 
@@ -129,7 +132,7 @@ def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
     fig.suptitle(f"t-SNE of the teacher's features: {config['dataset']}, {config['labels']} labels, "
                  f"{method_name(state)} ({state['stage']} epoch {state['epoch']})")
     fig.tight_layout()
-    common.atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=110))
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
 
 
@@ -155,27 +158,27 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, data_dir, seed, 
     """Test errors (%) of the student and teacher of checkpoints, tables and figures."""
     ckpts = ckpts + more_ckpts
     if bool(curves) != bool(plot):
-        raise common.UserError("--curves and --plot go together")
+        raise UserError("--curves and --plot go together")
     if table and Path(table).suffix not in (".md", ".csv"):
-        raise common.UserError(f"--table must end in .md or .csv, got {table}")
+        raise UserError(f"--table must end in .md or .csv, got {table}")
     if (table or tsne) and not ckpts:
-        raise common.UserError("--table and --tsne need at least one --ckpt")
+        raise UserError("--table and --tsne need at least one --ckpt")
     if not ckpts and not curves:
-        raise common.UserError("nothing to do: give --ckpt, or --curves with --plot")
+        raise UserError("nothing to do: give --ckpt, or --curves with --plot")
     torch.manual_seed(seed)
-    device = common.pick_device(device)
-    states = [common.load_checkpoint(path) for path in ckpts]  # every file checked before any work
+    device = pick_device(device)
+    states = [load_checkpoint(path) for path in ckpts]  # every file checked before any work
     results = []
     for path, state in zip(ckpts, states):
         config = state["config"]
-        data = common.restore_data(state, data_dir)
-        student, teacher = common.restore_models(state, device)
+        data = restore_data(state, data_dir)
+        student, teacher = restore_models(state, device)
         mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
         x, y = data.test_x.to(device), data.test_y.to(device)
         result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"],
                       method=method_name(state), stage=state["stage"], epoch=state["epoch"], n_test=len(y),
-                      student_error=common.test_error(student, x, y, mean, std),
-                      teacher_error=common.test_error(teacher, x, y, mean, std))
+                      student_error=test_error(student, x, y, mean, std),
+                      teacher_error=test_error(teacher, x, y, mean, std))
         results.append(result)
         if as_json:
             click.echo(json.dumps(result))

@@ -14,7 +14,11 @@ from pathlib import Path
 
 import click
 
-import common
+from presets import preset, preset_help
+from data import restore_data
+from runs import UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint, resume_checkpoint, stop_on_signals
+from devices import processes, resolve_precision
+from training import Stage, Trainer, fit, report_benchmark, restore_training, speed_options
 
 OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
 
@@ -23,14 +27,14 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
 @click.option("--ckpt", type=click.Path(dir_okay=False), required=True,
               help="The MT checkpoint to start from (mt.pt: the end of MT's constant-lr phase, as in the paper).")
 @click.option("--eps", type=float, default=None,
-              help=f"LC cut-off on the mean squared feature distance. {common.preset_help('eps')}")
-@click.option("--lam", type=float, default=None, help=f"LC weight lambda2. {common.preset_help('lam')}")
+              help=f"LC cut-off on the mean squared feature distance. {preset_help('eps')}")
+@click.option("--lam", type=float, default=None, help=f"LC weight lambda2. {preset_help('lam')}")
 @click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
-              help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {common.preset_help('lc_rampup')}")
+              help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {preset_help('lc_rampup')}")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help=f"Epochs at constant lr. {common.preset_help('lc_epochs')}")
+              help=f"Epochs at constant lr. {preset_help('lc_epochs')}")
 @click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
-              help=f"Epochs of linear lr decay to 0 after that. {common.preset_help('lc_decay_epochs')}")
+              help=f"Epochs of linear lr decay to 0 after that. {preset_help('lc_decay_epochs')}")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="SGD learning rate. [default: the checkpoint's]")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,
               help="Test errors every this many epochs (and at the end). [default: the checkpoint's]")
@@ -47,46 +51,46 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
               help="Under torchrun: local finds each process's neighbours in its own share of the batch; global "
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
                    "found across the whole global batch, as on one device. No effect in one process.")
-@common.speed_options("lc")
+@speed_options("lc")
 def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
          resume, lc_scope, precision, compile_, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
-    common.check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
     outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out) if out is not None else Path(ckpt).parent
-    with common.processes(device) as (procs, device):
+    with processes(device) as (procs, device):
         if resume:
-            state = common.resume_checkpoint(out, "lc", write=procs.main)
-            data = common.restore_data(state, data_dir)
-            student, teacher, optimizer = common.restore_training(state, device)
+            state = resume_checkpoint(out, "lc", write=procs.main)
+            data = restore_data(state, data_dir)
+            student, teacher, optimizer = restore_training(state, device)
             procs.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
             trainer = make_trainer(state["config"], data, state, student, teacher, optimizer, device, procs,
                                    reference_spread=state["reference_spread"])
             run(trainer, out, start_epoch=state["epoch"])
             return
 
-        state = common.load_checkpoint(ckpt)
+        state = load_checkpoint(ckpt)
         if state.get("stage") != "mt":
-            raise common.UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
+            raise UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
         config = dict(state["config"])
         config["seed"] = seed if seed is not None else config["seed"]
-        preset = common.preset(config["dataset"], config["labels"])
-        eps = eps if eps is not None else preset["eps"]
-        lam = lam if lam is not None else preset["lam"]
+        defaults = preset(config["dataset"], config["labels"])
+        eps = eps if eps is not None else defaults["eps"]
+        lam = lam if lam is not None else defaults["lam"]
         if not (math.isfinite(eps) and eps > 0):
-            raise common.UserError(f"--eps must be finite and > 0, got {eps}")
+            raise UserError(f"--eps must be finite and > 0, got {eps}")
         if not (math.isfinite(lam) and lam >= 0):
-            raise common.UserError(f"--lam must be finite and >= 0, got {lam}")
-        existing = common.existing_outputs(out, outputs, overwrite)
+            raise UserError(f"--lam must be finite and >= 0, got {lam}")
+        existing = existing_outputs(out, outputs, overwrite)
 
-        data = common.restore_data(state, data_dir)
-        student, teacher, optimizer = common.restore_training(state, device)
-        config.update(precision=common.resolve_precision(precision, device), compile=compile_,
+        data = restore_data(state, data_dir)
+        student, teacher, optimizer = restore_training(state, device)
+        config.update(precision=resolve_precision(precision, device), compile=compile_,
                       processes=procs.world)
-        config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else preset["lc_rampup"],
-                            epochs=epochs or preset["lc_epochs"],
-                            decay_epochs=decay_epochs if decay_epochs is not None else preset["lc_decay_epochs"],
+        config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else defaults["lc_rampup"],
+                            epochs=epochs or defaults["lc_epochs"],
+                            decay_epochs=decay_epochs if decay_epochs is not None else defaults["lc_decay_epochs"],
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
         lc = config["lc"]
@@ -95,7 +99,7 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
                    f"device {device} x {procs.world}, {config['precision']}, LC scope {lc_scope}")
         trainer = make_trainer(config, data, state, student, teacher, optimizer, device, procs)
         if benchmark:
-            common.report_benchmark(trainer, benchmark, out if outputs else None)
+            report_benchmark(trainer, benchmark, out if outputs else None)
             return
         if procs.main:
             out.mkdir(parents=True, exist_ok=True)
@@ -106,18 +110,18 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
 
 def make_trainer(config, data, state, student, teacher, optimizer, device, procs, reference_spread=None):
     lc = config["lc"]
-    stage = common.Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
+    stage = Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
                          ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                          eval_every=lc["eval_every"], first_step=lc["mt_step"],
                          lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"])
-    return common.Trainer(student, teacher, optimizer, data, common.checkpoint_split(state), config, stage, device,
+    return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
                           procs, reference_spread=reference_spread)
 
 
 def run(trainer, out, start_epoch):
     lc = trainer.config["lc"]
-    with common.stop_on_signals():
-        last = common.fit(trainer, out, {lc["epochs"] + lc["decay_epochs"]: ["lc.pt"]}, start_epoch=start_epoch,
+    with stop_on_signals():
+        last = fit(trainer, out, {lc["epochs"] + lc["decay_epochs"]: ["lc.pt"]}, start_epoch=start_epoch,
                           echo=trainer.procs.echo)
     if trainer.procs.main:
         click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "

@@ -14,18 +14,23 @@ from pathlib import Path
 import click
 import torch
 
-import common
+from presets import DATASETS, preset, preset_help
+from model import build_models
+from data import augment, balanced_split, channel_stats, hold_out, load_dataset, restore_data
+from runs import UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, stop_on_signals
+from devices import processes, resolve_precision
+from training import Stage, Trainer, fit, make_optimizer, report_benchmark, restore_training, speed_options
 
 OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--dataset", type=click.Choice(common.DATASETS), default="digits",
+@click.option("--dataset", type=click.Choice(DATASETS), default="digits",
               help="svhn / cifar10 (downloaded into --data-dir), digits (bundled with scikit-learn, offline), "
                    "folder (--data-dir/train/<class>/* and --data-dir/test/<class>/*).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default="./data", help="Where the dataset files are or go.")
 @click.option("--labels", type=int, default=None,
-              help=f"Labeled training images, balanced over classes; required for folder. {common.preset_help('labels')}")
+              help=f"Labeled training images, balanced over classes; required for folder. {preset_help('labels')}")
 @click.option("--split-seed", type=int, default=0, help="Seed of the labeled/unlabeled/validation split.")
 @click.option("--val", type=click.IntRange(min=0), default=0,
               help="Hold out this many unlabeled training images (never trained on) as a validation set, "
@@ -36,18 +41,18 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0,
               help="Channel multiplier of the 13-layer ConvNet; 1.0 is the paper's network.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help=f"Epochs at constant lr. {common.preset_help('epochs')}")
+              help=f"Epochs at constant lr. {preset_help('epochs')}")
 @click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
-              help=f"Epochs of linear lr decay to 0 after that. {common.preset_help('decay_epochs')}")
+              help=f"Epochs of linear lr decay to 0 after that. {preset_help('decay_epochs')}")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
-@click.option("--ema", type=click.FloatRange(0, 1), default=None, help=f"Teacher EMA decay alpha. {common.preset_help('ema')}")
+@click.option("--ema", type=click.FloatRange(0, 1), default=None, help=f"Teacher EMA decay alpha. {preset_help('ema')}")
 @click.option("--cons-weight", type=click.FloatRange(min=0), default=100.0,
               help="Consistency weight lambda1; 0 trains the supervised-only baseline.")
 @click.option("--cons-rampup", type=click.FloatRange(min=0), default=None,
-              help=f"Epochs of the sigmoid ramp-up of lambda1. {common.preset_help('cons_rampup')}")
+              help=f"Epochs of the sigmoid ramp-up of lambda1. {preset_help('cons_rampup')}")
 @click.option("--bn-momentum", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help=f"Momentum of the BN layers' running means (used in eval mode). {common.preset_help('bn_momentum')}")
-@click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {common.preset_help('eval_every')}")
+              help=f"Momentum of the BN layers' running means (used in eval mode). {preset_help('bn_momentum')}")
+@click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
 @click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: .]")
@@ -55,58 +60,58 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --out from its mt_last.pt, with that run's settings "
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
-@common.speed_options("mt")
+@speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
          lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume,
          precision, compile_, benchmark):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
-    common.check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
     outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out or ".")
-    with common.processes(device) as (procs, device):
+    with processes(device) as (procs, device):
         if resume:
-            state = common.resume_checkpoint(out, "mt", write=procs.main)
-            config, data = state["config"], common.restore_data(state)
-            student, teacher, optimizer = common.restore_training(state, device)
+            state = resume_checkpoint(out, "mt", write=procs.main)
+            config, data = state["config"], restore_data(state)
+            student, teacher, optimizer = restore_training(state, device)
             procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
-            trainer = make_trainer(config, data, common.checkpoint_split(state), student, teacher, optimizer,
+            trainer = make_trainer(config, data, checkpoint_split(state), student, teacher, optimizer,
                                    device, procs)
             run(trainer, out, start_epoch=state["epoch"])
             return
-        preset = common.preset(dataset, labels)
-        labels = labels if labels is not None else preset["labels"]
+        defaults = preset(dataset, labels)
+        labels = labels if labels is not None else defaults["labels"]
         if labels is None:
-            raise common.UserError("--labels is required for --dataset folder")
-        existing = common.existing_outputs(out, outputs, overwrite)
+            raise UserError("--labels is required for --dataset folder")
+        existing = existing_outputs(out, outputs, overwrite)
 
-        data = common.load_dataset(dataset, data_dir)
-        labeled_idx, unlabeled_idx = common.balanced_split(data.train_y, labels, data.num_classes, split_seed)
-        unlabeled_idx, val_idx = common.hold_out(unlabeled_idx, val, split_seed)
+        data = load_dataset(dataset, data_dir)
+        labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, split_seed)
+        unlabeled_idx, val_idx = hold_out(unlabeled_idx, val, split_seed)
         split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
-        mean, std = common.channel_stats(data.train_x)
+        mean, std = channel_stats(data.train_x)
         config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
                       val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
-                      seed=seed, lr=lr, ema=ema if ema is not None else preset["ema"], cons_weight=cons_weight,
-                      cons_rampup=cons_rampup if cons_rampup is not None else preset["cons_rampup"],
-                      epochs=epochs or preset["epochs"],
-                      decay_epochs=decay_epochs if decay_epochs is not None else preset["decay_epochs"],
-                      bn_momentum=bn_momentum or preset["bn_momentum"], eval_every=eval_every or preset["eval_every"],
-                      precision=common.resolve_precision(precision, device), compile=compile_, processes=procs.world)
+                      seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
+                      cons_rampup=cons_rampup if cons_rampup is not None else defaults["cons_rampup"],
+                      epochs=epochs or defaults["epochs"],
+                      decay_epochs=decay_epochs if decay_epochs is not None else defaults["decay_epochs"],
+                      bn_momentum=bn_momentum or defaults["bn_momentum"], eval_every=eval_every or defaults["eval_every"],
+                      precision=resolve_precision(precision, device), compile=compile_, processes=procs.world)
         procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {val} validation / "
                    f"{len(data.test_y)} test, width {width}, {config['epochs']}+{config['decay_epochs']} epochs, "
                    f"device {device} x {procs.world}, {config['precision']}")
 
         torch.manual_seed(seed)  # every process builds the same networks; DDP checks they agree
-        student, teacher = common.build_models(config, device)
+        student, teacher = build_models(config, device)
         first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
-        student.data_init(common.augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10"))
+        student.data_init(augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10"))
         teacher.load_state_dict(student.state_dict())
-        optimizer = common.make_optimizer(student, lr)
+        optimizer = make_optimizer(student, lr)
         trainer = make_trainer(config, data, split, student, teacher, optimizer, device, procs)
         if benchmark:
-            common.report_benchmark(trainer, benchmark, out if outputs else None)
+            report_benchmark(trainer, benchmark, out if outputs else None)
             return
         if procs.main:
             out.mkdir(parents=True, exist_ok=True)
@@ -116,18 +121,18 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
 
 
 def make_trainer(config, data, split, student, teacher, optimizer, device, procs):
-    stage = common.Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
+    stage = Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
                          ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                          eval_every=config["eval_every"], first_step=0)
-    return common.Trainer(student, teacher, optimizer, data, split, config, stage, device, procs)
+    return Trainer(student, teacher, optimizer, data, split, config, stage, device, procs)
 
 
 def run(trainer, out, start_epoch):
     config = trainer.config
     milestones = {config["epochs"]: ["mt.pt"]}
     milestones.setdefault(config["epochs"] + config["decay_epochs"], []).append("mt_final.pt")
-    with common.stop_on_signals():
-        last = common.fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
+    with stop_on_signals():
+        last = fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
     if trainer.procs.main:
         click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
                    f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")

@@ -53,15 +53,17 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
 
 
 def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None):
-    """A common.Trainer on CPU for `config` (seed 0 weights, data-initialized on the first labeled images)."""
+    """A Trainer on CPU for `config` (seed 0 weights, data-initialized on the first labeled images)."""
     import torch
 
-    import common
+    from model import build_models
+    from data import augment
+    from training import Trainer, make_optimizer
     torch.manual_seed(0)
-    student, teacher = common.build_models(config, torch.device("cpu"))
-    student.data_init(common.augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
+    student, teacher = build_models(config, torch.device("cpu"))
+    student.data_init(augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
                                      torch.tensor(config["std"]), False))
     teacher.load_state_dict(student.state_dict())
-    optimizer = common.make_optimizer(student, 0.05)
+    optimizer = make_optimizer(student, 0.05)
     split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
-    return common.Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs)
+    return Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs)

@@ -8,7 +8,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import common
+from data import balanced_split, load_digits
+from runs import CHECKPOINT_KEYS
+from training import Stage, fit
 import evaluate
 import finetune_lc
 import train_mt
@@ -48,7 +50,7 @@ def test_three_stages_on_digits(mt_run, tmp_path):
     assert "student_error" in records[-1]
 
     ckpt = torch.load(out / "mt.pt", weights_only=True)
-    assert set(common.CHECKPOINT_KEYS) <= set(ckpt) and ckpt["epoch"] == 1 and ckpt["stage"] == "mt"
+    assert set(CHECKPOINT_KEYS) <= set(ckpt) and ckpt["epoch"] == 1 and ckpt["stage"] == "mt"
     assert torch.load(out / "mt_final.pt", weights_only=True)["epoch"] == 2
 
     lc = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--eps", "3", "--lam", "2", "--epochs", "1",
@@ -165,11 +167,11 @@ def test_help(script):
 
 def test_unlabeled_labels_are_never_used(tmp_path):
     """Two runs that differ only in the labels of the unlabeled images end bitwise equal."""
-    data = common.load_digits()
-    labeled, unlabeled = common.balanced_split(data.train_y, 100, 10, seed=0)
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
                   bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
-    stage = common.Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
+    stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
                          eval_every=5, first_step=0, lc_eps=50.0, lc_weight=5.0, lc_rampup=0)
     finals = []
     for scramble in (False, True):
@@ -177,7 +179,7 @@ def test_unlabeled_labels_are_never_used(tmp_path):
             data.train_y[unlabeled] = (data.train_y[unlabeled] + 1 + torch.randint(0, 9, (len(unlabeled),))) % 10
         trainer = tiny_trainer(data, labeled, unlabeled, config, stage)
         (tmp_path / f"m{scramble}").mkdir()
-        common.fit(trainer, tmp_path / f"m{scramble}", {}, echo=lambda line: None)
+        fit(trainer, tmp_path / f"m{scramble}", {}, echo=lambda line: None)
         finals.append(trainer.student.state_dict())
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 

@@ -4,13 +4,14 @@ import pytest
 import torch
 import torchvision
 
-import common
+from data import channel_stats, load_dataset, load_digits
+from runs import UserError
 from fakedata import write_cifar10, write_folder, write_svhn
 
 
 def test_svhn_mat_files(tmp_path):
     written = write_svhn(tmp_path)
-    data = common.load_dataset("svhn", tmp_path)
+    data = load_dataset("svhn", tmp_path)
     x, digits = written["train"]
     assert data.train_x.shape == (200, 3, 32, 32) and data.train_x.dtype == torch.uint8
     assert data.test_x.shape == (50, 3, 32, 32)
@@ -21,7 +22,7 @@ def test_svhn_mat_files(tmp_path):
 
 def test_cifar10_pickled_batches(tmp_path):
     written = write_cifar10(tmp_path)
-    data = common.load_dataset("cifar10", tmp_path)
+    data = load_dataset("cifar10", tmp_path)
     assert data.train_x.shape == (200, 3, 32, 32) and data.test_x.shape == (50, 3, 32, 32)
     raw, labels = written["data_batch_2"]
     assert torch.equal(data.train_x[40 + 3], torch.from_numpy(raw[3].reshape(3, 32, 32)))
@@ -31,14 +32,14 @@ def test_cifar10_pickled_batches(tmp_path):
 
 def test_image_folder(tmp_path):
     write_folder(tmp_path)
-    data = common.load_dataset("folder", tmp_path)
+    data = load_dataset("folder", tmp_path)
     assert data.classes == ["cat", "dog", "owl"]
     assert data.train_x.shape == (24, 3, 32, 32) and data.test_x.shape == (9, 3, 32, 32)
     assert torch.bincount(data.train_y).tolist() == [8, 8, 8]
 
 
 def test_digits_split_is_fixed_and_stratified():
-    a, b = common.load_digits(), common.load_digits()
+    a, b = load_digits(), load_digits()
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
     assert a.train_x.shape[1:] == (3, 32, 32) and len(a.train_y) + len(a.test_y) == 1797
     counts = torch.bincount(a.test_y, minlength=10)
@@ -53,30 +54,30 @@ def fail_download(*args, **kwargs):
 def test_missing_files_name_what_to_place(tmp_path, monkeypatch, name, missing):
     monkeypatch.setattr(torchvision.datasets, "SVHN", fail_download)
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", fail_download)
-    with pytest.raises(common.UserError, match=missing) as err:
-        common.load_dataset(name, tmp_path)
+    with pytest.raises(UserError, match=missing) as err:
+        load_dataset(name, tmp_path)
     assert err.value.exit_code == 2
 
 
 def test_folder_errors(tmp_path):
-    with pytest.raises(common.UserError, match="no class folders"):
-        common.load_dataset("folder", tmp_path)
+    with pytest.raises(UserError, match="no class folders"):
+        load_dataset("folder", tmp_path)
     write_folder(tmp_path)
     (tmp_path / "test" / "owl").rename(tmp_path / "test" / "emu")
-    with pytest.raises(common.UserError, match="class folders differ"):
-        common.load_dataset("folder", tmp_path)
+    with pytest.raises(UserError, match="class folders differ"):
+        load_dataset("folder", tmp_path)
 
 
 def test_corrupt_file_is_a_user_error(tmp_path):
     write_svhn(tmp_path)
     (tmp_path / "test_32x32.mat").write_bytes(b"not a mat file")
-    with pytest.raises(common.UserError, match="cannot read"):
-        common.load_dataset("svhn", tmp_path)
+    with pytest.raises(UserError, match="cannot read"):
+        load_dataset("svhn", tmp_path)
 
 
 def test_channel_stats():
     x = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
     x[1] = 255
-    mean, std = common.channel_stats(x)
+    mean, std = channel_stats(x)
     torch.testing.assert_close(mean, torch.full((3,), 0.5))
     assert np.allclose(std.numpy(), 0.5, atol=0.02)

@@ -10,7 +10,9 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.multiprocessing as mp
 
-import common
+from data import balanced_split, load_digits
+from devices import Processes
+from training import Stage
 from fakedata import tiny_trainer
 from kernels import lc_loss
 
@@ -30,11 +32,11 @@ def lc_shards(seed, world):
 
 
 def digits_trainer(procs):
-    data = common.load_digits()
-    labeled, unlabeled = common.balanced_split(data.train_y, 100, 10, seed=0)
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
                   bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope="global"))
-    stage = common.Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
+    stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
                          eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0)
     return tiny_trainer(data, labeled, unlabeled, config, stage, procs)
 
@@ -45,7 +47,7 @@ def worker(rank, world, init_file, out_dir):
         zl, zu = (t.double().requires_grad_() for t in lc_shards(seed=1, world=world)[rank])
         loss = lc_loss(torch.cat(dist_nn.all_gather(zl)), torch.cat(dist_nn.all_gather(zu)), 2.0)
         loss.backward()
-        trainer = digits_trainer(common.Processes(rank, world))
+        trainer = digits_trainer(Processes(rank, world))
         stats = [trainer.train_step(step, *trainer.views(step)) for step in range(3)]
         torch.save(dict(lc=loss.detach(), grad_l=zl.grad, grad_u=zu.grad, stats=torch.stack(stats),
                         student=trainer.student.state_dict(), teacher=trainer.teacher.state_dict()),

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import common
+from model import Dropout, build_models
+from devices import resolve_precision
+from training import consistency_loss, ema_update
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--width", "0.0625", "--device", "cpu"]
@@ -39,7 +41,7 @@ def test_benchmark_writes_nothing_and_ends_with_json(tmp_path):
 def test_benchmark_full_width_flop_count():
     """The counted work of one step at the paper's width is the issue's 935 GFLOP (701 + 234)."""
     config = dict(num_classes=10, width=1.0, bn_momentum=0.001)
-    student, _ = common.build_models(config, torch.device("meta"))
+    student, _ = build_models(config, torch.device("meta"))
     with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
         student(torch.empty(160, 3, 32, 32, device="meta"))
     assert counter.get_total_flops() / 160 / 1e9 == pytest.approx(1.46, abs=0.01)
@@ -67,22 +69,22 @@ def test_finetune_benchmark(tmp_path):
 
 
 def test_auto_precision():
-    assert common.resolve_precision("fp32", torch.device("cpu")) == "fp32"
+    assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert common.resolve_precision("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+    assert resolve_precision("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
 
 
 def test_bf16_step_keeps_fp32_weights_and_losses():
     """Under bf16 the networks run in bf16, but weights, optimizer state and the EMA stay fp32."""
-    student, teacher = common.build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
+    student, teacher = build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
     x = torch.randn(8, 3, 32, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         z, logits = student(x)
     assert z.dtype == logits.dtype == torch.bfloat16  # no silent promotion back to fp32 between layers
-    loss = common.consistency_loss(logits, logits.detach() * 0.5)
+    loss = consistency_loss(logits, logits.detach() * 0.5)
     assert loss.dtype == torch.float32
     loss.backward()
-    common.ema_update(teacher, student, 0.9)
+    ema_update(teacher, student, 0.9)
     assert all(p.dtype == torch.float32 for p in [*student.parameters(), *teacher.parameters()])
     assert all(p.grad.dtype == torch.float32 for p in student.parameters() if p.grad is not None)
 
@@ -92,11 +94,11 @@ def test_compiled_model_matches_eager():
     """torch.compile gives the eager model's training-mode outputs and gradients. Dropout is off:
     compiled code draws its masks from its own generator, so masked runs differ by design."""
     torch.manual_seed(0)
-    model, _ = common.build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
+    model, _ = build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
     x = torch.randn(16, 3, 32, 32)
     model.data_init(x)
     for m in model.modules():
-        if isinstance(m, common.Dropout):
+        if isinstance(m, Dropout):
             m.p = 0.0
     results = []
     for forward in (model, torch.compile(model)):

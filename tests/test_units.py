@@ -1,36 +1,40 @@
-"""Units of common.py: ramps, EMA, split, augmentation, the WN + mean-only BN layer, conv-large."""
+"""Units of the modules: ramps, EMA, split, augmentation, the WN + mean-only BN layer, conv-large, presets."""
 import math
 
 import pytest
 import torch
 
-import common
+from presets import PRESETS, preset
+from model import ConvLarge, WeightNormMeanOnlyBN
+from data import BatchStream, augment, balanced_split
+from runs import UserError
+from training import ema_update, learning_rate, sigmoid_rampup
 
 
 def test_sigmoid_rampup():
-    assert common.sigmoid_rampup(0, 5) == pytest.approx(math.exp(-5))
-    assert common.sigmoid_rampup(2.5, 5) == pytest.approx(math.exp(-1.25))
-    assert common.sigmoid_rampup(5, 5) == 1.0
-    assert common.sigmoid_rampup(50, 5) == 1.0
-    assert common.sigmoid_rampup(-1, 5) == pytest.approx(math.exp(-5))
-    assert common.sigmoid_rampup(0, 0) == 1.0
+    assert sigmoid_rampup(0, 5) == pytest.approx(math.exp(-5))
+    assert sigmoid_rampup(2.5, 5) == pytest.approx(math.exp(-1.25))
+    assert sigmoid_rampup(5, 5) == 1.0
+    assert sigmoid_rampup(50, 5) == 1.0
+    assert sigmoid_rampup(-1, 5) == pytest.approx(math.exp(-5))
+    assert sigmoid_rampup(0, 0) == 1.0
 
 
 def test_learning_rate_schedule():
-    assert common.learning_rate(0, 0.05, 300, 200) == 0.05
-    assert common.learning_rate(299.9, 0.05, 300, 200) == 0.05
-    assert common.learning_rate(400, 0.05, 300, 200) == pytest.approx(0.025)
-    assert common.learning_rate(500, 0.05, 300, 200) == 0.0
-    assert common.learning_rate(600, 0.05, 300, 200) == 0.0
-    assert common.learning_rate(300, 0.05, 300, 0) == 0.0
+    assert learning_rate(0, 0.05, 300, 200) == 0.05
+    assert learning_rate(299.9, 0.05, 300, 200) == 0.05
+    assert learning_rate(400, 0.05, 300, 200) == pytest.approx(0.025)
+    assert learning_rate(500, 0.05, 300, 200) == 0.0
+    assert learning_rate(600, 0.05, 300, 200) == 0.0
+    assert learning_rate(300, 0.05, 300, 0) == 0.0
 
 
 def test_ema_update():
     torch.manual_seed(0)
-    student, teacher = common.ConvLarge(10, 0.125), common.ConvLarge(10, 0.125)
+    student, teacher = ConvLarge(10, 0.125), ConvLarge(10, 0.125)
     before = [p.clone() for p in teacher.parameters()]
     buffers = [b.clone() for b in teacher.buffers()]
-    common.ema_update(teacher, student, 0.99)
+    ema_update(teacher, student, 0.99)
     for new, old, s in zip(teacher.parameters(), before, student.parameters()):
         torch.testing.assert_close(new, 0.99 * old + 0.01 * s)
     for new, old in zip(teacher.buffers(), buffers):
@@ -39,26 +43,26 @@ def test_ema_update():
 
 def test_balanced_split():
     labels = torch.arange(10).repeat_interleave(30)[torch.randperm(300)]
-    lab, unl = common.balanced_split(labels, 50, 10, seed=3)
+    lab, unl = balanced_split(labels, 50, 10, seed=3)
     assert torch.bincount(labels[lab], minlength=10).tolist() == [5] * 10
     assert len(set(lab.tolist()) & set(unl.tolist())) == 0
     assert sorted(lab.tolist() + unl.tolist()) == list(range(300))
-    lab2, unl2 = common.balanced_split(labels, 50, 10, seed=3)
+    lab2, unl2 = balanced_split(labels, 50, 10, seed=3)
     assert torch.equal(lab, lab2) and torch.equal(unl, unl2)
-    assert not torch.equal(lab, common.balanced_split(labels, 50, 10, seed=4)[0])
+    assert not torch.equal(lab, balanced_split(labels, 50, 10, seed=4)[0])
 
 
 @pytest.mark.parametrize("n, match", [(55, "multiple"), (5, "multiple"), (310, "needs 31 images")])
 def test_balanced_split_rejects(n, match):
     labels = torch.arange(10).repeat_interleave(30)
-    with pytest.raises(common.UserError, match=match):
-        common.balanced_split(labels, n, 10, seed=0)
+    with pytest.raises(UserError, match=match):
+        balanced_split(labels, n, 10, seed=0)
 
 
 def test_batch_stream_is_a_function_of_the_step():
-    stream = common.BatchStream(20, 300, 8, 64, seed=1)
+    stream = BatchStream(20, 300, 8, 64, seed=1)
     assert stream.steps_per_epoch == 4
-    again = common.BatchStream(20, 300, 8, 64, seed=1)
+    again = BatchStream(20, 300, 8, 64, seed=1)
     for step in (0, 3, 4, 17):
         assert all(torch.equal(a, b) for a, b in zip(stream.batch(step), again.batch(step)))
     # one epoch visits distinct unlabeled images; the labeled stream cycles through the whole set
@@ -76,7 +80,7 @@ def dot_image():
 
 def test_augment_shifts_at_most_two_pixels_and_covers_all_shifts():
     x = dot_image().expand(2000, -1, -1, -1)
-    out = common.augment(x, torch.zeros(3), torch.ones(3), flip=False)  # out = pixel / 255
+    out = augment(x, torch.zeros(3), torch.ones(3), flip=False)  # out = pixel / 255
     assert out.shape == (2000, 3, 32, 32)
     bright = (out[:, 0] == 1.0).nonzero()[:, 1:]
     assert len(bright) == 2000  # the dot stays inside the image, once per image
@@ -87,7 +91,7 @@ def test_augment_shifts_at_most_two_pixels_and_covers_all_shifts():
 @pytest.mark.parametrize("flip", [False, True])
 def test_augment_flips_only_when_asked(flip):
     x = dot_image().expand(500, -1, -1, -1)
-    out = common.augment(x, torch.zeros(3), torch.ones(3), flip=flip)
+    out = augment(x, torch.zeros(3), torch.ones(3), flip=flip)
     cols = (out[:, 0] == 1.0).nonzero()[:, 2]
     mirrored = (cols <= 31 - 20 + 2).sum().item()  # the dot at column 11 +- 2 instead of 20 +- 2
     assert (mirrored > 150) if flip else (mirrored == 0)
@@ -96,8 +100,8 @@ def test_augment_flips_only_when_asked(flip):
 def test_student_and_teacher_views_are_independent():
     torch.manual_seed(0)
     x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
-    a = common.augment(x, torch.zeros(3), torch.ones(3), flip=True)
-    b = common.augment(x, torch.zeros(3), torch.ones(3), flip=True)
+    a = augment(x, torch.zeros(3), torch.ones(3), flip=True)
+    b = augment(x, torch.zeros(3), torch.ones(3), flip=True)
     same = [torch.equal(a[i], b[i]) for i in range(64)]
     assert sum(same) < 10  # 50 shift x flip combinations: few images get the same view twice
 
@@ -105,7 +109,7 @@ def test_student_and_teacher_views_are_independent():
 def test_augment_normalizes():
     x = torch.full((4, 3, 32, 32), 51, dtype=torch.uint8)
     mean, std = torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.5, 0.5])
-    out = common.augment(x, mean, std, flip=False)
+    out = augment(x, mean, std, flip=False)
     centre = out[:, :, 2:30, 2:30]  # away from the black padding
     torch.testing.assert_close(centre[:, 0], torch.full_like(centre[:, 0], (0.2 - 0.1) / 0.5))
     torch.testing.assert_close(centre[:, 2], torch.full_like(centre[:, 2], (0.2 - 0.3) / 0.5))
@@ -114,7 +118,7 @@ def test_augment_normalizes():
 @pytest.mark.parametrize("conv", [True, False])
 def test_weight_norm_mean_only_bn_layer(conv):
     torch.manual_seed(0)
-    layer = common.WeightNormMeanOnlyBN(8, 16, 3 if conv else None, padding=1, init_scale=0.5)
+    layer = WeightNormMeanOnlyBN(8, 16, 3 if conv else None, padding=1, init_scale=0.5)
     x = torch.randn(64, 8, 6, 6) * 3 + 1 if conv else torch.randn(64, 8) * 3 + 1
     dims = (0, 2, 3) if conv else (0,)
     shape = (1, -1, 1, 1) if conv else (1, -1)
@@ -136,9 +140,9 @@ def test_weight_norm_mean_only_bn_layer(conv):
 
 
 def test_conv_large_shapes_and_parameters():
-    full = common.ConvLarge(num_classes=10, width=1.0)
+    full = ConvLarge(num_classes=10, width=1.0)
     assert sum(p.numel() for p in full.parameters() if p.requires_grad) == 3_121_812
-    small = common.ConvLarge(num_classes=7, width=0.25)
+    small = ConvLarge(num_classes=7, width=0.25)
     small.data_init(torch.randn(16, 3, 32, 32))
     small.eval()
     z, logits = small(torch.randn(5, 3, 32, 32))
@@ -149,15 +153,15 @@ def test_conv_large_shapes_and_parameters():
 
 def test_data_init_sets_every_layer():
     torch.manual_seed(0)
-    model = common.ConvLarge(10, 0.125)
+    model = ConvLarge(10, 0.125)
     model.data_init(torch.randn(32, 3, 32, 32))
-    layers = [m for m in model.modules() if isinstance(m, common.WeightNormMeanOnlyBN)]
+    layers = [m for m in model.modules() if isinstance(m, WeightNormMeanOnlyBN)]
     assert len(layers) == 10 and not any(m.pending_init for m in layers)
     assert all(not torch.equal(m.g, torch.ones_like(m.g)) for m in layers)
 
 
 def test_presets_follow_the_paper():
-    assert common.preset("svhn", 1000)["epochs"] == 300 and common.preset("svhn", 500)["lam"] == 20.0
-    assert common.preset("cifar10", 4000)["epochs"] == 800 and common.preset("cifar10", 4000)["eps"] == 50.0
-    assert common.preset("cifar10", 2000)["epochs"] == 600 and common.preset("cifar10", 2000)["eps"] == 40.0
-    assert common.PRESETS["cifar10"]["epochs"] == 800  # the 2000-label variant leaves the table alone
+    assert preset("svhn", 1000)["epochs"] == 300 and preset("svhn", 500)["lam"] == 20.0
+    assert preset("cifar10", 4000)["epochs"] == 800 and preset("cifar10", 4000)["eps"] == 50.0
+    assert preset("cifar10", 2000)["epochs"] == 600 and preset("cifar10", 2000)["eps"] == 40.0
+    assert PRESETS["cifar10"]["epochs"] == 800  # the 2000-label variant leaves the table alone

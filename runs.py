@@ -1,0 +1,169 @@
+"""Runs on disk: atomic writes, checkpoints (save, load safely, restore the models), metrics files,
+RNG states, resume, signals, and the user-error type (exit code 2).
+"""
+import contextlib
+import json
+import os
+import random
+import signal
+import tempfile
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+
+from model import build_models
+
+
+class UserError(click.ClickException):
+    """A problem with the user's input or files: a one-line message and exit code 2, no traceback."""
+    exit_code = 2
+
+
+def atomic_write(path, write):
+    """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
+    never leaves a truncated file behind."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give, not mkstemp's 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def existing_outputs(out, names, overwrite):
+    """The files among `names` that an earlier run left in `out`; exit 2 unless told to overwrite them."""
+    existing = [name for name in names if (Path(out) / name).exists()]
+    if existing and not overwrite:
+        raise UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
+                        f"pass --overwrite or choose another --out")
+    return existing
+
+
+def save_checkpoint(path, state):
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def read_metrics(path):
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def write_metrics(path, records):
+    """Rewrite the metrics file atomically, so it is never half-written."""
+    atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
+
+
+def rng_state():
+    state = dict(torch=torch.get_rng_state(), python=random.getstate())
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx")
+
+
+def load_checkpoint(path):
+    """A checkpoint as a dict, loaded with weights_only=True (a checkpoint from elsewhere cannot run
+    code); any problem ends the run with exit code 2 and a one-line reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"cannot load checkpoint {path}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200] if str(exc) else 'unreadable'}") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise UserError(f"{path} is not a checkpoint of this project (missing {', '.join(missing)})")
+    return state
+
+
+class Interrupted(click.ClickException):
+    def __init__(self, signum):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; every file on disk is complete "
+                         f"(the last finished epoch is in the *_last.pt checkpoint: continue with --resume)")
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM end the run at once with a message; atomic writes keep the files whole."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, split, reference_spread, metrics):
+    return dict(student=student.state_dict(), teacher=teacher.state_dict(), optimizer=optimizer.state_dict(),
+                stage=stage.name, epoch=epoch, step=step, config=config, **split, rng=rng_state(),
+                reference_spread=reference_spread, metrics=metrics)
+
+
+def checkpoint_split(state):
+    """The labeled / unlabeled / validation indices of a checkpoint."""
+    return dict(labeled_idx=state["labeled_idx"], unlabeled_idx=state["unlabeled_idx"],
+                val_idx=state.get("val_idx", torch.zeros(0, dtype=torch.long)))
+
+
+def check_resume_flags(resume, **flags):
+    """--resume continues a run as it was: it excludes the flags given here that are set."""
+    for name, value in flags.items():
+        if resume and value:
+            raise UserError(f"--resume and --{name} exclude each other")
+
+
+def resume_checkpoint(out, stage_name, write=True):
+    """The `<stage>_last.pt` of an interrupted run in `out`, its RNG states restored, and (by the
+    process that writes) the metrics file rewritten to the epochs that checkpoint has seen (it holds
+    their records)."""
+    path = Path(out) / f"{stage_name}_last.pt"
+    if not path.exists():
+        raise UserError(f"--resume: {path} does not exist (nothing to resume in {out})")
+    state = load_checkpoint(path)
+    if state.get("stage") != stage_name:
+        raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
+    set_rng_state(state["rng"])
+    if write:
+        write_metrics(Path(out) / f"{stage_name}_metrics.jsonl", state["metrics"])
+    return state
+
+
+def restore_models(state, device):
+    """Student and teacher of a checkpoint; a checkpoint of another width or class count exits 2."""
+    config = state["config"]
+    try:
+        student, teacher = build_models(config, device)
+        student.load_state_dict(state["student"])
+        teacher.load_state_dict(state["teacher"])
+    except (KeyError, TypeError, RuntimeError) as exc:
+        raise UserError(f"checkpoint does not fit this project's model: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200]}") from None
+    return student, teacher

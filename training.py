@@ -1,0 +1,379 @@
+"""The training engine both stages run: ramps and the lr schedule, the EMA teacher (Eq. 3), the
+consistency loss (Eq. 1), the training step of the MT objective (Eq. 2) plus lambda2 * r2 * L_lc
+(Eq. 4-6) in stage 2, the guards, the epoch loop `fit`, and the benchmark.
+"""
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.flop_counter import FlopCounterMode
+
+from data import BatchStream, augment, normalize
+from devices import PRECISIONS, Processes, average_buffers, device_name
+from kernels import lc_loss
+from runs import (UserError, atomic_write, checkpoint_state, read_metrics, restore_models, save_checkpoint,
+                  write_metrics)
+
+
+def sigmoid_rampup(progress, length):
+    """exp(-5 (1 - t)^2), t = progress / length clipped to [0, 1] (Mean Teacher's ramp-up); 1 if length is 0."""
+    if length <= 0:
+        return 1.0
+    t = min(max(progress / length, 0.0), 1.0)
+    return math.exp(-5.0 * (1.0 - t) ** 2)
+
+
+def learning_rate(progress, lr, constant_epochs, decay_epochs):
+    """lr for `constant_epochs`, then linearly down to 0 over `decay_epochs` (progress in epochs)."""
+    if progress < constant_epochs:
+        return lr
+    if decay_epochs <= 0:
+        return 0.0
+    return lr * max(0.0, 1.0 - (progress - constant_epochs) / decay_epochs)
+
+
+@torch.no_grad()
+def ema_update(teacher, student, alpha):
+    """theta'' <- alpha theta'' + (1 - alpha) theta' (Eq. 3), one fused foreach operation."""
+    t_params, s_params = list(teacher.parameters()), list(student.parameters())
+    torch._foreach_mul_(t_params, alpha)
+    torch._foreach_add_(t_params, s_params, alpha=1.0 - alpha)
+
+
+def consistency_loss(student_logits, teacher_logits):
+    """MSE between the class probabilities (Eq. 1), mean over classes and images; teacher detached."""
+    return F.mse_loss(F.softmax(student_logits.float(), 1), F.softmax(teacher_logits.detach().float(), 1))
+
+
+@torch.no_grad()
+def test_error(model, x, y, mean, std, batch_size=500):
+    """Error (%) of the model in eval mode on uint8 images x with labels y."""
+    was_training = model.training
+    model.eval()
+    wrong = 0
+    for i in range(0, len(x), batch_size):
+        _, logits = model(normalize(x[i:i + batch_size], mean, std))
+        wrong += (logits.argmax(1) != y[i:i + batch_size]).sum().item()
+    model.train(was_training)
+    return 100.0 * wrong / len(x)
+
+
+def seed_step(seed, step, rank=0):
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
+    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
+
+
+def make_optimizer(student, lr):
+    return torch.optim.SGD(student.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+
+@dataclass
+class Stage:
+    name: str                 # "mt" or "lc"
+    epochs: int               # constant-lr epochs of this stage
+    decay_epochs: int         # then linear decay of the lr to 0
+    lr: float
+    ema: float
+    cons_weight: float        # lambda1
+    cons_rampup: float        # epochs, counted from the start of stage 1
+    eval_every: int
+    first_step: int           # global step at which this stage starts
+    lc_eps: float = 0.0       # stage 2 only
+    lc_weight: float = 0.0    # lambda2
+    lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
+
+
+class TrainingFailed(click.ClickException):
+    """Training went wrong (a non-finite loss, collapsed features): exit code 3, checkpoints kept."""
+    exit_code = 3
+
+
+# Collapse: the batch's feature spread (mean over features of the std over images) below this
+# fraction of its value when LC started means LC has pulled every image onto one point.
+COLLAPSE_FRACTION = 0.01
+
+
+def feature_spread(z):
+    return z.detach().float().std(0).mean()
+
+
+class Trainer:
+    """What one process needs for the training step of both stages, on its device: the MT objective
+    (Eq. 2) and, in stage 2, lambda2 * r2 * L_lc on top (Eq. 6). With several processes each one
+    takes its 1/world share of the configured (global) labeled and unlabeled batches."""
+
+    def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None,
+                 reference_spread=None):
+        procs = procs or Processes()
+        for key in ("labeled_batch", "unlabeled_batch"):
+            if config[key] % procs.world:
+                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
+                                f"{procs.world} processes")
+        self.student, self.teacher, self.optimizer = student, teacher, optimizer
+        self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
+        self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
+        self.n_lab, self.n_unl = config["labeled_batch"] // procs.world, config["unlabeled_batch"] // procs.world
+        self.lab_idx, self.unl_idx, self.val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
+        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
+                                  config["unlabeled_batch"], config["seed"])
+        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
+        self.test_x, self.test_y = data.test_x.to(device), data.test_y.to(device)
+        self.mean, self.std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+        self.flip = config["dataset"] == "cifar10"
+        self.precision = config.get("precision", "fp32")
+        self.lc_global = config.get("lc", {}).get("scope", "local") == "global" and procs.world > 1
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest conv algorithms once
+        student.train()
+        teacher.train()  # dropout on and batch means, as in both reference implementations
+        student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
+        teacher.to(memory_format=torch.channels_last)
+        # The BN running means are averaged over the processes after every step (average_buffers),
+        # not broadcast from rank 0.
+        model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
+        compile_ = torch.compile if config.get("compile") else (lambda m: m)
+        self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
+
+    def schedule(self, step):
+        """(lr, lambda1 * r, lambda2 * r2) at a global step: r counts epochs from the start of MT,
+        r2 and the lr schedule from the start of this stage."""
+        stage, spe = self.stage, self.stream.steps_per_epoch
+        progress = (step - stage.first_step) / spe
+        lr = learning_rate(progress, stage.lr, stage.epochs, stage.decay_epochs)
+        cons_w = stage.cons_weight * sigmoid_rampup(step / spe, stage.cons_rampup)
+        lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
+        return lr, cons_w, lc_w
+
+    def views(self, step):
+        """This process's share of the step's batch: the student's and the teacher's independently
+        augmented views (labeled images first) and the labels of the labeled images."""
+        seed_step(self.config["seed"], step, self.procs.rank)
+        lab_pos, unl_pos = self.stream.batch(step)
+        r = self.procs.rank
+        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
+        idx = torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
+        images = self.train_x[idx]
+        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip)
+                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
+        return student_view, teacher_view, self.train_y[idx[:self.n_lab]]
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def train_step(self, step, student_view, teacher_view, labels):
+        """One SGD step and the EMA update (Eq. 3). Returns (loss, ce, cons, lc, neighbour fraction)."""
+        lr, cons_w, lc_w = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.autocast():  # the convolutions; every loss below is computed in fp32
+            z, logits = self.student_forward(student_view)
+            with torch.no_grad():
+                _, teacher_logits = self.teacher_forward(teacher_view)
+        ce = F.cross_entropy(logits[:self.n_lab].float(), labels)
+        cons = consistency_loss(logits, teacher_logits)
+        loss = ce + cons_w * cons
+        if self.stage.name == "lc":
+            z = z.float()
+            z_lab, z_unl = z[:self.n_lab], z[self.n_lab:]
+            if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
+                z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
+            lc, fraction = lc_loss(z_lab, z_unl, self.stage.lc_eps, return_fraction=True)
+            loss = loss + lc_w * lc
+            spread = feature_spread(z)
+        else:
+            lc = fraction = spread = torch.zeros((), device=self.device)
+        self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        ema_update(self.teacher, self.student, self.stage.ema)
+        if self.procs.world > 1:
+            average_buffers([self.student, self.teacher], self.procs.world)
+        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction.float()])
+
+    def check(self, step, loss, spread, parts):
+        """Stop on a non-finite loss or, in LC, on collapsed features: one host sync per step, and
+        with several processes one all_reduce, so that every process decides alike."""
+        status = torch.stack([(~torch.isfinite(loss)).float(), spread])
+        if self.procs.world > 1:
+            dist.all_reduce(status)
+        nonfinite, spread = status.tolist()
+        spread /= self.procs.world
+        epoch = (step - self.stage.first_step) // self.stream.steps_per_epoch + 1
+        where = f"at step {step} (epoch {epoch} of stage {self.stage.name})"
+        if nonfinite:
+            values = " ".join(f"{k}={v.item():.4g}" for k, v in parts.items())
+            raise TrainingFailed(f"non-finite loss {where}: {values}; the checkpoints of the finished epochs are kept")
+        if self.stage.name != "lc":
+            return
+        if self.reference_spread is None:
+            self.reference_spread = spread
+        if spread < COLLAPSE_FRACTION * self.reference_spread:
+            raise TrainingFailed(f"distribution collapse {where}: the features' spread fell to {spread:.3g}, under "
+                                 f"{COLLAPSE_FRACTION:g} of its {self.reference_spread:.3g} when LC started; "
+                                 f"eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} pull every image "
+                                 f"onto one point (the paper saw this for eps > 500 or lambda2 > 50); the "
+                                 f"checkpoints of the finished epochs are kept")
+
+    def errors(self):
+        """Test errors (%) of student and teacher, and on the validation hold-out if there is one."""
+        errors = dict(student_error=test_error(self.student, self.test_x, self.test_y, self.mean, self.std),
+                      teacher_error=test_error(self.teacher, self.test_x, self.test_y, self.mean, self.std))
+        if len(self.val_idx):
+            x, y = self.train_x[self.val_idx], self.train_y[self.val_idx]
+            errors.update(student_val_error=test_error(self.student, x, y, self.mean, self.std),
+                          teacher_val_error=test_error(self.teacher, x, y, self.mean, self.std))
+        return errors
+
+
+def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
+    """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
+    process writes the resume checkpoint <stage>_last.pt (with the metrics so far), copies it to
+    each name in milestones[epoch], then adds the epoch's line to
+    <stage>_metrics.jsonl. A kill between any two of these leaves files that --resume continues
+    from exactly. Returns the last record."""
+    stage, spe, procs = trainer.stage, trainer.stream.steps_per_epoch, trainer.procs
+    total_epochs = stage.epochs + stage.decay_epochs
+    out = Path(out)
+    metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
+    record = metrics[-1] if metrics else None
+    for epoch in range(start_epoch + 1, total_epochs + 1):
+        start = time.perf_counter()
+        sums = torch.zeros(5, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction
+        for i in range(spe):
+            step = stage.first_step + (epoch - 1) * spe + i
+            sums += trainer.train_step(step, *trainer.views(step))
+        if procs.world > 1:
+            dist.all_reduce(sums)
+        means = (sums / (spe * procs.world)).tolist()
+        lr, cons_w, lc_w = trainer.schedule(step)
+        # global_epoch counts from the start of MT, so MT and LC curves share an axis (Fig. 2).
+        record = dict(stage=stage.name, epoch=epoch, global_epoch=stage.first_step / spe + epoch,
+                      step=stage.first_step + epoch * spe, lr=lr,
+                      cons_weight=cons_w, lc_weight=lc_w, loss=means[0], ce=means[1], cons=means[2],
+                      time_s=round(time.perf_counter() - start, 3))
+        if stage.name == "lc":
+            record.update(lc=means[3], neighbour_fraction=means[4])
+        if not procs.main:
+            continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
+        line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
+                f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
+                + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
+                + f" | {record['time_s']:.1f}s")
+        if epoch % stage.eval_every == 0 or epoch == total_epochs:
+            record.update(trainer.errors())
+            line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
+            if "student_val_error" in record:
+                line += (f" | val error student {record['student_val_error']:.2f}% "
+                         f"teacher {record['teacher_val_error']:.2f}%")
+        echo(line)
+        metrics.append(record)
+        state = checkpoint_state(trainer.student, trainer.teacher, trainer.optimizer, stage, epoch, record["step"],
+                                 trainer.config, trainer.split, trainer.reference_spread, metrics)
+        save_checkpoint(out / f"{stage.name}_last.pt", state)
+        for name in milestones.get(epoch, ()):
+            save_checkpoint(out / name, state)
+        write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
+    return record
+
+
+def step_flops(trainer, student_view, teacher_view):
+    """FLOPs of one training step's model work (student forward + backward, teacher forward),
+    counted by torch on the eager modules."""
+    with FlopCounterMode(display=False) as counter:
+        z, logits = trainer.student(student_view)
+        (z.float().sum() + logits.float().sum()).backward()
+        with torch.no_grad():
+            trainer.teacher(teacher_view)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def benchmark(trainer, steps, warmup=3, echo=click.echo):
+    """Time `steps` training steps after `warmup` ones (the steps train for real; nothing is saved).
+    Returns medians over the timed steps, throughput of all processes together, and the share of
+    each step spent on the data path (index, gather, augment both views)."""
+    def sync():
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
+
+    first = trainer.stage.first_step
+    step_times, data_times = [], []
+    for i in range(warmup + steps):
+        sync()
+        t0 = time.perf_counter()
+        views = trainer.views(first + i)
+        sync()
+        t1 = time.perf_counter()
+        trainer.train_step(first + i, *views)
+        sync()
+        t2 = time.perf_counter()
+        if i >= warmup:
+            step_times.append(t2 - t0)
+            data_times.append(t1 - t0)
+        echo(f"benchmark {'warm-up' if i < warmup else 'step'} {i + 1 - warmup * (i >= warmup)}/"
+             f"{warmup if i < warmup else steps}: {t2 - t0:.4f} s (data {t1 - t0:.4f} s)")
+    sec = statistics.median(step_times)
+    flops = step_flops(trainer, *views[:2]) * trainer.procs.world
+    batch = trainer.config["labeled_batch"] + trainer.config["unlabeled_batch"]
+    return dict(sec_per_step=sec, images_per_sec=batch / sec, gflops_per_sec=flops / 1e9 / sec,
+                data_share=statistics.median(data_times) / sec, precision=trainer.precision,
+                gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, stage=trainer.stage.name,
+                dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
+                processes=trainer.procs.world, compile=bool(trainer.config.get("compile")),
+                device=device_name(trainer.device), threads=torch.get_num_threads())
+
+
+def speed_options(stage_name):
+    """The --precision, --compile and --benchmark options that both training stages take."""
+    options = [
+        click.option("--precision", type=click.Choice(PRECISIONS), default="auto",
+                     help="bf16 runs the networks under autocast; the losses, the EMA and the weights stay fp32. "
+                          "auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs "
+                          "with AVX512-BF16 or AMX), else fp32."),
+        click.option("--compile", "compile_", is_flag=True,
+                     help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 "
+                          "on a CPU)."),
+        click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Time N training steps after 3 warm-up steps instead of training; the last line printed "
+                          "is one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, "
+                          f"...). Writes nothing, unless --out is given: then {stage_name}_benchmark.json there."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+def report_benchmark(trainer, steps, out=None):
+    """Run the benchmark; the main process prints its result as one JSON line, the last it prints,
+    and writes it to `out`/<stage>_benchmark.json when `out` is given."""
+    result = benchmark(trainer, steps, echo=trainer.procs.echo)
+    if trainer.procs.main:
+        line = json.dumps(result)
+        if out is not None:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            atomic_write(Path(out) / f"{trainer.stage.name}_benchmark.json", lambda f: f.write(line.encode() + b"\n"))
+        click.echo(line)
+
+
+def restore_training(state, device):
+    """Student, teacher and optimizer of a checkpoint, ready to continue training."""
+    student, teacher = restore_models(state, device)
+    optimizer = make_optimizer(student, state["config"]["lr"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"checkpoint's optimizer state does not fit: {type(exc).__name__}: {exc}") from None
+    return student, teacher, optimizer
