@@ -254,6 +254,52 @@ def normalize(x, mean, std):
     return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
 
 
+def seed_step(seed, step, rank=0):
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
+    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
+
+
+class Batches:
+    """One process's share of every step's batch, on the training device: the student's and the
+    teacher's independently augmented views (labeled images first) and the labels of the labeled
+    images. With `world` processes each takes its 1/world share of the configured (global) labeled
+    and unlabeled batches."""
+
+    def __init__(self, data, split, config, device, rank=0, world=1):
+        for key in ("labeled_batch", "unlabeled_batch"):
+            if config[key] % world:
+                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
+                                f"{world} processes")
+        self.device, self.seed, self.rank = device, config["seed"], rank
+        self.n_lab, self.n_unl = config["labeled_batch"] // world, config["unlabeled_batch"] // world
+        self.lab_idx, self.unl_idx, self.val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
+        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
+                                  config["unlabeled_batch"], config["seed"])
+        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
+        self.mean, self.std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+        self.flip = config["dataset"] == "cifar10"
+
+    def views(self, step):
+        """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
+        seed_step(self.seed, step, self.rank)
+        lab_pos, unl_pos = self.stream.batch(step)
+        r = self.rank
+        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
+        idx = torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
+        images = self.train_x[idx]
+        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip)
+                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
+        return student_view, teacher_view, self.train_y[idx[:self.n_lab]]
+
+    def training_images(self, n, batch_size=500):
+        """A fixed sample of up to n training images (labeled and unlabeled, never the validation
+        hold-out), normalized and not augmented, in batches: what the BN statistics are computed on."""
+        pool = torch.cat([self.lab_idx, self.unl_idx])
+        pick = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[:n].to(self.device)]
+        for i in range(0, len(pick), batch_size):
+            yield normalize(self.train_x[pick[i:i + batch_size]], self.mean, self.std)
+
+
 def restore_data(state, data_dir=None):
     """The checkpoint's dataset (from its own data_dir unless one is given), checked against it."""
     config = state["config"]

@@ -51,6 +51,14 @@ class Processes:
         if self.main:
             click.echo(message)
 
+    def from_main(self, value):
+        """The main process's value (any picklable object) on every process."""
+        if self.world == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 @contextlib.contextmanager
 def processes(device_name):

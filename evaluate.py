@@ -5,6 +5,7 @@
     python evaluate.py --ckpt runs/mt*/mt_final.pt runs/lc*/lc.pt --table results.md    # Table 1
     python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
+    python evaluate.py --ckpt mt.pt --distances d2.png                 # where eps falls among the distances
 """
 import json
 import statistics
@@ -13,9 +14,10 @@ from pathlib import Path
 import click
 import torch
 
-from data import normalize, restore_data
-from runs import UserError, atomic_write, load_checkpoint, read_metrics, restore_models
+from data import Batches, normalize, restore_data
+from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
+from neighbours import DISTANCE_BATCHES, PairDistances, lc_features, neighbourhood_at_start
 from training import test_error
 
 
@@ -136,6 +138,48 @@ def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
     plt.close(fig)
 
 
+def checkpoint_distances(state, data, student, device):
+    """The pairwise d2 of the student's features as LC sees them (neighbours.PairDistances), and
+    the eps that applies: the LC run's (a relative one at this feature scale) or, for an MT
+    checkpoint, the one `finetune_lc.py --eps auto` would choose."""
+    config = state["config"]
+    batches = Batches(data, checkpoint_split(state), config, device)
+    distances = PairDistances.of_batches(lc_features(student, batches))
+    lc = config.get("lc")
+    if lc is None:
+        eps, _ = neighbourhood_at_start("auto", student, batches)
+        return distances, eps, "eps auto"
+    if lc.get("eps_ratio"):
+        return distances, lc["eps_ratio"] * distances.mean_d2, f"eps ({lc['eps_ratio']:.3g} x mean d2)"
+    return distances, lc["eps"], "eps"
+
+
+def plot_distances(distances, eps, eps_label, title, out):
+    """Histograms of d2: labeled pairs of one class, of different classes, and the LC pairs
+    (with an unlabeled image), on a log scale, with eps marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    groups = (("labeled, same class", distances.same), ("labeled, different classes", distances.different),
+              ("LC pairs (with an unlabeled image)", distances.lc_pairs))
+    values = torch.cat([g for _, g in groups])
+    bins = np.logspace(np.log10(values.min().item()), np.log10(values.max().item()), 80)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, d2 in groups:
+        ax.hist(d2.numpy(), bins=bins, weights=np.full(len(d2), 1 / len(d2)), histtype="step", linewidth=1.5,
+                label=f"{label}: median {d2.median().item():.3g}")
+    ax.axvline(eps, color="k", linestyle="--", label=f"{eps_label} = {eps:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("d2 (mean squared feature distance)")
+    ax.set_ylabel("share of the pairs per bin")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("more_ckpts", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--ckpt", "ckpts", type=click.Path(dir_okay=False), multiple=True,
@@ -151,18 +195,22 @@ def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
               help="PNG of the test error per epoch of the --curves files (the paper's Fig. 2).")
 @click.option("--tsne", type=click.Path(dir_okay=False), default=None,
               help="PNG of a t-SNE of the first checkpoint's features (the paper's Figs. 5-6).")
+@click.option("--distances", type=click.Path(dir_okay=False), default=None,
+              help="PNG of the pairwise d2 of the first checkpoint's student features as LC sees them (labeled "
+                   "same-class, labeled different-class, LC pairs) with eps marked (an MT checkpoint: the eps that "
+                   "--eps auto would choose); prints their medians, ratio, mean and the neighbour fraction as JSON.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
 @click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, data_dir, seed, device):
+def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, tables and figures."""
     ckpts = ckpts + more_ckpts
     if bool(curves) != bool(plot):
         raise UserError("--curves and --plot go together")
     if table and Path(table).suffix not in (".md", ".csv"):
         raise UserError(f"--table must end in .md or .csv, got {table}")
-    if (table or tsne) and not ckpts:
-        raise UserError("--table and --tsne need at least one --ckpt")
+    if (table or tsne or distances) and not ckpts:
+        raise UserError("--table, --tsne and --distances need at least one --ckpt")
     if not ckpts and not curves:
         raise UserError("nothing to do: give --ckpt, or --curves with --plot")
     torch.manual_seed(seed)
@@ -189,6 +237,12 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, data_dir, seed, 
         if tsne and len(results) == 1:
             plot_tsne(state, data, teacher, device, tsne, seed)
             click.echo(f"wrote {tsne}")
+        if distances and len(results) == 1:
+            pairs, eps, eps_label = checkpoint_distances(state, data, student, device)
+            title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} ({state['stage']} epoch "
+                     f"{state['epoch']}): student features in the first {DISTANCE_BATCHES} batches")
+            plot_distances(pairs, eps, eps_label, title, distances)
+            click.echo(json.dumps(dict(distances=str(distances), checkpoint=str(path), **pairs.summary(eps))))
     if len(results) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1
         _, _, rows = results_table(results)
         for row in rows:

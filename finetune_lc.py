@@ -15,19 +15,41 @@ from pathlib import Path
 import click
 
 from presets import preset, preset_help
-from data import restore_data
-from runs import UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint, resume_checkpoint, stop_on_signals
+from data import Batches, restore_data
+from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
+                  resume_checkpoint, stop_on_signals)
 from devices import processes, resolve_precision
+from neighbours import neighbourhood_at_start
 from training import Stage, Trainer, fit, report_benchmark, restore_training, speed_options
 
 OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
 
 
+class EpsParam(click.ParamType):
+    """A number, or 'auto'."""
+    name = "FLOAT|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, float):
+            return value
+        try:
+            return float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--ckpt", type=click.Path(dir_okay=False), required=True,
               help="The MT checkpoint to start from (mt.pt: the end of MT's constant-lr phase, as in the paper).")
-@click.option("--eps", type=float, default=None,
-              help=f"LC cut-off on the mean squared feature distance. {preset_help('eps')}")
+@click.option("--eps", type=EpsParam(), default=None,
+              help="LC cut-off on the mean squared feature distance d2, or auto: chosen from the MT checkpoint's "
+                   "features where the labeled images' same-class and different-class distances part (printed "
+                   "with the neighbour fraction it gives; `evaluate.py --distances` shows the distributions). "
+                   f"{preset_help('eps')}")
+@click.option("--eps-scale", type=click.Choice(["fixed", "relative"]), default=None,
+              help="fixed: eps stays as given (the paper's). relative: eps follows the feature scale, as the same "
+                   "multiple of each batch's mean d2 (detached) that it is at LC's start, so LC cannot make every "
+                   f"pair a neighbour by shrinking the space. {preset_help('eps_scale')}")
 @click.option("--lam", type=float, default=None, help=f"LC weight lambda2. {preset_help('lam')}")
 @click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {preset_help('lc_rampup')}")
@@ -52,7 +74,7 @@ OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
                    "found across the whole global batch, as on one device. No effect in one process.")
 @speed_options("lc")
-def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
+def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
          resume, lc_scope, precision, compile_, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
@@ -77,8 +99,9 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
         config["seed"] = seed if seed is not None else config["seed"]
         defaults = preset(config["dataset"], config["labels"])
         eps = eps if eps is not None else defaults["eps"]
+        eps_scale = eps_scale or defaults["eps_scale"]
         lam = lam if lam is not None else defaults["lam"]
-        if not (math.isfinite(eps) and eps > 0):
+        if eps != "auto" and not (math.isfinite(eps) and eps > 0):
             raise UserError(f"--eps must be finite and > 0, got {eps}")
         if not (math.isfinite(lam) and lam >= 0):
             raise UserError(f"--lam must be finite and >= 0, got {lam}")
@@ -88,15 +111,27 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
         student, teacher, optimizer = restore_training(state, device)
         config.update(precision=resolve_precision(precision, device), compile=compile_,
                       processes=procs.world)
-        config["lc"] = dict(eps=eps, lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else defaults["lc_rampup"],
+        eps, start = procs.from_main(neighbourhood_at_start(eps, student, Batches(data, checkpoint_split(state),
+                                                                                      config, device)))
+        config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
+                            eps_ratio=eps / start["d2_mean"] if eps_scale == "relative" else None, start=start,
+                            lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else defaults["lc_rampup"],
                             epochs=epochs or defaults["lc_epochs"],
                             decay_epochs=decay_epochs if decay_epochs is not None else defaults["lc_decay_epochs"],
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
         lc = config["lc"]
         procs.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
-                   f"eps {eps}, lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, "
+                   f"lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, "
                    f"device {device} x {procs.world}, {config['precision']}, LC scope {lc_scope}")
+        procs.echo(f"finetune_lc: eps {eps:.4g} ({'auto' if start['eps_auto'] else 'given'}, {eps_scale}"
+                   + (f": {lc['eps_ratio']:.3g} x the batch's mean d2" if lc["eps_ratio"] else "") + ") gives a "
+                   f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start; labeled pairs' median d2: "
+                   f"same class {start['d2_same_median']:.3g}, different classes {start['d2_different_median']:.3g}; "
+                   f"mean d2 {start['d2_mean']:.3g}")
+        if start["neighbour_fraction"] >= 1.0 and procs.main:
+            click.echo(f"warning: with eps {eps:.4g} every LC pair is a neighbour at LC's start: eps is too large "
+                       f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
         trainer = make_trainer(config, data, state, student, teacher, optimizer, device, procs)
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
@@ -111,18 +146,18 @@ def main(ckpt, eps, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_d
 def make_trainer(config, data, state, student, teacher, optimizer, device, procs, reference_spread=None):
     lc = config["lc"]
     stage = Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
-                         ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
-                         eval_every=lc["eval_every"], first_step=lc["mt_step"],
-                         lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"])
+                  ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
+                  eval_every=lc["eval_every"], first_step=lc["mt_step"],
+                  lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"], lc_eps_ratio=lc["eps_ratio"])
     return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
-                          procs, reference_spread=reference_spread)
+                   procs, reference_spread=reference_spread)
 
 
 def run(trainer, out, start_epoch):
     lc = trainer.config["lc"]
     with stop_on_signals():
         last = fit(trainer, out, {lc["epochs"] + lc["decay_epochs"]: ["lc.pt"]}, start_epoch=start_epoch,
-                          echo=trainer.procs.echo)
+                   echo=trainer.procs.echo)
     if trainer.procs.main:
         click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
                    f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")

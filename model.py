@@ -138,6 +138,30 @@ class ConvLarge(nn.Module):
         self.train(was_training)
 
 
+@torch.no_grad()
+def recompute_bn_means(model, batches):
+    """Set every BN running mean to the average, over the images of `batches`, of the batch means its
+    layer sees in training mode with dropout off: eval mode then matches the weights as they are, however far a
+    slow momentum (the paper's 0.001) lags behind them (the idea of fvcore's PreciseBN). The
+    model's mode and momenta are restored; its weights are not touched."""
+    layers = [m for m in model.modules() if isinstance(m, WeightNormMeanOnlyBN)]
+    momenta = [m.momentum for m in layers]
+    was_training = model.training
+    model.train()
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.eval()
+    seen = 0
+    for x in batches:
+        seen += len(x)
+        for m in layers:
+            m.momentum = len(x) / seen  # running mean <- the mean over the images seen so far
+        model(x)
+    for m, momentum in zip(layers, momenta):
+        m.momentum = momentum
+    model.train(was_training)
+
+
 def build_models(config, device):
     """A student and its teacher (no gradients) of the config's class count, width and BN momentum."""
     student = ConvLarge(config["num_classes"], config["width"], config["bn_momentum"]).to(device)

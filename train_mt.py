@@ -122,8 +122,8 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
 
 def make_trainer(config, data, split, student, teacher, optimizer, device, procs):
     stage = Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
-                         ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
-                         eval_every=config["eval_every"], first_step=0)
+                  ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
+                  eval_every=config["eval_every"], first_step=0)
     return Trainer(student, teacher, optimizer, data, split, config, stage, device, procs)
 
 

@@ -17,9 +17,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
 
-from data import BatchStream, augment, normalize
+from data import Batches, normalize
 from devices import PRECISIONS, Processes, average_buffers, device_name
 from kernels import lc_loss
+from model import recompute_bn_means
+from neighbours import PairDistances, lc_features, relative_lc_loss
 from runs import (UserError, atomic_write, checkpoint_state, read_metrics, restore_models, save_checkpoint,
                   write_metrics)
 
@@ -67,11 +69,6 @@ def test_error(model, x, y, mean, std, batch_size=500):
     return 100.0 * wrong / len(x)
 
 
-def seed_step(seed, step, rank=0):
-    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
-    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
-
-
 def make_optimizer(student, lr):
     return torch.optim.SGD(student.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
 
@@ -90,12 +87,16 @@ class Stage:
     lc_eps: float = 0.0       # stage 2 only
     lc_weight: float = 0.0    # lambda2
     lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
+    lc_eps_ratio: float = None  # relative eps: eps = this x the batch's mean d2 (lc_eps is then its value at the start)
 
 
 class TrainingFailed(click.ClickException):
     """Training went wrong (a non-finite loss, collapsed features): exit code 3, checkpoints kept."""
     exit_code = 3
 
+
+# Training images the BN running means are recomputed on before every evaluation and milestone.
+BN_IMAGES = 2560
 
 # Collapse: the batch's feature spread (mean over features of the std over images) below this
 # fraction of its value when LC started means LC has pulled every image onto one point.
@@ -114,22 +115,14 @@ class Trainer:
     def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None,
                  reference_spread=None):
         procs = procs or Processes()
-        for key in ("labeled_batch", "unlabeled_batch"):
-            if config[key] % procs.world:
-                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
-                                f"{procs.world} processes")
         self.student, self.teacher, self.optimizer = student, teacher, optimizer
         self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
         self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
-        self.n_lab, self.n_unl = config["labeled_batch"] // procs.world, config["unlabeled_batch"] // procs.world
-        self.lab_idx, self.unl_idx, self.val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
-        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
-                                  config["unlabeled_batch"], config["seed"])
-        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
+        self.batches = Batches(data, split, config, device, procs.rank, procs.world)
+        self.steps_per_epoch = self.batches.stream.steps_per_epoch
         self.test_x, self.test_y = data.test_x.to(device), data.test_y.to(device)
-        self.mean, self.std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
-        self.flip = config["dataset"] == "cifar10"
         self.precision = config.get("precision", "fp32")
+        self.all_neighbours_reported = False
         self.lc_global = config.get("lc", {}).get("scope", "local") == "global" and procs.world > 1
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest conv algorithms once
@@ -146,31 +139,19 @@ class Trainer:
     def schedule(self, step):
         """(lr, lambda1 * r, lambda2 * r2) at a global step: r counts epochs from the start of MT,
         r2 and the lr schedule from the start of this stage."""
-        stage, spe = self.stage, self.stream.steps_per_epoch
+        stage, spe = self.stage, self.steps_per_epoch
         progress = (step - stage.first_step) / spe
         lr = learning_rate(progress, stage.lr, stage.epochs, stage.decay_epochs)
         cons_w = stage.cons_weight * sigmoid_rampup(step / spe, stage.cons_rampup)
         lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
         return lr, cons_w, lc_w
 
-    def views(self, step):
-        """This process's share of the step's batch: the student's and the teacher's independently
-        augmented views (labeled images first) and the labels of the labeled images."""
-        seed_step(self.config["seed"], step, self.procs.rank)
-        lab_pos, unl_pos = self.stream.batch(step)
-        r = self.procs.rank
-        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
-        idx = torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
-        images = self.train_x[idx]
-        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip)
-                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
-        return student_view, teacher_view, self.train_y[idx[:self.n_lab]]
-
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def train_step(self, step, student_view, teacher_view, labels):
-        """One SGD step and the EMA update (Eq. 3). Returns (loss, ce, cons, lc, neighbour fraction)."""
+        """One SGD step and the EMA update (Eq. 3). Returns (loss, ce, cons, lc, neighbour fraction,
+        1 if every LC pair was a neighbour)."""
         lr, cons_w, lc_w = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -178,15 +159,18 @@ class Trainer:
             z, logits = self.student_forward(student_view)
             with torch.no_grad():
                 _, teacher_logits = self.teacher_forward(teacher_view)
-        ce = F.cross_entropy(logits[:self.n_lab].float(), labels)
+        ce = F.cross_entropy(logits[:self.batches.n_lab].float(), labels)
         cons = consistency_loss(logits, teacher_logits)
         loss = ce + cons_w * cons
         if self.stage.name == "lc":
             z = z.float()
-            z_lab, z_unl = z[:self.n_lab], z[self.n_lab:]
+            z_lab, z_unl = z[:self.batches.n_lab], z[self.batches.n_lab:]
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
-            lc, fraction = lc_loss(z_lab, z_unl, self.stage.lc_eps, return_fraction=True)
+            if self.stage.lc_eps_ratio is None:  # the paper's fixed eps
+                lc, fraction = lc_loss(z_lab, z_unl, self.stage.lc_eps, return_fraction=True)
+            else:
+                lc, fraction = relative_lc_loss(z_lab, z_unl, self.stage.lc_eps_ratio)
             loss = loss + lc_w * lc
             spread = feature_spread(z)
         else:
@@ -198,7 +182,8 @@ class Trainer:
         ema_update(self.teacher, self.student, self.stage.ema)
         if self.procs.world > 1:
             average_buffers([self.student, self.teacher], self.procs.world)
-        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction.float()])
+        fraction = fraction.float()
+        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction, (fraction >= 1).float()])
 
     def check(self, step, loss, spread, parts):
         """Stop on a non-finite loss or, in LC, on collapsed features: one host sync per step, and
@@ -208,11 +193,14 @@ class Trainer:
             dist.all_reduce(status)
         nonfinite, spread = status.tolist()
         spread /= self.procs.world
-        epoch = (step - self.stage.first_step) // self.stream.steps_per_epoch + 1
+        epoch = (step - self.stage.first_step) // self.steps_per_epoch + 1
         where = f"at step {step} (epoch {epoch} of stage {self.stage.name})"
         if nonfinite:
             values = " ".join(f"{k}={v.item():.4g}" for k, v in parts.items())
-            raise TrainingFailed(f"non-finite loss {where}: {values}; the checkpoints of the finished epochs are kept")
+            lc = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
+                  f"or eps, or a smaller --lr)" if self.stage.name == "lc" else "")
+            raise TrainingFailed(f"non-finite loss {where}: {values}{lc}; the checkpoints of the finished epochs "
+                                 f"are kept")
         if self.stage.name != "lc":
             return
         if self.reference_spread is None:
@@ -224,15 +212,46 @@ class Trainer:
                                  f"onto one point (the paper saw this for eps > 500 or lambda2 > 50); the "
                                  f"checkpoints of the finished epochs are kept")
 
+    def recompute_bn_means(self):
+        """Eval-mode statistics of student and teacher that match their weights now (model.recompute_bn_means)."""
+        for model in (self.student, self.teacher):
+            recompute_bn_means(model, self.batches.training_images(BN_IMAGES))
+
     def errors(self):
-        """Test errors (%) of student and teacher, and on the validation hold-out if there is one."""
-        errors = dict(student_error=test_error(self.student, self.test_x, self.test_y, self.mean, self.std),
-                      teacher_error=test_error(self.teacher, self.test_x, self.test_y, self.mean, self.std))
-        if len(self.val_idx):
-            x, y = self.train_x[self.val_idx], self.train_y[self.val_idx]
-            errors.update(student_val_error=test_error(self.student, x, y, self.mean, self.std),
-                          teacher_val_error=test_error(self.teacher, x, y, self.mean, self.std))
-        return errors
+        """Errors (%) of student and teacher on the test set, on their own labeled images and on the
+        validation hold-out if there is one."""
+        b = self.batches
+        sets = dict(error=(self.test_x, self.test_y), labeled_error=(b.train_x[b.lab_idx], b.train_y[b.lab_idx]))
+        if len(b.val_idx):
+            sets["val_error"] = (b.train_x[b.val_idx], b.train_y[b.val_idx])
+        return {f"{name}_{key}": test_error(model, x, y, b.mean, b.std)
+                for key, (x, y) in sets.items() for name, model in (("student", self.student), ("teacher", self.teacher))}
+
+    def distance_summary(self):
+        """Pairwise-distance statistics of the student's features in the first batches of the stream
+        (neighbours.PairDistances.summary) at the current eps."""
+        distances = PairDistances.of_batches(lc_features(self.student, self.batches))
+        ratio = self.stage.lc_eps_ratio
+        return distances.summary(self.stage.lc_eps if ratio is None else ratio * distances.mean_d2)
+
+    def chance_warnings(self, record):
+        """A warning for each model whose error on its labeled images or validation hold-out is no
+        better than always answering the most frequent class (within two standard errors)."""
+        warnings = []
+        b = self.batches
+        for key, what, idx in (("labeled_error", "labeled images", b.lab_idx), ("val_error", "validation hold-out", b.val_idx)):
+            if not len(idx):
+                continue
+            p = torch.bincount(b.train_y[idx]).max().item() / len(idx)
+            chance = 100 * (1 - p)
+            for name in ("student", "teacher"):
+                error = record[f"{name}_{key}"]
+                if error >= chance - 200 * math.sqrt(p * (1 - p) / len(idx)):
+                    warnings.append(f"the {name}'s error on its {what} ends at {error:.1f}%, chance level "
+                                    f"({chance:.1f}% always answers the most frequent class): it learned nothing usable"
+                                    + (f"; LC's eps={self.stage.lc_eps:g} or lambda2={self.stage.lc_weight:g} may be "
+                                       f"too large" if self.stage.name == "lc" else ""))
+        return warnings
 
 
 def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
@@ -241,17 +260,17 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
     each name in milestones[epoch], then adds the epoch's line to
     <stage>_metrics.jsonl. A kill between any two of these leaves files that --resume continues
     from exactly. Returns the last record."""
-    stage, spe, procs = trainer.stage, trainer.stream.steps_per_epoch, trainer.procs
+    stage, spe, procs = trainer.stage, trainer.steps_per_epoch, trainer.procs
     total_epochs = stage.epochs + stage.decay_epochs
     out = Path(out)
     metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
     record = metrics[-1] if metrics else None
     for epoch in range(start_epoch + 1, total_epochs + 1):
         start = time.perf_counter()
-        sums = torch.zeros(5, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction
+        sums = torch.zeros(6, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
         for i in range(spe):
             step = stage.first_step + (epoch - 1) * spe + i
-            sums += trainer.train_step(step, *trainer.views(step))
+            sums += trainer.train_step(step, *trainer.batches.views(step))
         if procs.world > 1:
             dist.all_reduce(sums)
         means = (sums / (spe * procs.world)).tolist()
@@ -262,20 +281,32 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
                       cons_weight=cons_w, lc_weight=lc_w, loss=means[0], ce=means[1], cons=means[2],
                       time_s=round(time.perf_counter() - start, 3))
         if stage.name == "lc":
-            record.update(lc=means[3], neighbour_fraction=means[4])
+            record.update(lc=means[3], neighbour_fraction=means[4], all_neighbours=means[5] == 1.0)
         if not procs.main:
             continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
         line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
                 f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
                 + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
                 + f" | {record['time_s']:.1f}s")
-        if epoch % stage.eval_every == 0 or epoch == total_epochs:
+        if epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones:
+            trainer.recompute_bn_means()
             record.update(trainer.errors())
             line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
             if "student_val_error" in record:
                 line += (f" | val error student {record['student_val_error']:.2f}% "
                          f"teacher {record['teacher_val_error']:.2f}%")
+            if stage.name == "lc":
+                record.update(trainer.distance_summary())
+                line += f" | d2 same/different {record['d2_ratio']:.3f} mean {record['d2_mean']:.3g}"
         echo(line)
+        if record.get("all_neighbours") and not trainer.all_neighbours_reported:
+            trainer.all_neighbours_reported = True
+            click.echo(f"warning: every LC pair was a neighbour in every step of epoch {epoch}: eps is too large "
+                       f"for these features, LC acts on all pairs", err=True)
+        if epoch == total_epochs:
+            record["warnings"] = trainer.chance_warnings(record)
+            for warning in record["warnings"]:
+                click.echo(f"warning: {warning}", err=True)
         metrics.append(record)
         state = checkpoint_state(trainer.student, trainer.teacher, trainer.optimizer, stage, epoch, record["step"],
                                  trainer.config, trainer.split, trainer.reference_spread, metrics)
@@ -311,7 +342,7 @@ def benchmark(trainer, steps, warmup=3, echo=click.echo):
     for i in range(warmup + steps):
         sync()
         t0 = time.perf_counter()
-        views = trainer.views(first + i)
+        views = trainer.batches.views(first + i)
         sync()
         t1 = time.perf_counter()
         trainer.train_step(first + i, *views)

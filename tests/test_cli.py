@@ -131,6 +131,8 @@ def test_refuses_to_overwrite(mt_run):
     (["--eps", "nan"], "--eps must be finite and > 0"),
     (["--eps", "inf"], "--eps must be finite and > 0"),
     (["--lam", "-1"], "--lam must be finite and >= 0"),
+    (["--eps", "often"], "'often' is neither a number nor 'auto'"),
+    (["--eps-scale", "log"], "Invalid value for '--eps-scale'"),
 ])
 def test_finetune_bad_input(mt_run, tmp_path, args, message):
     result = invoke(finetune_lc, ["--ckpt", mt_run / "mt.pt", *args, "--out", tmp_path / "lc"])
@@ -254,3 +256,38 @@ def test_incompatible_checkpoint(mt_run, tmp_path, monkeypatch, change, message)
         result = invoke(command, ["--ckpt", tmp_path / "odd.pt", "--out", tmp_path / "o"] if command is finetune_lc
                         else ["--ckpt", tmp_path / "odd.pt"])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_eps_auto_is_chosen_printed_and_stored(mt_run, tmp_path):
+    res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "auto", "--eps-scale", "relative", "--epochs", "1",
+              "--decay-epochs", "0", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    lc = torch.load(tmp_path / "lc.pt", weights_only=True)["config"]["lc"]
+    assert lc["eps_auto"] is True and lc["eps_scale"] == "relative" and lc["eps"] > 0
+    assert lc["eps_ratio"] == pytest.approx(lc["eps"] / lc["start"]["d2_mean"])
+    start = lc["start"]
+    assert start["eps"] == lc["eps"] and 0 < start["neighbour_fraction"] <= 1
+    assert f"eps {lc['eps']:.4g} (auto, relative" in res.stdout
+    assert f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start" in res.stdout
+    record = lines(tmp_path / "lc_metrics.jsonl")[-1]
+    assert {"d2_same_median", "d2_different_median", "d2_ratio", "d2_mean", "eps", "neighbour_fraction"} <= set(record)
+
+
+def test_all_neighbours_is_reported(mt_run, tmp_path):
+    """eps above every distance: said at LC's start, once for the epochs, and in the metrics."""
+    res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "1e6", "--eps-scale", "fixed", "--lam", "0.1",
+              "--epochs", "2", "--decay-epochs", "0", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "every LC pair is a neighbour at LC's start" in res.stderr
+    assert res.stderr.count("every LC pair was a neighbour in every step of epoch 1") == 1
+    assert "epoch 2" not in res.stderr  # logged once
+    assert [r["all_neighbours"] for r in lines(tmp_path / "lc_metrics.jsonl")] == [True, True]
+
+
+def test_distances_plot_and_json(mt_run, tmp_path):
+    result = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--distances", tmp_path / "d2.png"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "d2.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["d2_ratio"] == pytest.approx(summary["d2_same_median"] / summary["d2_different_median"])
+    assert summary["eps"] > 0 and 0 < summary["neighbour_fraction"] <= 1

@@ -87,18 +87,31 @@ def test_non_finite_loss_stops_and_keeps_checkpoints(straight, tmp_path):
     before = (straight / "mt.pt").read_bytes()
     res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--lr", "1e6", "--out", tmp_path)
     assert res.returncode == 3 and "non-finite loss at step" in res.stderr and "Traceback" not in res.stderr
-    assert "ce=" in res.stderr and "lc=" in res.stderr
+    assert "ce=" in res.stderr and "lc=" in res.stderr and "eps=" in res.stderr and "lambda2=" in res.stderr
     assert (straight / "mt.pt").read_bytes() == before
     assert not (tmp_path / "lc.pt").exists()
 
 
-def test_distribution_collapse_stops(straight, tmp_path):
-    # eps above every distance with the paper's lambda2 = 20: LC pulls all images onto one point
-    # (at the default lr 0.05 this tiny network blows up to a non-finite loss first).
-    res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--eps", "1e6", "--lam", "20", "--lc-rampup", "0",
-              "--lr", "0.02", "--epochs", "12", "--decay-epochs", "0", "--out", tmp_path)
-    assert res.returncode == 3, res.stderr
-    assert "collapse" in res.stderr and "eps=1e+06" in res.stderr and "lambda2=20" in res.stderr
+def test_distribution_collapse_stops():
+    """Features whose spread fell under 1% of its value when LC started stop the run (exit 3),
+    naming eps and lambda2."""
+    from data import balanced_split, load_digits
+    from fakedata import tiny_trainer
+    from training import Stage, TrainingFailed
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
+    stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=1.0, cons_rampup=1,
+                  eval_every=1, first_step=0, lc_eps=1e6, lc_weight=20.0)
+    trainer = tiny_trainer(data, labeled, unlabeled, config, stage)
+    finite = torch.tensor(1.0)
+    trainer.check(0, finite, torch.tensor(2.0), {})  # LC's first step sets the reference spread
+    trainer.check(1, finite, torch.tensor(0.021), {})  # just above 1% of it
+    with pytest.raises(TrainingFailed, match="collapse") as failed:
+        trainer.check(2, finite, torch.tensor(0.019), {})
+    assert failed.value.exit_code == 3
+    assert "eps=1e+06" in failed.value.message and "lambda2=20" in failed.value.message
 
 
 def test_sigint_stops_with_a_message(tmp_path):

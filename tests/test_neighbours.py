@@ -1,0 +1,163 @@
+"""Sound on any data (issue 10): eval statistics that follow the weights, eps from the features,
+a relative eps that follows the feature scale, and the warnings when LC or training goes wrong."""
+import math
+
+import pytest
+import torch
+
+from data import balanced_split, load_digits
+from fakedata import tiny_trainer
+from kernels import lc_loss
+from model import Dropout, WeightNormMeanOnlyBN
+from neighbours import PairDistances, batch_pair_d2, mean_pair_d2, relative_lc_loss
+from training import Stage, fit
+
+
+def digits_config(**changes):
+    return dict(dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
+                     bn_momentum=0.001, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32"), **changes)
+
+
+def mt_stage(epochs):
+    return Stage(name="mt", epochs=epochs, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,
+                 eval_every=epochs, first_step=0)
+
+
+@torch.no_grad()
+def population_means(model, images):
+    """Every BN layer's mean over all images in one training-mode batch with dropout off: the
+    statistics of the weights as they are, computed from scratch with forward hooks."""
+    layers = [m for m in model.modules() if isinstance(m, WeightNormMeanOnlyBN)]
+    means = {}
+
+    def hook(layer, inputs, _):
+        t = layer._project(inputs[0], layer._weight())
+        means[layer] = t.mean((0, 2, 3) if layer.is_conv else (0,))
+    handles = [m.register_forward_hook(hook) for m in layers]
+    model.train()
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.eval()
+    model(images)
+    for h in handles:
+        h.remove()
+    return [means[m] for m in layers]
+
+
+def test_eval_statistics_follow_the_weights(tmp_path):
+    """After a short run at the paper's BN momentum (0.001), the running means saved in the
+    checkpoint are those of its weights, not of the weights 0.001 lagged behind."""
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), mt_stage(epochs=3))
+    fit(trainer, tmp_path, {3: ["mt.pt"]}, echo=lambda line: None)
+    saved = torch.load(tmp_path / "mt.pt", weights_only=True)
+    b = trainer.batches
+    images = torch.cat(list(b.training_images(len(data.train_y))))  # what BN_IMAGES covers on digits
+    for name in ("student", "teacher"):
+        model = getattr(trainer, name)
+        model.load_state_dict(saved[name])
+        expected = population_means(model, images)
+        running = [v for k, v in saved[name].items() if k.endswith("running_mean")]
+        assert len(running) == len(expected) == 10
+        for got, want in zip(running, expected):
+            # chunks of 500 images: each layer sees chunk means, not the population's (1e-3 of the
+            # features' scale measured); the lagging means were off by ~0.5 of it
+            torch.testing.assert_close(got, want, atol=2e-2 * want.abs().max().item(), rtol=0)
+    # the recorded error is the error with these statistics
+    assert torch.load(tmp_path / "mt.pt", weights_only=True)["metrics"][-1]["teacher_error"] == \
+        trainer.errors()["teacher_error"]
+
+
+def test_momentum_alone_would_lag(tmp_path):
+    """The control of the test above: without the recomputation the running means are far off."""
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), mt_stage(epochs=3))
+    trainer.recompute_bn_means = lambda: None
+    fit(trainer, tmp_path, {}, echo=lambda line: None)
+    images = torch.cat(list(trainer.batches.training_images(len(data.train_y))))
+    running = [m.running_mean.clone() for m in trainer.teacher.modules() if isinstance(m, WeightNormMeanOnlyBN)]
+    expected = population_means(trainer.teacher, images)
+    worst = max(((got - want).abs().max() / want.abs().max()).item() for got, want in zip(running, expected))
+    assert worst > 0.1
+
+
+def clusters(n_per_class, n_classes, dim, spread, gap, seed):
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.randn(n_classes, dim, generator=gen) * gap
+    labels = torch.arange(n_classes).repeat(n_per_class)
+    return centres[labels] + spread * torch.randn(len(labels), dim, generator=gen), labels
+
+
+def test_eps_auto_lands_between_same_and_different_class_distances():
+    batches = []
+    for seed in range(4):
+        z, labels = clusters(4, 8, 16, spread=0.3, gap=3.0, seed=seed)
+        z_unlabeled, _ = clusters(12, 8, 16, spread=0.3, gap=3.0, seed=seed + 100)
+        batches.append((z, z_unlabeled, labels))
+    distances = PairDistances.of_batches(batches)
+    assert distances.same.max() < distances.different.min()  # separable, by construction
+    eps = distances.choose_eps()
+    assert distances.same.max() < eps < distances.different.min()
+    summary = distances.summary(eps)
+    assert summary["d2_ratio"] == pytest.approx(summary["d2_same_median"] / summary["d2_different_median"])
+    assert summary["d2_ratio"] < 0.1
+
+
+def test_eps_auto_needs_both_kinds_of_pairs():
+    z, labels = clusters(1, 6, 4, spread=0.3, gap=3.0, seed=0)  # one image per class: no same-class pair
+    assert PairDistances.of_batches([(z, z, labels)]).choose_eps() is None
+
+
+def test_mean_pair_d2_is_the_mean_over_the_lc_pairs():
+    gen = torch.Generator().manual_seed(1)
+    zl, zu = torch.randn(7, 5, generator=gen, dtype=torch.float64) + 3, torch.randn(11, 5, generator=gen,
+                                                                                    dtype=torch.float64)
+    brute = torch.cat([(a - zu).square().mean(1) for a in torch.cat([zl, zu])]).mean()
+    torch.testing.assert_close(mean_pair_d2(zl, zu), brute)
+    # batch_pair_d2 leaves out the U x U diagonal (d2 = 0): its sum over all pairs is the same
+    torch.testing.assert_close(batch_pair_d2(zl, zu).sum() / (18 * 11), brute)
+    assert len(batch_pair_d2(zl, zu)) == 18 * 11 - 11
+
+
+def test_relative_eps_follows_the_feature_scale():
+    gen = torch.Generator().manual_seed(2)
+    zl, zu = torch.randn(32, 16, generator=gen), torch.randn(128, 16, generator=gen)
+    loss, fraction = relative_lc_loss(zl, zu, 0.6)
+    assert 0.03 < fraction < 0.5
+    small_loss, small_fraction = relative_lc_loss(0.1 * zl, 0.1 * zu, 0.6)
+    assert small_fraction == fraction  # the same pairs are neighbours at a tenth of the scale
+    torch.testing.assert_close(small_loss, 0.01 * loss, rtol=1e-5, atol=0)
+    # ... while a fixed eps takes in more pairs as the space shrinks
+    eps = 0.6 * mean_pair_d2(zl, zu).item()
+    assert lc_loss(0.1 * zl, 0.1 * zu, eps, return_fraction=True)[1] > 2 * fraction
+
+
+def test_relative_lc_loss_is_lc_loss_at_the_batch_eps():
+    """Loss and gradients equal those of the fixed-eps loss at eps = ratio x the batch's mean d2."""
+    gen = torch.Generator().manual_seed(3)
+    zl = (torch.randn(16, 8, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    zu = torch.randn(64, 8, generator=gen, dtype=torch.float64).requires_grad_()
+    loss, _ = relative_lc_loss(zl, zu, 0.3)
+    grads = torch.autograd.grad(loss, (zl, zu))
+    eps = 0.3 * mean_pair_d2(zl.detach(), zu.detach()).item()
+    expected = lc_loss(zl, zu, eps)
+    torch.testing.assert_close(loss, expected, rtol=1e-10, atol=0)
+    for got, want in zip(grads, torch.autograd.grad(expected, (zl, zu))):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_chance_level_warnings():
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), mt_stage(epochs=1))
+    good = dict(student_labeled_error=3.0, teacher_labeled_error=2.0)
+    assert trainer.chance_warnings(good) == []
+    bad = dict(student_labeled_error=3.0, teacher_labeled_error=90.0)
+    (warning,) = trainer.chance_warnings(bad)
+    assert "teacher's error on its labeled images ends at 90.0%, chance level" in warning
+    # a model no better than always answering the most frequent class, within two standard errors
+    limit = 90.0 - 200 * math.sqrt(0.1 * 0.9 / 100)
+    assert trainer.chance_warnings(dict(good, student_labeled_error=limit + 0.1))
+    assert not trainer.chance_warnings(dict(good, student_labeled_error=limit - 0.1))
