@@ -25,7 +25,8 @@ BLOCK_N = 64  # unlabeled points per tile
 @triton.jit
 def _dot(a, b, acc, DOT: tl.constexpr):
     """acc + a @ b, both operands in the DOT dtype, accumulated in acc's dtype."""
-    return tl.dot(a.to(DOT), b.to(DOT), acc, input_precision="ieee")
+    # out_dtype must name acc's dtype: triton 3.6 defaults it to fp32 and rejects an fp64 acc.
+    return tl.dot(a.to(DOT), b.to(DOT), acc, input_precision="ieee", out_dtype=acc.dtype)
 
 
 @triton.jit
@@ -157,6 +158,17 @@ def _launch_config(z):
                 DOT=dot, ACC=tl.float64 if z.dtype == torch.float64 else tl.float32)
 
 
+def _backward_config(z):
+    """The forward's tiles, a block of output features, and the warps and stages of the backward kernels."""
+    config = dict(_launch_config(z), BLOCK_OUT=min(BLOCK_OUT, max(16, triton.next_power_of_2(z.shape[1]))))
+    if z.dtype == torch.float64:
+        # With 4 warps the fp64 tiles spill (ptxas -v, sm_90: 2 KB per thread in the column kernel);
+        # 8 warps bring that under 256 B (dims that are multiples of 16), 2 stages halve the 128 KiB of
+        # shared memory.
+        config.update(num_warps=8, num_stages=2)
+    return config
+
+
 class TritonLCLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, n_labeled, eps):
@@ -179,14 +191,13 @@ class TritonLCLoss(torch.autograd.Function):
         n_unlabeled = n_rows - n_labeled
         # d(d2)/da = 2 (a - b) / D; the 1/count of each term and the upstream gradient.
         scale = (grad_loss * inv_count * (2.0 / dim)).float().contiguous()
-        config = _launch_config(z)
-        block_out = min(BLOCK_OUT, max(16, triton.next_power_of_2(dim)))
+        config = _backward_config(z)
         grad_rows = torch.empty(n_rows, dim, dtype=torch.float32, device=z.device)
         grad_cols = torch.empty(n_unlabeled, dim, dtype=torch.float32, device=z.device)
-        _lc_bwd_rows_kernel[(triton.cdiv(n_rows, BLOCK_M), triton.cdiv(dim, block_out))](
-            z, sq_norm, scale, grad_rows, n_rows, n_labeled, dim, eps, BLOCK_OUT=block_out, **config)
-        _lc_bwd_cols_kernel[(triton.cdiv(n_unlabeled, BLOCK_N), triton.cdiv(dim, block_out))](
-            z, sq_norm, scale, grad_cols, n_rows, n_labeled, dim, eps, BLOCK_OUT=block_out, **config)
+        _lc_bwd_rows_kernel[(triton.cdiv(n_rows, BLOCK_M), triton.cdiv(dim, config["BLOCK_OUT"]))](
+            z, sq_norm, scale, grad_rows, n_rows, n_labeled, dim, eps, **config)
+        _lc_bwd_cols_kernel[(triton.cdiv(n_unlabeled, BLOCK_N), triton.cdiv(dim, config["BLOCK_OUT"]))](
+            z, sq_norm, scale, grad_cols, n_rows, n_labeled, dim, eps, **config)
         grad_rows[n_labeled:] += grad_cols
         return grad_rows.to(z.dtype), None, None
 
