@@ -146,7 +146,8 @@ def resume_checkpoint(out, stage_name, write=True):
     their records)."""
     path = Path(out) / f"{stage_name}_last.pt"
     if not path.exists():
-        raise UserError(f"--resume: {path} does not exist (nothing to resume in {out})")
+        raise UserError(f"--resume: {path} does not exist (nothing to resume in {out}; a run stopped in its "
+                        f"first epoch starts again without --resume)")
     state = load_checkpoint(path)
     if state.get("stage") != stage_name:
         raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")

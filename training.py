@@ -256,10 +256,11 @@ class Trainer:
 
 def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
     """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
-    process writes the resume checkpoint <stage>_last.pt (with the metrics so far), copies it to
-    each name in milestones[epoch], then adds the epoch's line to
-    <stage>_metrics.jsonl. A kill between any two of these leaves files that --resume continues
-    from exactly. Returns the last record."""
+    process writes the state to each name in milestones[epoch], then to the resume checkpoint
+    <stage>_last.pt (with the metrics so far), then adds the epoch's line to <stage>_metrics.jsonl.
+    A kill at any of these writes leaves files that --resume continues from exactly: until
+    <stage>_last.pt names the epoch done, a resumed run trains it again and rewrites its milestones.
+    Returns the last record."""
     stage, spe, procs = trainer.stage, trainer.steps_per_epoch, trainer.procs
     total_epochs = stage.epochs + stage.decay_epochs
     out = Path(out)
@@ -310,9 +311,9 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
         metrics.append(record)
         state = checkpoint_state(trainer.student, trainer.teacher, trainer.optimizer, stage, epoch, record["step"],
                                  trainer.config, trainer.split, trainer.reference_spread, metrics)
-        save_checkpoint(out / f"{stage.name}_last.pt", state)
         for name in milestones.get(epoch, ()):
             save_checkpoint(out / name, state)
+        save_checkpoint(out / f"{stage.name}_last.pt", state)  # after the milestones: it marks the epoch done
         write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
     return record
 

@@ -52,7 +52,7 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
                 Image.fromarray(pixels.squeeze(-1) if mode == "L" else pixels, mode).save(folder / f"{i}.png")
 
 
-def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None):
+def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None):
     """A Trainer on CPU for `config` (seed 0 weights, data-initialized on the first labeled images)."""
     import torch
 
@@ -65,5 +65,6 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None):
                                      torch.tensor(config["std"]), False))
     teacher.load_state_dict(student.state_dict())
     optimizer = make_optimizer(student, 0.05)
-    split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
+    split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled,
+                 val_idx=val if val is not None else torch.zeros(0, dtype=torch.long))
     return Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from data import balanced_split, load_digits
+from data import balanced_split, hold_out, load_digits
 from runs import CHECKPOINT_KEYS
 from training import Stage, fit
 import evaluate
@@ -17,7 +17,8 @@ import train_mt
 from fakedata import tiny_trainer, write_cifar10, write_folder, write_svhn
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1"]
+TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1",
+        "--device", "cpu"]
 
 
 def run(*args):
@@ -53,7 +54,7 @@ def test_three_stages_on_digits(mt_run, tmp_path):
     assert set(CHECKPOINT_KEYS) <= set(ckpt) and ckpt["epoch"] == 1 and ckpt["stage"] == "mt"
     assert torch.load(out / "mt_final.pt", weights_only=True)["epoch"] == 2
 
-    lc = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--eps", "3", "--lam", "2", "--epochs", "1",
+    lc = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--device", "cpu", "--eps", "3", "--lam", "2", "--epochs", "1",
              "--decay-epochs", "1", "--lc-rampup", "1")
     assert lc.returncode == 0, lc.stderr
     records = lines(out / "lc_metrics.jsonl")
@@ -186,6 +187,30 @@ def test_unlabeled_labels_are_never_used(tmp_path):
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
+def test_the_validation_hold_out_is_never_trained_on(tmp_path):
+    """Noise for the hold-out's images and other labels: bitwise the same students and teachers
+    (running means included), while the validation errors it reports change."""
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    unlabeled, val = hold_out(unlabeled, 200, seed=0)
+    config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
+    stage = Stage(name="mt", epochs=2, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
+                  eval_every=2, first_step=0)
+    finals, records = [], []
+    for noise in (False, True):
+        if noise:
+            data.train_x[val] = torch.randint(0, 256, data.train_x[val].shape, dtype=torch.uint8)
+            data.train_y[val] = (data.train_y[val] + 1) % 10
+        trainer = tiny_trainer(data, labeled, unlabeled, config, stage, val=val)
+        (tmp_path / f"m{noise}").mkdir()
+        records.append(fit(trainer, tmp_path / f"m{noise}", {}, echo=lambda line: None))
+        finals.append({f"{name}.{k}": v for name in ("student", "teacher")
+                       for k, v in getattr(trainer, name).state_dict().items()})
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+    assert records[0]["teacher_val_error"] != records[1]["teacher_val_error"]
+
+
 def test_same_seed_same_weights_on_cpu(mt_run, tmp_path):
     res = run("train_mt.py", "--dataset", "digits", *TINY, "--out", tmp_path, "--device", "cpu")
     assert res.returncode == 0, res.stderr
@@ -239,6 +264,11 @@ def test_validation_hold_out(tmp_path):
     last = lines(tmp_path / "mt_metrics.jsonl")[-1]
     assert 0 <= last["teacher_val_error"] <= 100 and "val error student" in res.stdout
     assert invoke(train_mt, ["--val", "2000", "--out", tmp_path / "x"]).exit_code == 2
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "mt.pt", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    last = lines(tmp_path / "lc_metrics.jsonl")[-1]
+    assert 0 <= last["teacher_val_error"] <= 100 and 0 <= last["student_val_error"] <= 100
+    assert "val error student" in res.stdout
 
 
 @pytest.mark.parametrize("change, message", [
@@ -291,3 +321,26 @@ def test_distances_plot_and_json(mt_run, tmp_path):
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["d2_ratio"] == pytest.approx(summary["d2_same_median"] / summary["d2_different_median"])
     assert summary["eps"] > 0 and 0 < summary["neighbour_fraction"] <= 1
+
+
+class CreatesAFile:
+    """Unpickling this object opens (creates) a file: what a hostile checkpoint could do."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_checkpoints_cannot_run_code(mt_run, tmp_path):
+    marker = tmp_path / "ran"
+    state = torch.load(mt_run / "mt.pt", weights_only=True)
+    state["config"]["note"] = CreatesAFile(marker)
+    torch.save(state, tmp_path / "hostile.pt")
+    for command, args in ((evaluate, []), (finetune_lc, ["--out", tmp_path / "lc"])):
+        result = invoke(command, ["--ckpt", tmp_path / "hostile.pt", *args])
+        assert result.exit_code == 2 and "cannot load checkpoint" in result.output, result.output
+        assert not marker.exists()
+    torch.load(tmp_path / "hostile.pt", weights_only=False)  # the control: a plain load runs it
+    assert marker.exists()

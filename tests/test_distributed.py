@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from data import balanced_split, load_digits
 from devices import Processes
+import training
 from training import Stage
 from fakedata import tiny_trainer
 from kernels import lc_loss
@@ -31,11 +32,11 @@ def lc_shards(seed, world):
     return shards
 
 
-def digits_trainer(procs):
+def digits_trainer(procs, scope="global"):
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
-                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope="global"))
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope=scope))
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
                          eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0)
     return tiny_trainer(data, labeled, unlabeled, config, stage, procs)
@@ -47,9 +48,21 @@ def worker(rank, world, init_file, out_dir):
         zl, zu = (t.double().requires_grad_() for t in lc_shards(seed=1, world=world)[rank])
         loss = lc_loss(torch.cat(dist_nn.all_gather(zl)), torch.cat(dist_nn.all_gather(zu)), 2.0)
         loss.backward()
-        trainer = digits_trainer(Processes(rank, world))
-        stats = [trainer.train_step(step, *trainer.views(step)) for step in range(3)]
-        torch.save(dict(lc=loss.detach(), grad_l=zl.grad, grad_u=zu.grad, stats=torch.stack(stats),
+        # The trainer's own LC path: what reaches the loss, and the loss, in each scope.
+        calls = []
+
+        def recording_lc_loss(z_labeled, z_unlabeled, eps, **kwargs):
+            loss, fraction = lc_loss(z_labeled, z_unlabeled, eps, **kwargs)
+            calls.append(torch.tensor([len(z_labeled), len(z_unlabeled), loss.item()], dtype=torch.float64))
+            return loss, fraction
+        training.lc_loss = recording_lc_loss
+        seen = {}
+        for scope in ("local", "global"):
+            calls.clear()
+            trainer = digits_trainer(Processes(rank, world), scope)
+            stats = [trainer.train_step(step, *trainer.batches.views(step)) for step in range(3)]
+            seen[scope] = torch.stack(calls)
+        torch.save(dict(lc=loss.detach(), grad_l=zl.grad, grad_u=zu.grad, stats=torch.stack(stats), seen=seen,
                         student=trainer.student.state_dict(), teacher=trainer.teacher.state_dict()),
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -72,6 +85,14 @@ def test_global_lc_and_processes_in_sync(tmp_path):
         torch.testing.assert_close(got["lc"], single.detach(), rtol=1e-12, atol=0)
         torch.testing.assert_close(got["grad_l"] / WORLD, zl.grad[6 * r:6 * (r + 1)], rtol=1e-10, atol=1e-14)
         torch.testing.assert_close(got["grad_u"] / WORLD, zu.grad[10 * r:10 * (r + 1)], rtol=1e-10, atol=1e-14)
+
+    # The trainer's global scope: both ranks compute the loss of the whole global batch (16 labeled
+    # and 64 unlabeled images, as configured), the same on both; the local scope sees each rank's half.
+    for r in range(WORLD):
+        assert ranks[r]["seen"]["global"][:, :2].tolist() == [[16, 64]] * 3
+        assert ranks[r]["seen"]["local"][:, :2].tolist() == [[8, 32]] * 3
+    torch.testing.assert_close(ranks[0]["seen"]["global"][:, 2], ranks[1]["seen"]["global"][:, 2], rtol=1e-6, atol=0)
+    assert not torch.allclose(ranks[0]["seen"]["local"][:, 2], ranks[1]["seen"]["local"][:, 2], rtol=1e-3)
 
     # Training steps: student, teacher and the BN running means identical on every rank.
     assert torch.isfinite(ranks[0]["stats"]).all() and (ranks[0]["stats"][:, 3] > 0).all()  # LC acted

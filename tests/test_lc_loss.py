@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ import torch
 from kernels import lc_loss, lc_loss_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def seeded(request):
+    """Fresh random inputs in every test, drawn from a seed of the test's own name: a failure
+    reproduces when the test runs alone (-k)."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 IMPLS = ["triton", "torch"]
 # Relative tolerances per input dtype, on the loss and on each gradient (relative to its largest
 # element). fp32 is the issue's requirement; the half types carry the rounding of their inputs'
@@ -253,3 +261,22 @@ def test_neighbour_fraction(impl):
     d2 = torch.cat([torch.cdist(zl, zu).flatten(), torch.cdist(zu, zu).flatten()]).pow(2) / 5
     assert fraction.item() == pytest.approx((d2 <= 2.0).double().mean().item(), rel=1e-6)
     assert not fraction.requires_grad and torch.equal(loss, lc_loss(zl, zu, 2.0, impl=impl))
+
+
+@pytest.mark.parametrize("impl", ["reference", *IMPLS])
+def test_one_value_by_hand(impl):
+    """Eq. 4-5 on 1 labeled and 3 unlabeled points in D = 2, worked out by hand. d2 is the MEAN over
+    the features (the sum would double every distance), and each term is normalised by its own
+    neighbour count (pooling the two terms' pairs would give another value)."""
+    z_l = torch.tensor([[0.0, 0.0]], dtype=torch.float64, device=DEVICE)
+    z_u = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]], dtype=torch.float64, device=DEVICE)
+    eps = 2.6
+    w = lambda d2: math.exp(-d2 / eps)  # noqa: E731
+    # L x U: d2 = 0.5, 2 (neighbours) and 9 (not): 2 neighbour pairs.
+    term_lu = (w(0.5) * 0.5 + w(2.0) * 2.0) / 2
+    # U x U, ordered, diagonal included: the 3 self-pairs (d2 = 0) and u1-u2 both ways (d2 = 2.5)
+    # are neighbours; u1-u3 (6.5) and u2-u3 (5) are not: 5 neighbour pairs.
+    term_uu = (2 * w(2.5) * 2.5) / 5
+    loss = lc_loss_reference(z_l, z_u, eps) if impl == "reference" else lc_loss(z_l, z_u, eps, impl=impl)
+    assert loss.item() == pytest.approx(term_lu + term_uu, rel=1e-6)  # Triton's d2 and sums are fp32
+    assert loss.item() != pytest.approx((w(0.5) * 0.5 + w(2.0) * 2.0 + 2 * w(2.5) * 2.5) / 7, rel=1e-3)

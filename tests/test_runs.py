@@ -48,7 +48,8 @@ def straight(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
     res = run("train_mt.py", *TINY, "--epochs", "3", "--decay-epochs", "1", "--out", out)
     assert res.returncode == 0, res.stderr
-    res = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--epochs", "2", "--decay-epochs", "1", "--lc-rampup", "1")
+    res = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--epochs", "2", "--decay-epochs", "1", "--lc-rampup", "1",
+              "--device", "cpu")
     assert res.returncode == 0, res.stderr
     return out
 
@@ -66,11 +67,11 @@ def test_mt_resume_after_sigterm_is_bitwise(straight, tmp_path):
 
 
 def test_lc_resume_after_sigterm_is_bitwise(straight, tmp_path):
-    args = ["finetune_lc.py", "--ckpt", straight / "mt.pt", "--epochs", "2", "--decay-epochs", "1",
+    args = ["finetune_lc.py", "--ckpt", straight / "mt.pt", "--device", "cpu", "--epochs", "2", "--decay-epochs", "1",
             "--lc-rampup", "1", "--out", tmp_path]
     code, err = kill_after_first_epoch(args, tmp_path / "lc_last.pt")
     assert code == 128 + signal.SIGTERM and "interrupted by SIGTERM" in err, (code, err)
-    res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--resume", "--out", tmp_path)
+    res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--resume", "--device", "cpu", "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     assert epochs_in(tmp_path / "lc_metrics.jsonl") == [1, 2, 3]
     assert_same_weights(straight / "lc.pt", tmp_path / "lc.pt")

@@ -8,7 +8,7 @@ from presets import PRESETS, preset
 from model import ConvLarge, WeightNormMeanOnlyBN
 from data import BatchStream, augment, balanced_split
 from runs import UserError
-from training import ema_update, learning_rate, sigmoid_rampup
+from training import Stage, consistency_loss, ema_update, learning_rate, sigmoid_rampup
 
 
 def test_sigmoid_rampup():
@@ -165,3 +165,56 @@ def test_presets_follow_the_paper():
     assert preset("cifar10", 4000)["epochs"] == 800 and preset("cifar10", 4000)["eps"] == 50.0
     assert preset("cifar10", 2000)["epochs"] == 600 and preset("cifar10", 2000)["eps"] == 40.0
     assert PRESETS["cifar10"]["epochs"] == 800  # the 2000-label variant leaves the table alone
+
+
+def schedule_trainer(stage):
+    """A Trainer on digits with 5 steps per epoch (1,337 unlabeled images, batches of 256)."""
+    from data import load_digits
+    from fakedata import tiny_trainer
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    config = dict(seed=0, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
+    trainer = tiny_trainer(data, labeled, unlabeled, config, stage)
+    assert trainer.steps_per_epoch == 5
+    return trainer
+
+
+def ramp(t):
+    return math.exp(-5 * (1 - t) ** 2)
+
+
+def test_schedule_of_mean_teacher():
+    """lr and the consistency ramp count from the start of MT (Section 5.1)."""
+    trainer = schedule_trainer(Stage(name="mt", epochs=20, decay_epochs=10, lr=0.05, ema=0.99, cons_weight=100.0,
+                                     cons_rampup=10, eval_every=10, first_step=0))
+    lr, cons, lc = trainer.schedule(0)
+    assert (lr, lc) == (0.05, 0.0) and cons == pytest.approx(100 * ramp(0))
+    assert trainer.schedule(25)[1] == pytest.approx(100 * ramp(0.5))  # epoch 5 of a 10-epoch ramp
+    assert trainer.schedule(50)[1] == 100.0 and trainer.schedule(99)[0] == 0.05
+    assert trainer.schedule(125)[0] == pytest.approx(0.025)  # half way through the decay
+    assert trainer.schedule(150)[0] == 0.0
+
+
+def test_schedule_of_local_clustering():
+    """In stage 2 the lr and the LC ramp count from the start of LC, the consistency ramp still
+    from the start of MT."""
+    stage = Stage(name="lc", epochs=10, decay_epochs=10, lr=0.05, ema=0.99, cons_weight=100.0, cons_rampup=40,
+                  eval_every=10, first_step=150, lc_eps=2.0, lc_weight=20.0, lc_rampup=4)  # LC from MT epoch 30
+    trainer = schedule_trainer(stage)
+    lr, cons, lc = trainer.schedule(150)
+    assert lr == 0.05 and cons == pytest.approx(100 * ramp(30 / 40)) and lc == pytest.approx(20 * ramp(0))
+    assert trainer.schedule(160)[2] == pytest.approx(20 * ramp(0.5))  # LC epoch 2 of a 4-epoch ramp
+    assert trainer.schedule(170)[2] == 20.0 and trainer.schedule(200)[1] == 100.0
+    assert trainer.schedule(150 + 5 * 15)[0] == pytest.approx(0.025)
+    assert trainer.schedule(150 + 5 * 20)[0] == 0.0
+
+
+def test_consistency_loss_is_eq_1_with_the_teacher_detached():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(6, 10, requires_grad=True), torch.randn(6, 10, requires_grad=True)
+    loss = consistency_loss(student, teacher)
+    expected = (student.softmax(1) - teacher.softmax(1)).square().mean()
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert teacher.grad is None and student.grad.abs().sum() > 0

@@ -1,0 +1,116 @@
+"""Kill anywhere, resume, same files: an interrupt at any write of a milestone epoch, then --resume,
+ends with every file an uninterrupted run writes, bitwise equal models; and atomic writes."""
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import finetune_lc
+import runs
+import train_mt
+from runs import Interrupted, atomic_write, read_metrics
+
+TINY = ["--width", "0.0625", "--unlabeled-batch", "512", "--seed", "2", "--device", "cpu", "--precision", "fp32"]
+MT_ARGS = [*TINY, "--epochs", "2", "--decay-epochs", "1"]  # milestones: mt.pt after epoch 2, mt_final.pt after 3
+LC_ARGS = ["--epochs", "1", "--decay-epochs", "1", "--lc-rampup", "1", "--device", "cpu"]  # lc.pt after epoch 2
+MT_FILES = ("mt.pt", "mt_final.pt", "mt_last.pt", "mt_metrics.jsonl")
+LC_FILES = ("lc.pt", "lc_last.pt", "lc_metrics.jsonl")
+
+
+def invoke(command, args):
+    return CliRunner().invoke(command.main, [str(a) for a in args])
+
+
+def interrupt_write(monkeypatch, name, nth):
+    """Make the nth write of the file `name` stop half way with the SIGTERM handler's exception."""
+    real = runs.atomic_write
+    count = [0]
+
+    def writer(path, write):
+        if Path(path).name == name:
+            count[0] += 1
+            if count[0] == nth:
+                def half(f):
+                    f.write(b"half a file")
+                    raise Interrupted(signal.SIGTERM)
+                return real(path, half)
+        return real(path, write)
+    monkeypatch.setattr(runs, "atomic_write", writer)
+
+
+def assert_same_run(straight, resumed, files):
+    for name in files:
+        assert (resumed / name).exists(), name
+    for name in (f for f in files if f.endswith(".pt")):
+        a, b = (torch.load(d / name, weights_only=True) for d in (straight, resumed))
+        assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]), name
+        for part in ("student", "teacher"):
+            assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), (name, part)
+        for key, buffers in a["optimizer"]["state"].items():
+            assert all(torch.equal(v, b["optimizer"]["state"][key][k]) for k, v in buffers.items()), (name, key)
+    metrics = next(f for f in files if f.endswith(".jsonl"))
+    strip = [[{k: v for k, v in r.items() if k != "time_s"} for r in read_metrics(d / metrics)]
+             for d in (straight, resumed)]
+    assert strip[0] == strip[1]  # each epoch once, with the same numbers
+    assert not list(resumed.glob(".*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    assert invoke(train_mt, [*MT_ARGS, "--out", out]).exit_code == 0
+    assert invoke(finetune_lc, ["--ckpt", out / "mt.pt", *LC_ARGS, "--out", out / "lc"]).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("name, nth", [("mt.pt", 1), ("mt_last.pt", 2), ("mt_metrics.jsonl", 2),
+                                       ("mt_final.pt", 1), ("mt_last.pt", 3), ("mt_metrics.jsonl", 3)])
+def test_mt_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, monkeypatch, name, nth):
+    interrupt_write(monkeypatch, name, nth)
+    result = invoke(train_mt, [*MT_ARGS, "--out", tmp_path])
+    assert result.exit_code == 128 + signal.SIGTERM and "interrupted by SIGTERM" in result.output, result.output
+    assert not list(tmp_path.glob(".*.tmp"))
+    monkeypatch.undo()
+    result = invoke(train_mt, ["--resume", "--out", tmp_path])
+    assert result.exit_code == 0, result.output
+    assert_same_run(straight, tmp_path, MT_FILES)
+
+
+@pytest.mark.parametrize("name, nth", [("lc.pt", 1), ("lc_last.pt", 2), ("lc_metrics.jsonl", 2)])
+def test_lc_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, monkeypatch, name, nth):
+    interrupt_write(monkeypatch, name, nth)
+    result = invoke(finetune_lc, ["--ckpt", straight / "mt.pt", *LC_ARGS, "--out", tmp_path])
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    monkeypatch.undo()
+    result = invoke(finetune_lc, ["--ckpt", straight / "mt.pt", "--resume", "--out", tmp_path])
+    assert result.exit_code == 0, result.output
+    assert_same_run(straight / "lc", tmp_path, LC_FILES)
+
+
+@pytest.mark.parametrize("failure", [OSError("disk full"), Interrupted(signal.SIGTERM)])
+def test_a_failed_write_leaves_the_previous_file(tmp_path, failure):
+    path = tmp_path / "state.pt"
+    atomic_write(path, lambda f: f.write(b"the previous run"))
+
+    def fail_half_way(f):
+        f.write(b"the new run, cut")
+        raise failure
+    with pytest.raises(type(failure)):
+        atomic_write(path, fail_half_way)
+    assert path.read_bytes() == b"the previous run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+def test_a_good_write_gets_the_permissions_of_a_plain_open(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "a", lambda f: f.write(b"x"))
+        with open(tmp_path / "b", "wb") as f:
+            f.write(b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a").stat().st_mode == (tmp_path / "b").stat().st_mode
+    assert (tmp_path / "a").read_bytes() == b"x"
