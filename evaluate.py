@@ -27,6 +27,42 @@ def method_name(state):
     return "supervised" if state["config"]["cons_weight"] == 0 else "MT"
 
 
+def lc_diagnostics(state):
+    """How LC went, from an LC checkpoint's config and metrics: eps, the largest neighbour fraction
+    of an epoch after the ramp, how far each model's test error rose above its value at LC's start
+    (the MT checkpoint's), and the ratio of median same- to different-class d2 and the mean d2 (the
+    feature scale) at LC's start and end. Empty for an MT checkpoint."""
+    lc = state["config"].get("lc")
+    if state["stage"] != "lc" or "start" not in lc:
+        return {}
+    start, records = lc["start"], state["metrics"]
+    evaluated = [r for r in records if "d2_ratio" in r]
+    after_ramp = [r["neighbour_fraction"] for r in records if r["epoch"] > lc["lc_rampup"]]
+    result = dict(eps=lc["eps"], eps_scale=lc["eps_scale"], eps_auto=lc["eps_auto"],
+                  max_neighbour_fraction_after_ramp=max(after_ramp, default=None),
+                  d2_ratio_start=start["d2_ratio"], d2_ratio_end=evaluated[-1]["d2_ratio"],
+                  d2_mean_start=start["d2_mean"], d2_mean_end=evaluated[-1]["d2_mean"])
+    for model in ("student", "teacher"):
+        if f"{model}_error" in start:
+            result[f"{model}_error_at_lc_start"] = start[f"{model}_error"]
+            result[f"{model}_max_rise_after_lc_start"] = (max(r[f"{model}_error"] for r in evaluated)
+                                                         - start[f"{model}_error"])
+    return result
+
+
+def describe_lc(d):
+    """One line of lc_diagnostics for people."""
+    line = (f"  LC: eps {d['eps']:.4g} ({'auto, ' if d['eps_auto'] else ''}{d['eps_scale']}); neighbour fraction "
+            f"after the ramp at most {d['max_neighbour_fraction_after_ramp']:.3f}; median d2 same/different class "
+            f"{d['d2_ratio_start']:.3f} -> {d['d2_ratio_end']:.3f}, mean d2 {d['d2_mean_start']:.3g} -> "
+            f"{d['d2_mean_end']:.3g} ({d['d2_mean_start'] / d['d2_mean_end']:.1f}x smaller)")
+    if "teacher_error_at_lc_start" in d:
+        line += (f"; test error at LC's start student {d['student_error_at_lc_start']:.2f}% teacher "
+                 f"{d['teacher_error_at_lc_start']:.2f}%, highest after it +{d['student_max_rise_after_lc_start']:.2f} "
+                 f"/ +{d['teacher_max_rise_after_lc_start']:.2f} points")
+    return line
+
+
 def mean_std(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
@@ -226,7 +262,7 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_
         result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"],
                       method=method_name(state), stage=state["stage"], epoch=state["epoch"], n_test=len(y),
                       student_error=test_error(student, x, y, mean, std),
-                      teacher_error=test_error(teacher, x, y, mean, std))
+                      teacher_error=test_error(teacher, x, y, mean, std), **lc_diagnostics(state))
         results.append(result)
         if as_json:
             click.echo(json.dumps(result))
@@ -234,6 +270,8 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_
             click.echo(f"{path}: {config['dataset']}, {config['labels']} labels, {result['method']} "
                        f"({state['stage']} epoch {state['epoch']}): test error student {result['student_error']:.2f}% "
                        f"teacher {result['teacher_error']:.2f}% ({len(y)} test images)")
+            if "d2_ratio_start" in result:
+                click.echo(describe_lc(result))
         if tsne and len(results) == 1:
             plot_tsne(state, data, teacher, device, tsne, seed)
             click.echo(f"wrote {tsne}")

@@ -113,6 +113,8 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
                       processes=procs.world)
         eps, start = procs.from_main(neighbourhood_at_start(eps, student, Batches(data, checkpoint_split(state),
                                                                                       config, device)))
+        mt_record = state["metrics"][-1] if state.get("metrics") else {}
+        start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
                             eps_ratio=eps / start["d2_mean"] if eps_scale == "relative" else None, start=start,
                             lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else defaults["lc_rampup"],
