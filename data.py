@@ -2,7 +2,9 @@
 validation splits, the batch stream, augmentation and normalization, and the check of a dataset
 against a checkpoint's split.
 """
+import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +32,12 @@ class ImageData:
 SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR10_FILES = tuple(f"{CIFAR10_DIR}/data_batch_{i}" for i in range(1, 6)) + (f"{CIFAR10_DIR}/test_batch",)
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
-def _ensure_files(data_dir, files, download, what):
-    """Download a dataset into data_dir when its files are missing; exit 2 naming them if that fails."""
+def _ensure_files(data_dir, files, download, what, or_else=""):
+    """Download a dataset into data_dir when its files are missing; exit 2 naming them (and what
+    else would do, `or_else`) if that fails."""
     missing = [f for f in files if not (data_dir / f).is_file()]
     if not missing:
         return
@@ -41,7 +45,7 @@ def _ensure_files(data_dir, files, download, what):
         download()
     except Exception as exc:  # offline, a proxy, a full disk: all end the same way for the user
         raise UserError(f"{what} files missing in {data_dir} and the download failed "
-                        f"({type(exc).__name__}); place {', '.join(missing)} there") from None
+                        f"({type(exc).__name__}); place {', '.join(missing)} there{or_else}") from None
     still = [f for f in files if not (data_dir / f).is_file()]
     if still:
         raise UserError(f"{what} download did not produce {', '.join(still)} in {data_dir}")
@@ -72,13 +76,24 @@ def load_svhn(data_dir):
 
 
 def load_cifar10(data_dir):
-    """CIFAR-10 from its pickled python batches (cifar-10-batches-py/data_batch_1..5, test_batch)."""
+    """CIFAR-10 from its pickled python batches (cifar-10-batches-py/data_batch_1..5, test_batch) or,
+    without them, the same images in data_dir/train/<class>/*, data_dir/test/<class>/* (any format
+    PIL reads, e.g. the JPEG copy of ../shared/data), with CIFAR-10's class folders."""
     import torchvision
+
+    batches = all((data_dir / f).is_file() for f in CIFAR10_FILES)
+    if not batches and (data_dir / "train").is_dir() and (data_dir / "test").is_dir():
+        data = load_folder(data_dir)
+        if data.classes != CIFAR10_CLASSES:
+            raise UserError(f"{data_dir}/train and /test hold the class folders {', '.join(data.classes)}, not "
+                            f"CIFAR-10's {', '.join(CIFAR10_CLASSES)} (for other images use --dataset folder)")
+        return data
 
     def download():
         torchvision.datasets.CIFAR10(str(data_dir), train=True, download=True)
 
-    _ensure_files(data_dir, CIFAR10_FILES, download, "CIFAR-10")
+    _ensure_files(data_dir, CIFAR10_FILES, download, "CIFAR-10",
+                  or_else=", or the images as train/<class>/*.png|jpg and test/<class>/*")
 
     def read(names):
         xs, ys = [], []
@@ -94,8 +109,7 @@ def load_cifar10(data_dir):
 
     train_x, train_y = read(CIFAR10_FILES[:5])
     test_x, test_y = read(CIFAR10_FILES[5:])
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    return ImageData(train_x, train_y, test_x, test_y, classes)
+    return ImageData(train_x, train_y, test_x, test_y, CIFAR10_CLASSES)
 
 
 def load_digits():
@@ -116,9 +130,20 @@ def load_digits():
                      [str(i) for i in range(10)])
 
 
-def load_folder(data_dir):
-    """Images in ImageFolder layout: data_dir/train/<class>/*, data_dir/test/<class>/*, as RGB 32x32."""
+def read_image(path):
+    """An image file as a uint8 (3, 32, 32) tensor: RGB, resized to 32 x 32."""
     from PIL import Image
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB").resize((32, 32), Image.BILINEAR)
+    except Exception as exc:
+        raise UserError(f"cannot read image {path}: {type(exc).__name__}") from None
+    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def load_folder(data_dir):
+    """Images in ImageFolder layout: data_dir/train/<class>/*, data_dir/test/<class>/*, as RGB 32x32,
+    decoded on all cores (PIL releases the GIL while it decodes)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
     def read(split):
@@ -130,14 +155,8 @@ def load_folder(data_dir):
             samples = make_dataset(str(root), {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS)
         except FileNotFoundError as exc:
             raise UserError(f"{root}: {str(exc).splitlines()[0]}") from None
-        xs = []
-        for path, _ in samples:
-            try:
-                with Image.open(path) as img:
-                    img = img.convert("RGB").resize((32, 32), Image.BILINEAR)
-            except Exception as exc:
-                raise UserError(f"cannot read image {path}: {type(exc).__name__}") from None
-            xs.append(torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1))
+        with ThreadPoolExecutor(os.cpu_count()) as pool:
+            xs = list(pool.map(read_image, [path for path, _ in samples], chunksize=256))
         return torch.stack(xs), torch.tensor([label for _, label in samples]), classes
 
     train_x, train_y, classes = read("train")

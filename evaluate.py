@@ -180,10 +180,11 @@ def checkpoint_distances(state, data, student, device):
     checkpoint, the one `finetune_lc.py --eps auto` would choose."""
     config = state["config"]
     batches = Batches(data, checkpoint_split(state), config, device)
-    distances = PairDistances.of_batches(lc_features(student, batches))
+    split = config.get("forward") == "split"
+    distances = PairDistances.of_batches(lc_features(student, batches, split))
     lc = config.get("lc")
     if lc is None:
-        eps, _ = neighbourhood_at_start("auto", student, batches)
+        eps, _ = neighbourhood_at_start("auto", student, batches, split)
         return distances, eps, "eps auto"
     if lc.get("eps_ratio"):
         return distances, lc["eps_ratio"] * distances.mean_d2, f"eps ({lc['eps_ratio']:.3g} x mean d2)"

@@ -111,8 +111,8 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
         student, teacher, optimizer = restore_training(state, device)
         config.update(precision=resolve_precision(precision, device), compile=compile_,
                       processes=procs.world)
-        eps, start = procs.from_main(neighbourhood_at_start(eps, student, Batches(data, checkpoint_split(state),
-                                                                                      config, device)))
+        batches = Batches(data, checkpoint_split(state), config, device)
+        eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config.get("forward") == "split"))
         mt_record = state["metrics"][-1] if state.get("metrics") else {}
         start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,

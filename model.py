@@ -138,6 +138,19 @@ class ConvLarge(nn.Module):
         self.train(was_training)
 
 
+class SplitForward(nn.Module):
+    """The authors' forward of a training batch: its first n_labeled images and the rest through the
+    model in two passes, each with its own BN batch means (and running-mean update); one output."""
+
+    def __init__(self, model, n_labeled):
+        super().__init__()
+        self.model, self.n_labeled = model, n_labeled
+
+    def forward(self, x):
+        parts = self.model(x[:self.n_labeled]), self.model(x[self.n_labeled:])
+        return tuple(torch.cat(outputs) for outputs in zip(*parts))
+
+
 @torch.no_grad()
 def recompute_bn_means(model, batches):
     """Set every BN running mean to the average, over the images of `batches`, of the batch means its

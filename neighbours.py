@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import lc_loss
+from model import SplitForward
 from runs import UserError
 
 # Batches of the run's stream (steps 0..N-1) whose features calibrate eps and measure distances:
@@ -37,11 +38,14 @@ def relative_lc_loss(z_labeled, z_unlabeled, ratio):
 
 
 @torch.no_grad()
-def lc_features(student, batches, steps=range(DISTANCE_BATCHES)):
+def lc_features(student, batches, split_forward=False, steps=range(DISTANCE_BATCHES)):
     """(z_labeled, z_unlabeled, labels) of each step's batch as the LC loss sees them: the student
-    in training mode (batch means, dropout) on its augmented view, in fp32. A copy runs them, so
-    the student's running means stay as they are."""
+    in training mode (batch means, dropout; labeled and unlabeled images in separate passes with
+    split_forward) on its augmented view, in fp32. A copy runs them, so the student's running
+    means stay as they are."""
     model = copy.deepcopy(student).train()
+    if split_forward:
+        model = SplitForward(model, batches.n_lab)
     for step in steps:
         view, _, labels = batches.views(step)
         z = model(view)[0].float()
@@ -124,10 +128,10 @@ class PairDistances:
         return (low.clamp_min(1e-12) * high).sqrt().item()
 
 
-def neighbourhood_at_start(eps, student, batches):
+def neighbourhood_at_start(eps, student, batches, split_forward=False):
     """(eps, the distances at LC's start): 'auto' becomes the cut-off where the labeled pairs'
     same-class and different-class distances part (neighbours.PairDistances.choose_eps)."""
-    distances = PairDistances.of_batches(lc_features(student, batches))
+    distances = PairDistances.of_batches(lc_features(student, batches, split_forward))
     start = dict(eps_auto=eps == "auto")
     if eps == "auto":
         eps = distances.choose_eps()

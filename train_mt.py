@@ -5,7 +5,7 @@
     torchrun --nproc_per_node 4 train_mt.py --dataset svhn  # 4 GPUs, the same global batch
     python train_mt.py --dataset svhn --benchmark 20        # time 20 steps, print one JSON line
 
-Writes to --out: mt.pt (the state at the end of the constant-lr phase, where the paper starts LC),
+Writes to --out: mt.pt (the state LC starts from: the end of the constant-lr phase, or --lc-start-epoch),
 mt_final.pt (after the lr decay: the MT baseline), mt_metrics.jsonl (one JSON line per epoch) and
 mt_last.pt (the state after the latest epoch, from which --resume continues).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import torch
 
-from presets import DATASETS, preset, preset_help
+from presets import DATASETS, PRESETS, preset, preset_help
 from model import build_models
 from data import augment, balanced_split, channel_stats, hold_out, load_dataset, restore_data
 from runs import UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, stop_on_signals
@@ -50,8 +50,17 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
               help="Consistency weight lambda1; 0 trains the supervised-only baseline.")
 @click.option("--cons-rampup", type=click.FloatRange(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda1. {preset_help('cons_rampup')}")
+@click.option("--lc-start-epoch", type=click.IntRange(min=1), default=None,
+              help="The epoch whose state mt.pt holds: the MT state LC starts from (the paper: the end of the "
+                   "constant-lr phase for SVHN; epoch 600 for CIFAR-10 with either label count, while MT* goes on "
+                   f"to its own end). [default: --epochs; cifar10 {PRESETS['cifar10']['lc_start_epoch']}, at most --epochs]")
+@click.option("--forward", type=click.Choice(["joint", "split"]), default=None,
+              help="joint: labeled and unlabeled images through the network in one pass (one set of BN batch "
+                   "means); split: in two, as the authors' code does (each its own batch means, two running-mean "
+                   f"updates a step). Stage 2 keeps the checkpoint's. {preset_help('forward')}")
 @click.option("--bn-momentum", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help=f"Momentum of the BN layers' running means (used in eval mode). {preset_help('bn_momentum')}")
+              help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
+                   f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
 @click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
@@ -62,7 +71,7 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
 @speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, cons_weight, cons_rampup, bn_momentum, eval_every, seed, device, out, overwrite, resume,
+         lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, seed, device, out, overwrite, resume,
          precision, compile_, benchmark):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
@@ -83,6 +92,11 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         labels = labels if labels is not None else defaults["labels"]
         if labels is None:
             raise UserError("--labels is required for --dataset folder")
+        epochs = epochs or defaults["epochs"]
+        decay_epochs = decay_epochs if decay_epochs is not None else defaults["decay_epochs"]
+        lc_start_epoch = lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
+        if lc_start_epoch > epochs + decay_epochs:
+            raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")
         existing = existing_outputs(out, outputs, overwrite)
 
         data = load_dataset(dataset, data_dir)
@@ -95,13 +109,13 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
                       cons_rampup=cons_rampup if cons_rampup is not None else defaults["cons_rampup"],
-                      epochs=epochs or defaults["epochs"],
-                      decay_epochs=decay_epochs if decay_epochs is not None else defaults["decay_epochs"],
-                      bn_momentum=bn_momentum or defaults["bn_momentum"], eval_every=eval_every or defaults["eval_every"],
+                      epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
+                      forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"], eval_every=eval_every or defaults["eval_every"],
                       precision=resolve_precision(precision, device), compile=compile_, processes=procs.world)
         procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {val} validation / "
-                   f"{len(data.test_y)} test, width {width}, {config['epochs']}+{config['decay_epochs']} epochs, "
-                   f"device {device} x {procs.world}, {config['precision']}")
+                   f"{len(data.test_y)} test, width {width}, {epochs}+{decay_epochs} epochs (mt.pt after epoch "
+                   f"{lc_start_epoch}), {config['forward']} forward, device {device} x {procs.world}, "
+                   f"{config['precision']}")
 
         torch.manual_seed(seed)  # every process builds the same networks; DDP checks they agree
         student, teacher = build_models(config, device)
@@ -129,7 +143,7 @@ def make_trainer(config, data, split, student, teacher, optimizer, device, procs
 
 def run(trainer, out, start_epoch):
     config = trainer.config
-    milestones = {config["epochs"]: ["mt.pt"]}
+    milestones = {config.get("lc_start_epoch", config["epochs"]): ["mt.pt"]}
     milestones.setdefault(config["epochs"] + config["decay_epochs"], []).append("mt_final.pt")
     with stop_on_signals():
         last = fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)

@@ -5,6 +5,7 @@ consistency loss (Eq. 1), the training step of the MT objective (Eq. 2) plus lam
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,12 @@ import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
 
 from data import Batches, normalize
 from devices import PRECISIONS, Processes, average_buffers, device_name
 from kernels import lc_loss
-from model import recompute_bn_means
+from model import SplitForward, recompute_bn_means
 from neighbours import PairDistances, lc_features, relative_lc_loss
 from runs import (UserError, atomic_write, checkpoint_state, read_metrics, restore_models, save_checkpoint,
                   write_metrics)
@@ -95,6 +97,9 @@ class TrainingFailed(click.ClickException):
     exit_code = 3
 
 
+# Steps between progress lines inside an epoch when no terminal shows a bar.
+PROGRESS_EVERY = 100
+
 # Training images the BN running means are recomputed on before every evaluation and milestone.
 BN_IMAGES = 2560
 
@@ -132,6 +137,9 @@ class Trainer:
         teacher.to(memory_format=torch.channels_last)
         # The BN running means are averaged over the processes after every step (average_buffers),
         # not broadcast from rank 0.
+        self.split_forward = config.get("forward", "joint") == "split"
+        if self.split_forward:
+            student, teacher = (SplitForward(m, self.batches.n_lab) for m in (student, teacher))
         model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
         compile_ = torch.compile if config.get("compile") else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
@@ -230,7 +238,7 @@ class Trainer:
     def distance_summary(self):
         """Pairwise-distance statistics of the student's features in the first batches of the stream
         (neighbours.PairDistances.summary) at the current eps."""
-        distances = PairDistances.of_batches(lc_features(self.student, self.batches))
+        distances = PairDistances.of_batches(lc_features(self.student, self.batches, self.split_forward))
         ratio = self.stage.lc_eps_ratio
         return distances.summary(self.stage.lc_eps if ratio is None else ratio * distances.mean_d2)
 
@@ -254,6 +262,21 @@ class Trainer:
         return warnings
 
 
+def epoch_progress(steps, label, show, echo):
+    """An epoch's steps, with progress shown inside it where `show`: a tqdm bar on a terminal, else
+    (a log file, a job scheduler) a plain line every PROGRESS_EVERY steps."""
+    if not show:
+        yield from steps
+    elif sys.stderr.isatty():
+        yield from tqdm(steps, desc=label, leave=False, unit="step")
+    else:
+        start = time.perf_counter()
+        for done, step in enumerate(steps, 1):
+            yield step
+            if done % PROGRESS_EVERY == 0 and done < len(steps):
+                echo(f"{label}: step {done}/{len(steps)}, {(time.perf_counter() - start) / done:.3f} s/step")
+
+
 def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
     """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
     process writes the state to each name in milestones[epoch], then to the resume checkpoint
@@ -269,8 +292,9 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
     for epoch in range(start_epoch + 1, total_epochs + 1):
         start = time.perf_counter()
         sums = torch.zeros(6, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
-        for i in range(spe):
-            step = stage.first_step + (epoch - 1) * spe + i
+        first = stage.first_step + (epoch - 1) * spe
+        for step in epoch_progress(range(first, first + spe), f"{stage.name} epoch {epoch}/{total_epochs}",
+                                   procs.main, echo):
             sums += trainer.train_step(step, *trainer.batches.views(step))
         if procs.world > 1:
             dist.all_reduce(sums)

@@ -344,3 +344,26 @@ def test_checkpoints_cannot_run_code(mt_run, tmp_path):
         assert not marker.exists()
     torch.load(tmp_path / "hostile.pt", weights_only=False)  # the control: a plain load runs it
     assert marker.exists()
+
+
+def test_lc_start_epoch_and_split_forward(tmp_path):
+    """mt.pt holds the epoch LC starts from (CIFAR-10: 600 of 800), mt_final.pt MT's own end; the
+    forward mode goes into the config and stage 2 keeps it."""
+    res = run("train_mt.py", *TINY, "--epochs", "2", "--lc-start-epoch", "1", "--forward", "split", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "mt.pt after epoch 1" in res.stdout and "split forward" in res.stdout
+    mt, final = (torch.load(tmp_path / n, weights_only=True) for n in ("mt.pt", "mt_final.pt"))
+    assert (mt["epoch"], final["epoch"]) == (1, 3) and mt["config"]["forward"] == "split"
+    assert "teacher_error" in mt["metrics"][-1]  # a milestone epoch is evaluated
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "mt.pt", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert torch.load(tmp_path / "lc.pt", weights_only=True)["config"]["forward"] == "split"
+    result = invoke(train_mt, [*TINY, "--lc-start-epoch", "3", "--out", tmp_path / "x"])
+    assert result.exit_code == 2 and "--lc-start-epoch 3 is past the run's 1+1 epochs" in result.output
+
+
+def test_progress_lines_inside_long_epochs(tmp_path):
+    res = run("train_mt.py", "--width", "0.0625", "--labeled-batch", "10", "--unlabeled-batch", "10", "--epochs", "1",
+              "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path)  # 133 steps in the epoch
+    assert res.returncode == 0, res.stderr
+    assert "mt epoch 1/1: step 100/133" in res.stdout and "s/step" in res.stdout

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torchvision
 
-from data import channel_stats, load_dataset, load_digits
+from data import CIFAR10_CLASSES, channel_stats, load_dataset, load_digits
 from runs import UserError
 from fakedata import write_cifar10, write_folder, write_svhn
 
@@ -81,3 +81,23 @@ def test_channel_stats():
     mean, std = channel_stats(x)
     torch.testing.assert_close(mean, torch.full((3,), 0.5))
     assert np.allclose(std.numpy(), 0.5, atol=0.02)
+
+
+def test_cifar10_as_image_files(tmp_path):
+    """The same images in train/<class>/*, test/<class>/* (the JPEG copy's layout) with CIFAR-10's preset."""
+    write_folder(tmp_path, classes=CIFAR10_CLASSES, n_train=2, n_test=1)
+    data = load_dataset("cifar10", tmp_path)
+    assert data.classes == CIFAR10_CLASSES and data.train_x.shape == (20, 3, 32, 32) and len(data.test_y) == 10
+    assert torch.bincount(data.train_y).tolist() == [2] * 10
+
+
+def test_cifar10_image_files_must_be_cifar10s_classes(tmp_path):
+    write_folder(tmp_path)  # cat, dog, owl
+    with pytest.raises(UserError, match="not CIFAR-10's"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_cifar10_missing_names_both_forms(tmp_path, monkeypatch):
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", fail_download)
+    with pytest.raises(UserError, match=r"data_batch_1.*or the images as train/<class>/"):
+        load_dataset("cifar10", tmp_path)

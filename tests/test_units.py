@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from presets import PRESETS, preset
-from model import ConvLarge, WeightNormMeanOnlyBN
+from model import ConvLarge, Dropout, WeightNormMeanOnlyBN
 from data import BatchStream, augment, balanced_split
 from runs import UserError
 from training import Stage, consistency_loss, ema_update, learning_rate, sigmoid_rampup
@@ -218,3 +218,21 @@ def test_consistency_loss_is_eq_1_with_the_teacher_detached():
     torch.testing.assert_close(loss, expected)
     loss.backward()
     assert teacher.grad is None and student.grad.abs().sum() > 0
+
+
+def test_split_forward_is_two_passes():
+    """SplitForward: the labeled and the unlabeled images each through the model with their own
+    batch means, as two separate calls give them; a joint pass differs."""
+    from model import SplitForward
+    torch.manual_seed(0)
+    model = ConvLarge(10, 0.0625)
+    model.data_init(torch.randn(16, 3, 32, 32))
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.p = 0.0
+    x = torch.randn(24, 3, 32, 32)
+    z, logits = SplitForward(model, 8)(x)
+    (z_l, y_l), (z_u, y_u) = model(x[:8]), model(x[8:])
+    torch.testing.assert_close(z, torch.cat([z_l, z_u]))
+    torch.testing.assert_close(logits, torch.cat([y_l, y_u]))
+    assert not torch.allclose(model(x)[0], z, atol=1e-4)
