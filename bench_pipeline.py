@@ -29,7 +29,7 @@ from PIL import Image
 
 from model import Dropout, build_models
 from data import channel_stats, load_digits
-from devices import device_name, pick_device
+from devices import conv_rate, device_name, pick_device, sync
 from training import make_optimizer
 
 
@@ -103,28 +103,6 @@ def authors_step_times(width, workers, steps, warmup, labeled_batch, batch, devi
     sec = statistics.median(times)
     return dict(pipeline="authors", workers=workers, sec_per_step=sec, images_per_sec=batch / sec,
                 data_share=statistics.median(data_times) / sec, precision="fp32", width=width, steps=steps)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def conv_rate(device, dtype, repeats):
-    """GFLOP/s of forward + backward of conv-large's widest 3x3 convolution, channels_last."""
-    x = torch.randn(160, 128, 32, 32, device=device, dtype=dtype).to(memory_format=torch.channels_last)
-    conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False).to(device, dtype, memory_format=torch.channels_last)
-    x.requires_grad_()
-    flops = 3 * 2 * 160 * 128 * 32 * 32 * 128 * 9  # forward, grad input, grad weight
-    times = []
-    for i in range(repeats + 2):
-        sync(device)
-        start = time.perf_counter()
-        conv(x).sum().backward()
-        sync(device)
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return flops / statistics.median(times) / 1e9
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

@@ -3,6 +3,8 @@
 import contextlib
 import os
 import platform
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +101,26 @@ def device_name(device):
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.machine()
+
+
+def sync(device):
+    """Wait for the device's queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def conv_rate(device, dtype, repeats):
+    """GFLOP/s of forward + backward of conv-large's widest 3x3 convolution, channels_last."""
+    x = torch.randn(160, 128, 32, 32, device=device, dtype=dtype).to(memory_format=torch.channels_last)
+    conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False).to(device, dtype, memory_format=torch.channels_last)
+    x.requires_grad_()
+    flops = 3 * 2 * 160 * 128 * 32 * 32 * 128 * 9  # forward, grad input, grad weight
+    times = []
+    for i in range(repeats + 2):
+        sync(device)
+        start = time.perf_counter()
+        conv(x).sum().backward()
+        sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return flops / statistics.median(times) / 1e9

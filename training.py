@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
 from data import Batches, normalize
-from devices import PRECISIONS, Processes, average_buffers, device_name
+from devices import PRECISIONS, Processes, average_buffers, device_name, sync
 from kernels import lc_loss
 from model import SplitForward, recompute_bn_means
 from neighbours import PairDistances, lc_features, relative_lc_loss
@@ -358,20 +358,16 @@ def benchmark(trainer, steps, warmup=3, echo=click.echo):
     """Time `steps` training steps after `warmup` ones (the steps train for real; nothing is saved).
     Returns medians over the timed steps, throughput of all processes together, and the share of
     each step spent on the data path (index, gather, augment both views)."""
-    def sync():
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize(trainer.device)
-
     first = trainer.stage.first_step
     step_times, data_times = [], []
     for i in range(warmup + steps):
-        sync()
+        sync(trainer.device)
         t0 = time.perf_counter()
         views = trainer.batches.views(first + i)
-        sync()
+        sync(trainer.device)
         t1 = time.perf_counter()
         trainer.train_step(first + i, *views)
-        sync()
+        sync(trainer.device)
         t2 = time.perf_counter()
         if i >= warmup:
             step_times.append(t2 - t0)
