@@ -17,13 +17,15 @@ import torch
 from data import Batches, normalize, restore_data
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
-from neighbours import DISTANCE_BATCHES, PairDistances, lc_features, neighbourhood_at_start
+from neighbours import DISTANCE_IMAGES, PairDistances, lc_features, neighbourhood_at_start
 from training import test_error
 
 
 def method_name(state):
+    """supervised, MT or MT+LC, the last with its eps scale (fixed, as in the paper, or relative)."""
     if state["stage"] == "lc":
-        return "MT+LC"
+        scale = state["config"]["lc"].get("eps_scale")
+        return f"MT+LC ({scale} eps)" if scale else "MT+LC"
     return "supervised" if state["config"]["cons_weight"] == 0 else "MT"
 
 
@@ -279,7 +281,7 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_
         if distances and len(results) == 1:
             pairs, eps, eps_label = checkpoint_distances(state, data, student, device)
             title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} ({state['stage']} epoch "
-                     f"{state['epoch']}): student features in the first {DISTANCE_BATCHES} batches")
+                     f"{state['epoch']}): student features, first {DISTANCE_IMAGES} images of the batch stream")
             plot_distances(pairs, eps, eps_label, title, distances)
             click.echo(json.dumps(dict(distances=str(distances), checkpoint=str(path), **pairs.summary(eps))))
     if len(results) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1

@@ -14,9 +14,14 @@ from kernels import lc_loss
 from model import SplitForward
 from runs import UserError
 
-# Batches of the run's stream (steps 0..N-1) whose features calibrate eps and measure distances:
-# 16 x 32 labeled images give about 8,000 labeled pairs, 16 x 160 x 128 LC pairs.
-DISTANCE_BATCHES = 16
+# Images of the first batches of the run's stream whose features calibrate eps and measure
+# distances: 16 batches of 32 + 128 give about 8,000 labeled pairs and 330,000 LC pairs.
+DISTANCE_IMAGES = 2560
+
+
+def distance_steps(batches):
+    """The steps (0, 1, ...) whose batches hold about DISTANCE_IMAGES images, at least 2."""
+    return range(max(2, round(DISTANCE_IMAGES / (batches.n_lab + batches.n_unl))))
 
 
 def mean_pair_d2(z_labeled, z_unlabeled):
@@ -38,7 +43,7 @@ def relative_lc_loss(z_labeled, z_unlabeled, ratio):
 
 
 @torch.no_grad()
-def lc_features(student, batches, split_forward=False, steps=range(DISTANCE_BATCHES)):
+def lc_features(student, batches, split_forward=False):
     """(z_labeled, z_unlabeled, labels) of each step's batch as the LC loss sees them: the student
     in training mode (batch means, dropout; labeled and unlabeled images in separate passes with
     split_forward) on its augmented view, in fp32. A copy runs them, so the student's running
@@ -46,8 +51,8 @@ def lc_features(student, batches, split_forward=False, steps=range(DISTANCE_BATC
     model = copy.deepcopy(student).train()
     if split_forward:
         model = SplitForward(model, batches.n_lab)
-    for step in steps:
-        view, _, labels = batches.views(step)
+    for step in distance_steps(batches):
+        view, _, labels = batches.views(step)  # both views, so that dropout draws as in training
         z = model(view)[0].float()
         yield z[:batches.n_lab], z[batches.n_lab:], labels
 
