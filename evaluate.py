@@ -60,8 +60,8 @@ def describe_lc(d):
             f"{d['d2_mean_end']:.3g} ({d['d2_mean_start'] / d['d2_mean_end']:.1f}x smaller)")
     if "teacher_error_at_lc_start" in d:
         line += (f"; test error at LC's start student {d['student_error_at_lc_start']:.2f}% teacher "
-                 f"{d['teacher_error_at_lc_start']:.2f}%, highest after it +{d['student_max_rise_after_lc_start']:.2f} "
-                 f"/ +{d['teacher_max_rise_after_lc_start']:.2f} points")
+                 f"{d['teacher_error_at_lc_start']:.2f}%, highest after it {d['student_max_rise_after_lc_start']:+.2f} "
+                 f"/ {d['teacher_max_rise_after_lc_start']:+.2f} points")
     return line
 
 
