@@ -257,8 +257,9 @@ class Trainer:
                 if error >= chance - 200 * math.sqrt(p * (1 - p) / len(idx)):
                     warnings.append(f"the {name}'s error on its {what} ends at {error:.1f}%, chance level "
                                     f"({chance:.1f}% always answers the most frequent class): it learned nothing usable"
-                                    + (f"; LC's eps={self.stage.lc_eps:g} or lambda2={self.stage.lc_weight:g} may be "
-                                       f"too large" if self.stage.name == "lc" else ""))
+                                    + (f"; unless it was there when LC started, LC's eps={self.stage.lc_eps:g} or "
+                                       f"lambda2={self.stage.lc_weight:g} may be too large" if self.stage.name == "lc"
+                                       else ""))
         return warnings
 
 
