@@ -117,7 +117,7 @@ def plot_curves(paths, out):
         records = [r for r in read_metrics(path) if "teacher_error" in r]
         if not records:
             raise UserError(f"{path} holds no evaluated epochs (is it a *_metrics.jsonl?)")
-        label = "MT+LC" if records[0]["stage"] == "lc" else "MT"
+        label = f"{'MT+LC' if records[0]['stage'] == 'lc' else 'MT'} ({Path(path).parent.name})"
         x = [r.get("global_epoch", r["epoch"]) for r in records]
         ax.plot(x, [r["student_error"] for r in records], "--", label=f"{label} student")
         ax.plot(x, [r["teacher_error"] for r in records], "-", label=f"{label} teacher")
@@ -281,7 +281,7 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_
         if distances and len(results) == 1:
             pairs, eps, eps_label = checkpoint_distances(state, data, student, device)
             title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} ({state['stage']} epoch "
-                     f"{state['epoch']}): student features, first {DISTANCE_IMAGES} images of the batch stream")
+                     f"{state['epoch']})\nstudent features as LC sees them, first {DISTANCE_IMAGES:,} images of the batch stream")
             plot_distances(pairs, eps, eps_label, title, distances)
             click.echo(json.dumps(dict(distances=str(distances), checkpoint=str(path), **pairs.summary(eps))))
     if len(results) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1

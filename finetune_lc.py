@@ -40,7 +40,7 @@ class EpsParam(click.ParamType):
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--ckpt", type=click.Path(dir_okay=False), required=True,
-              help="The MT checkpoint to start from (mt.pt: the end of MT's constant-lr phase, as in the paper).")
+              help="The MT checkpoint to start from (mt.pt: the state LC starts from, train_mt.py --lc-start-epoch).")
 @click.option("--eps", type=EpsParam(), default=None,
               help="LC cut-off on the mean squared feature distance d2, or auto: chosen from the MT checkpoint's "
                    "features where the labeled images' same-class and different-class distances part (printed "
