@@ -234,6 +234,8 @@ def plot_distances(distances, eps, eps_label, title, out):
               help="PNG of the test error per epoch of the --curves files (the paper's Fig. 2).")
 @click.option("--tsne", type=click.Path(dir_okay=False), default=None,
               help="PNG of a t-SNE of the first checkpoint's features (the paper's Figs. 5-6).")
+@click.option("--tsne-points", type=click.IntRange(min=10), default=2000,
+              help="Training and test images in each t-SNE panel (at most; t-SNE's time grows faster than linearly).")
 @click.option("--distances", type=click.Path(dir_okay=False), default=None,
               help="PNG of the pairwise d2 of the first checkpoint's student features as LC sees them (labeled "
                    "same-class, labeled different-class, LC pairs) with eps marked (an MT checkpoint: the eps that "
@@ -241,7 +243,7 @@ def plot_distances(distances, eps, eps_label, title, out):
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
 @click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_dir, seed, device):
+def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, tsne_points, distances, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, tables and figures."""
     ckpts = ckpts + more_ckpts
     if bool(curves) != bool(plot):
@@ -276,7 +278,7 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, distances, data_
             if "d2_ratio_start" in result:
                 click.echo(describe_lc(result))
         if tsne and len(results) == 1:
-            plot_tsne(state, data, teacher, device, tsne, seed)
+            plot_tsne(state, data, teacher, device, tsne, seed, tsne_points)
             click.echo(f"wrote {tsne}")
         if distances and len(results) == 1:
             pairs, eps, eps_label = checkpoint_distances(state, data, student, device)

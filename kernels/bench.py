@@ -111,7 +111,9 @@ def methods(device):
 @click.option("--time-budget", default=120.0, show_default=True,
               help="Skip a method at a size where its predicted time (from the last size, O(N^2)) exceeds this many seconds.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random features.")
-def main(sizes, dim, dtype, device, repeat, time_budget, seed):
+@click.option("--skip", type=click.Choice(["reference", "torch path", "compiled ref", "triton"]), multiple=True,
+              help="Leave out a method (repeat for several); e.g. 'compiled ref' saves its compilations.")
+def main(sizes, dim, dtype, device, repeat, time_budget, seed, skip):
     """Time and memory of the LC loss's implementations, forward + backward."""
     try:
         sizes = [int(s) for s in sizes.split(",")]
@@ -134,18 +136,20 @@ def main(sizes, dim, dtype, device, repeat, time_budget, seed):
         n_labeled = n // 5
         zl = torch.randn(n_labeled, dim, generator=gen).to(device, dtype).requires_grad_()
         zu = torch.randn(n - n_labeled, dim, generator=gen).to(device, dtype).requires_grad_()
-        for label, fn, skip in methods(device):
-            if skip is None and label in last:
+        for label, fn, why in methods(device):
+            if label in skip:
+                continue
+            if why is None and label in last:
                 prev_n, prev_ms = last[label]
                 predicted = prev_ms / 1e3 * (n / prev_n) ** 2 * (2 + repeat)
                 if device.type == "cpu" and predicted > time_budget:
-                    skip = f"predicted {predicted:.0f} s > --time-budget {time_budget:.0f} s"
-            if skip is None and device.type == "cpu" and label in ("reference", "compiled ref"):
+                    why = f"predicted {predicted:.0f} s > --time-budget {time_budget:.0f} s"
+            if why is None and device.type == "cpu" and label in ("reference", "compiled ref"):
                 need = dense_bytes(n_labeled, n - n_labeled, zl.element_size())
                 if need > 0.6 * available_bytes():
-                    skip = f"needs ~{need / 2**30:.0f} GiB, more than this machine can spare"
-            if skip is not None:
-                click.echo(f"{n:>6} {n_labeled:>6} {label:<13} skipped: {skip}")
+                    why = f"needs ~{need / 2**30:.0f} GiB, more than this machine can spare"
+            if why is not None:
+                click.echo(f"{n:>6} {n_labeled:>6} {label:<13} skipped: {why}")
                 continue
             try:
                 ms, peak = measure(fwd_bwd(fn, zl, zu), repeat)

@@ -233,7 +233,8 @@ def test_evaluate_several_checkpoints(mt_run):
 
 def test_results_table_curves_and_tsne(mt_run, tmp_path):
     ckpts = ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt"]
-    result = invoke(evaluate, [*ckpts, "--table", tmp_path / "t.md", "--tsne", tmp_path / "tsne.png"])
+    result = invoke(evaluate, [*ckpts, "--table", tmp_path / "t.md", "--tsne", tmp_path / "tsne.png",
+                               "--tsne-points", 300])
     assert result.exit_code == 0, result.output
     table = (tmp_path / "t.md").read_text()
     assert "| method | digits, 100 labels |" in table and "| MT | " in table and "(2) |" in table

@@ -110,12 +110,12 @@ def compile_for_sm90(source, options, target):
                 shared=compiled.metadata.shared, **ptxas_usage(log.getvalue()))
 
 
-def sweep(shapes):
+def sweep(shapes, dtypes):
     """One result per distinct compiled configuration that TritonLCLoss launches for these shapes."""
     target = GPUTarget("cuda", 90, 32)
     backend = triton.compiler.make_backend(target)
     seen = set()
-    for dtype in LC_LOSS_MODULE.DOT_DTYPES:
+    for dtype in dtypes:
         for shape in shapes:
             for kernel, args, kwargs in record_launches(dtype, *shape):
                 (options, signature, constexprs, attrs), int_classes = specialise(kernel, args, kwargs, backend)
@@ -144,14 +144,20 @@ def describe(error):
     return f"{type(error).__name__}: {str(error)[:1000]}\nroot cause: {type(root).__name__}: {root}{place}"
 
 
-def run_sweep(name, tmp_path):
-    """The sweep in a child Python without the interpreter; its kernel cache stays in tmp_path."""
+def run_sweep(name, tmp_path, children=os.cpu_count()):
+    """The sweep in child Pythons without the interpreter, the dtypes shared out among them (one a
+    core); their kernel caches stay in tmp_path."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, env=env, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-5000:]
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    procs = [subprocess.Popen([sys.executable, __file__, name, str(k), str(children)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for k in range(children)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err[-5000:]
+        results += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return results
 
 
 def assert_all_compile(results):
@@ -178,7 +184,7 @@ def assert_covers_every_config(results):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_sweep("classes", tmp_path_factory.mktemp("sweep"))  # about 75 s on one core
+    return run_sweep("classes", tmp_path_factory.mktemp("sweep"))  # about 75 s on one core, 40 on two
 
 
 def test_every_kernel_dtype_and_int_class_compiles_for_sm90(results):
@@ -192,5 +198,8 @@ def test_lc_loss_launches_spill_within_budget(results):
 
 
 if __name__ == "__main__":
-    for result in sweep(SHAPES[sys.argv[1] if len(sys.argv) > 1 else "classes"]):
+    # python tests/test_kernel_compile.py [classes|all] [K N]: the dtypes K, K + N, ... (all without K N)
+    part, parts = (int(a) for a in sys.argv[2:4]) if len(sys.argv) > 3 else (0, 1)
+    shapes = SHAPES[sys.argv[1] if len(sys.argv) > 1 else "classes"]
+    for result in sweep(shapes, list(LC_LOSS_MODULE.DOT_DTYPES)[part::parts]):
         print(json.dumps(result), flush=True)
