@@ -162,13 +162,11 @@ def cifar10(check):
     check.run("cifar10.log", "finetune_lc.py", "--ckpt", runs["mt"] / "mt.pt", "--epochs", c["lc_epochs"],
               "--decay-epochs", c["lc_decay"], "--lc-rampup", c["lc_rampup"], "--eval-every", 1,
               "--device", check.device.type, "--overwrite", "--out", lc_dir)
-    result = {}
-    for name, path in (("supervised", runs["supervised"] / "mt_final.pt"), ("MT", runs["mt"] / "mt_final.pt"),
-                       ("MT+LC", lc_dir / "lc.pt")):
-        out = check.run("cifar10.log", "evaluate.py", "--ckpt", path, "--json", "--device", check.device.type)
-        result[name] = json.loads(out.strip().splitlines()[-1])
-    check.run("cifar10.log", "evaluate.py", "--curves", runs["mt"] / "mt_metrics.jsonl", "--curves",
-              lc_dir / "lc_metrics.jsonl", "--plot", check.out / "cifar10_curves.png")
+    out = check.run("cifar10.log", "evaluate.py", "--ckpt", runs["supervised"] / "mt_final.pt", runs["mt"] / "mt_final.pt",
+                    lc_dir / "lc.pt", "--json", "--device", check.device.type, "--curves", runs["mt"] / "mt_metrics.jsonl",
+                    "--curves", lc_dir / "lc_metrics.jsonl", "--plot", check.out / "cifar10_curves.png")
+    checkpoints = [json.loads(line) for line in out.splitlines() if line.startswith("{") and "checkpoint" in line]
+    result = dict(zip(("supervised", "MT", "MT+LC"), checkpoints))
     result["epochs"] = {"supervised and MT": f"{c['epochs']}+{c['decay']}", "LC": f"{c['lc_epochs']}+{c['lc_decay']}",
                         "seconds per MT epoch": [r["time_s"] for r in read_metrics(runs["mt"] / "mt_metrics.jsonl")]}
     return result
