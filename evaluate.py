@@ -17,7 +17,7 @@ import torch
 from data import Batches, normalize, restore_data
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
-from neighbours import DISTANCE_IMAGES, PairDistances, lc_features, neighbourhood_at_start
+from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
 from training import test_error
 
 
@@ -39,6 +39,8 @@ def lc_diagnostics(state):
         return {}
     start, records = lc["start"], state["metrics"]
     evaluated = [r for r in records if "d2_ratio" in r]
+    if not evaluated:  # a resume checkpoint before LC's first evaluation
+        return {}
     after_ramp = [r["neighbour_fraction"] for r in records if r["epoch"] > lc["lc_rampup"]]
     result = dict(eps=lc["eps"], eps_scale=lc["eps_scale"], eps_auto=lc["eps_auto"],
                   max_neighbour_fraction_after_ramp=max(after_ramp, default=None),
@@ -186,8 +188,7 @@ def checkpoint_distances(state, data, student, device):
     distances = PairDistances.of_batches(lc_features(student, batches, split))
     lc = config.get("lc")
     if lc is None:
-        eps, _ = neighbourhood_at_start("auto", student, batches, split)
-        return distances, eps, "eps auto"
+        return distances, auto_eps(distances), "eps auto"
     if lc.get("eps_ratio"):
         return distances, lc["eps_ratio"] * distances.mean_d2, f"eps ({lc['eps_ratio']:.3g} x mean d2)"
     return distances, lc["eps"], "eps"

@@ -133,14 +133,20 @@ class PairDistances:
         return (low.clamp_min(1e-12) * high).sqrt().item()
 
 
+def auto_eps(distances):
+    """PairDistances.choose_eps, or exit 2 where it has no pairs to choose from."""
+    eps = distances.choose_eps()
+    if eps is None:
+        raise UserError("--eps auto needs labeled pairs of one class and of different classes in the first "
+                        "batches (--labeled-batch too small for the classes?); give --eps a number")
+    return eps
+
+
 def neighbourhood_at_start(eps, student, batches, split_forward=False):
     """(eps, the distances at LC's start): 'auto' becomes the cut-off where the labeled pairs'
-    same-class and different-class distances part (neighbours.PairDistances.choose_eps)."""
+    same-class and different-class distances part (auto_eps)."""
     distances = PairDistances.of_batches(lc_features(student, batches, split_forward))
     start = dict(eps_auto=eps == "auto")
     if eps == "auto":
-        eps = distances.choose_eps()
-        if eps is None:
-            raise UserError("--eps auto needs labeled pairs of one class and of different classes in the first "
-                            "batches (--labeled-batch too small for the classes?); give --eps a number")
+        eps = auto_eps(distances)
     return eps, dict(start, **distances.summary(eps))

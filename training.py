@@ -135,11 +135,11 @@ class Trainer:
         teacher.train()  # dropout on and batch means, as in both reference implementations
         student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
         teacher.to(memory_format=torch.channels_last)
-        # The BN running means are averaged over the processes after every step (average_buffers),
-        # not broadcast from rank 0.
         self.split_forward = config.get("forward", "joint") == "split"
         if self.split_forward:
             student, teacher = (SplitForward(m, self.batches.n_lab) for m in (student, teacher))
+        # The BN running means are averaged over the processes after every step (average_buffers),
+        # not broadcast from rank 0.
         model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
         compile_ = torch.compile if config.get("compile") else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
@@ -308,14 +308,16 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
                       time_s=round(time.perf_counter() - start, 3))
         if stage.name == "lc":
             record.update(lc=means[3], neighbour_fraction=means[4], all_neighbours=means[5] == 1.0)
+        evaluate = epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones
+        if evaluate:
+            trainer.recompute_bn_means()  # on every process, so that their running means stay identical
         if not procs.main:
             continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
         line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
                 f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
                 + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
                 + f" | {record['time_s']:.1f}s")
-        if epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones:
-            trainer.recompute_bn_means()
+        if evaluate:
             record.update(trainer.errors())
             line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
             if "student_val_error" in record:

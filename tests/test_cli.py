@@ -313,6 +313,12 @@ def test_all_neighbours_is_reported(mt_run, tmp_path):
     assert res.stderr.count("every LC pair was a neighbour in every step of epoch 1") == 1
     assert "epoch 2" not in res.stderr  # logged once
     assert [r["all_neighbours"] for r in lines(tmp_path / "lc_metrics.jsonl")] == [True, True]
+    # evaluate.py on a stage-2 checkpoint from before LC's first evaluation (a resume checkpoint)
+    state = torch.load(tmp_path / "lc.pt", weights_only=True)
+    state["metrics"] = state["metrics"][:1]
+    torch.save(state, tmp_path / "early.pt")
+    result = invoke(evaluate, ["--ckpt", tmp_path / "early.pt", "--json"])
+    assert result.exit_code == 0 and "d2_ratio_end" not in result.output, result.output
 
 
 def test_distances_plot_and_json(mt_run, tmp_path):

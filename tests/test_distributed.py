@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from data import balanced_split, load_digits
 from devices import Processes
 import training
-from training import Stage
+from training import Stage, fit
 from fakedata import tiny_trainer
 from kernels import lc_loss
 
@@ -62,6 +62,9 @@ def worker(rank, world, init_file, out_dir):
             trainer = digits_trainer(Processes(rank, world), scope)
             stats = [trainer.train_step(step, *trainer.batches.views(step)) for step in range(3)]
             seen[scope] = torch.stack(calls)
+        # An epoch of fit, which ends in an evaluation (the BN statistics recomputed) and checkpoints.
+        (Path(out_dir) / "fit").mkdir(exist_ok=True)
+        fit(trainer, Path(out_dir) / "fit", {}, echo=lambda line: None)
         torch.save(dict(lc=loss.detach(), grad_l=zl.grad, grad_u=zu.grad, stats=torch.stack(stats), seen=seen,
                         student=trainer.student.state_dict(), teacher=trainer.teacher.state_dict()),
                    Path(out_dir) / f"rank{rank}.pt")
@@ -94,7 +97,8 @@ def test_global_lc_and_processes_in_sync(tmp_path):
     torch.testing.assert_close(ranks[0]["seen"]["global"][:, 2], ranks[1]["seen"]["global"][:, 2], rtol=1e-6, atol=0)
     assert not torch.allclose(ranks[0]["seen"]["local"][:, 2], ranks[1]["seen"]["local"][:, 2], rtol=1e-3)
 
-    # Training steps: student, teacher and the BN running means identical on every rank.
+    # After training steps and an epoch of fit: student, teacher and the BN running means (recomputed
+    # at fit's evaluation) identical on every rank.
     assert torch.isfinite(ranks[0]["stats"]).all() and (ranks[0]["stats"][:, 3] > 0).all()  # LC acted
     for model in ("student", "teacher"):
         for key, value in ranks[0][model].items():
