@@ -1,28 +1,36 @@
-"""The data: datasets decoded once into uint8 tensors (N, 3, 32, 32), the labeled / unlabeled /
+"""The data: datasets decoded once into uint8 tensors (N, 3, S, S), the labeled / unlabeled /
 validation splits, the batch stream, augmentation and normalization, and the check of a dataset
 against a checkpoint's split.
 """
-import os
 import pickle
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, NamedTuple
 
+import click
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from images import CACHE_DIR_NAME, cache_dir, describe_bad, find_images, is_image_name, load_images
 from presets import DATASETS
 from runs import UserError, checkpoint_split
 
 
 @dataclass
 class ImageData:
-    train_x: torch.Tensor  # uint8 (N, 3, 32, 32)
-    train_y: torch.Tensor  # int64 (N,)
-    test_x: torch.Tensor
+    train_x: torch.Tensor  # uint8 (N, 3, S, S)
+    train_y: torch.Tensor  # int64 (N,); -1 for an image without a label (a folder's unlabeled/)
+    test_x: torch.Tensor   # may hold no images (a folder without test/)
     test_y: torch.Tensor
     classes: list
+    files: dict = None     # image folders: {"train": [...], "test": [...]} paths relative to the folder
+    skipped: list = field(default_factory=list)  # [(relative path, reason)] left out by --skip-bad-images
+
+    @property
+    def has_unlabeled_part(self):
+        """Whether some training images come without labels (a folder's unlabeled/)."""
+        return bool((self.train_y < 0).any())
 
     @property
     def num_classes(self):
@@ -75,7 +83,7 @@ def load_svhn(data_dir):
     return ImageData(train_x, train_y, test_x, test_y, [str(i) for i in range(10)])
 
 
-def load_cifar10(data_dir):
+def load_cifar10(data_dir, echo=click.echo):
     """CIFAR-10 from its pickled python batches (cifar-10-batches-py/data_batch_1..5, test_batch) or,
     without them, the same images in data_dir/train/<class>/*, data_dir/test/<class>/* (any format
     PIL reads, e.g. the JPEG copy of ../shared/data), with CIFAR-10's class folders."""
@@ -83,7 +91,7 @@ def load_cifar10(data_dir):
 
     batches = all((data_dir / f).is_file() for f in CIFAR10_FILES)
     if not batches and (data_dir / "train").is_dir() and (data_dir / "test").is_dir():
-        data = load_folder(data_dir)
+        data = load_folder(data_dir, echo=echo)
         if data.classes != CIFAR10_CLASSES:
             raise UserError(f"{data_dir}/train and /test hold the class folders {', '.join(data.classes)}, not "
                             f"CIFAR-10's {', '.join(CIFAR10_CLASSES)} (for other images use --dataset folder)")
@@ -112,15 +120,15 @@ def load_cifar10(data_dir):
     return ImageData(train_x, train_y, test_x, test_y, CIFAR10_CLASSES)
 
 
-def load_digits():
-    """scikit-learn's bundled 8x8 digits (1,797 images), upscaled to 3 x 32 x 32, with a fixed
+def load_digits(image_size=32):
+    """scikit-learn's bundled 8x8 digits (1,797 images), upscaled to 3 x S x S, with a fixed
     stratified 80/20 train/test split (seed 0)."""
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
 
     bunch = sk_digits()
     images = torch.from_numpy(bunch.images).float().div(16.0)[:, None]  # values 0..16
-    images = F.interpolate(images, size=32, mode="bilinear", align_corners=False)
+    images = F.interpolate(images, size=image_size, mode="bilinear", align_corners=False)
     images = (images.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
     labels = torch.from_numpy(bunch.target.astype(np.int64))
     train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=0.2, random_state=0,
@@ -130,54 +138,155 @@ def load_digits():
                      [str(i) for i in range(10)])
 
 
-def read_image(path):
-    """An image file as a uint8 (3, 32, 32) tensor: RGB, resized to 32 x 32."""
-    from PIL import Image
-    try:
-        with Image.open(path) as img:
-            img = img.convert("RGB").resize((32, 32), Image.BILINEAR)
-    except Exception as exc:
-        raise UserError(f"cannot read image {path}: {type(exc).__name__}") from None
-    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+def class_images(root, required=True):
+    """{class name: [image paths]} of root/<class>/** (sorted; any nesting inside a class folder).
+    Exit 2 naming the folder for a missing root (when required), no class folders, a class folder
+    without images, or images lying outside the class folders."""
+    if not root.is_dir():
+        if required:
+            raise UserError(f"{root} is missing (expected {root}/<class>/<image>)")
+        return {}
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != CACHE_DIR_NAME)
+    loose = [p.name for p in root.iterdir() if p.is_file() and is_image_name(p)]
+    if loose:
+        raise UserError(f"{root} holds images outside class folders ({', '.join(sorted(loose)[:3])}"
+                        f"{', ...' if len(loose) > 3 else ''}): put each in {root}/<class>/")
+    if not classes:
+        raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
+    groups = {c: find_images(root / c)[0] for c in classes}
+    empty = [c for c, paths in groups.items() if not paths]
+    if empty:
+        raise UserError(f"{root / empty[0]} holds no images" + (f" (nor do {len(empty) - 1} other class folders)"
+                                                                 if len(empty) > 1 else ""))
+    return groups
 
 
-def load_folder(data_dir):
-    """Images in ImageFolder layout: data_dir/train/<class>/*, data_dir/test/<class>/*, as RGB 32x32,
-    decoded on all cores (PIL releases the GIL while it decodes)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+class Part(NamedTuple):
+    """One part of an image folder (train, labeled, unlabeled or test), decoded."""
+    x: torch.Tensor    # uint8 images of the readable files
+    y: torch.Tensor    # their labels; -1 in unlabeled/
+    names: list        # their paths relative to the folder
+    bad: list          # [(relative path, reason)] of the files that cannot be read
+    commit: Callable   # writes the decode cache (after a miss), once the folder has passed its checks
 
-    def read(split):
-        root = data_dir / split
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        if not classes:
-            raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
-        try:
-            samples = make_dataset(str(root), {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS)
-        except FileNotFoundError as exc:
-            raise UserError(f"{root}: {str(exc).splitlines()[0]}") from None
-        with ThreadPoolExecutor(os.cpu_count()) as pool:
-            xs = list(pool.map(read_image, [path for path, _ in samples], chunksize=256))
-        return torch.stack(xs), torch.tensor([label for _, label in samples]), classes
-
-    train_x, train_y, classes = read("train")
-    test_x, test_y, test_classes = read("test")
-    if test_classes != classes:
-        raise UserError(f"train and test class folders differ in {data_dir}: "
-                        f"{sorted(set(classes) ^ set(test_classes))}")
-    return ImageData(train_x, train_y, test_x, test_y, classes)
+    @classmethod
+    def empty(cls, size):
+        return cls(torch.zeros(0, 3, size, size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), [], [],
+                   lambda: 0)
 
 
-def load_dataset(name, data_dir):
+def read_part(data_dir, part, groups, classes, size, echo):
+    """Decode one part (train, labeled, test: groups {class: paths}; unlabeled: groups {None: paths})
+    through the cache."""
+    root = data_dir / part
+    paths = [p for ps in groups.values() for p in ps]
+    labels = torch.tensor([-1 if c is None else classes.index(c) for c, ps in groups.items() for _ in ps],
+                          dtype=torch.long)
+    x, bad, commit = load_images(root, paths, part, size, echo, data_dir)
+    names = [f"{part}/{p.relative_to(root).as_posix()}" for p in paths]
+    bad = [(f"{part}/{p}", reason) for p, reason in bad]
+    good = torch.tensor([n not in {b for b, _ in bad} for n in names], dtype=torch.bool) if bad else None
+    if good is not None:
+        labels, names = labels[good], [n for n, g in zip(names, good.tolist()) if g]
+    return Part(x, labels, names, bad, commit)
+
+
+def is_own_layout(data_dir):
+    """Whether a folder holds your own images (labeled/, unlabeled/) rather than train/ and test/."""
+    return (Path(data_dir) / "labeled").exists() or (Path(data_dir) / "unlabeled").exists()
+
+
+def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
+    """A user's images, in one of two layouts:
+
+    - your own images: data_dir/labeled/<class>/** (every image labeled), data_dir/unlabeled/**
+      (any nesting; nothing but the pixels is read: their labels are -1) and, optionally,
+      data_dir/test/<class>/**;
+    - the benchmark layout: data_dir/train/<class>/**, data_dir/test/<class>/** (--labels draws the
+      labeled images from train, the rest are treated as unlabeled).
+
+    Images are RGB, resized to image_size, decoded on all cores once and cached (images.DecodeCache).
+    Unreadable files end the run with one message listing them (exit 2) unless skip_bad."""
     data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise UserError(f"--data-dir {data_dir} is not a folder")
+    own = is_own_layout(data_dir)
+    if not own and not (data_dir / "train").is_dir():
+        raise UserError(f"{data_dir} holds neither labeled/ (your own images: labeled/<class>/*, unlabeled/*, "
+                        f"optionally test/<class>/*) nor train/<class>/* with test/<class>/*")
+    if own:
+        train_groups = class_images(data_dir / "labeled")
+        unlabeled, _ = find_images(data_dir / "unlabeled") if (data_dir / "unlabeled").is_dir() else ([], 0)
+        if not unlabeled:
+            raise UserError(f"{data_dir / 'unlabeled'} holds no images (put the images without labels there, "
+                            f"any nesting)" if (data_dir / "unlabeled").is_dir() else
+                            f"{data_dir / 'unlabeled'} is missing (put the images without labels there, any nesting)")
+        test_groups = class_images(data_dir / "test", required=False)
+    else:
+        train_groups, unlabeled = class_images(data_dir / "train"), []
+        test_groups = class_images(data_dir / "test")
+    classes = sorted(train_groups)
+    where = data_dir / ("labeled" if own else "train")
+    if len(classes) < 2:
+        raise UserError(f"{where} holds one class folder ({classes[0]}): a classifier needs two or more")
+    foreign = sorted(set(test_groups) - set(classes))
+    if foreign and own:
+        raise UserError(f"{data_dir / 'test'} has class folders that {where} lacks: {', '.join(foreign)}")
+    if not own and sorted(test_groups) != classes:
+        raise UserError(f"train and test class folders differ in {data_dir}: "
+                        f"{sorted(set(classes) ^ set(test_groups))}")
+
+    parts = [("labeled" if own else "train", train_groups)] + [("unlabeled", {None: unlabeled})] * own
+    train = [read_part(data_dir, part, groups, classes, image_size, echo) for part, groups in parts]
+    test = read_part(data_dir, "test", test_groups, classes, image_size, echo) if test_groups else Part.empty(image_size)
+    bad = [b for part in train + [test] for b in part.bad]
+    if bad and not skip_bad:
+        raise UserError(describe_bad(bad, data_dir) + "; replace or remove them, or pass --skip-bad-images to "
+                        "train without them")
+    if bad:
+        echo(f"skipped {describe_bad(bad, data_dir, shown=3)}")
+    train_x, train_y = torch.cat([p.x for p in train]), torch.cat([p.y for p in train])
+    missing = [c for i, c in enumerate(classes) if not (train_y == i).any()]
+    if missing:
+        raise UserError(f"{where / missing[0]} holds no readable images")
+    written = sum(part.commit() for part in train + [test])
+    if written:
+        echo(f"cached the decoded images in {cache_dir(data_dir)} ({written / 2**20:.0f} MB; delete it at will: it is "
+             f"rebuilt when needed)")
+    files = dict(train=[n for p in train for n in p.names], test=test.names)
+    return ImageData(train_x, train_y, test.x, test.y, classes, files=files, skipped=bad)
+
+
+def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo):
+    """A dataset by name; image_size and skip_bad (leave unreadable files out) apply to image folders,
+    image_size to digits too (SVHN and CIFAR-10 are 32 x 32)."""
+    data_dir = Path(data_dir)
+    if name in ("svhn", "cifar10") and image_size != 32:
+        raise UserError(f"--image-size {image_size}: {name} is the paper's 32 x 32 (--image-size is for folder and digits)")
     if name == "svhn":
         return load_svhn(data_dir)
     if name == "cifar10":
-        return load_cifar10(data_dir)
+        return load_cifar10(data_dir, echo)
     if name == "digits":
-        return load_digits()
+        return load_digits(image_size)
     if name == "folder":
-        return load_folder(data_dir)
+        return load_folder(data_dir, image_size, skip_bad, echo)
     raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def own_split(labels, n_val, seed):
+    """A folder of your own images: every labeled image is labeled, every unlabeled one unlabeled;
+    n_val labeled images (stratified by class) are held out as a validation set, never trained on."""
+    from sklearn.model_selection import train_test_split
+    pool, unlabeled = (labels >= 0).nonzero().flatten(), (labels < 0).nonzero().flatten()
+    if n_val == 0:
+        return pool, unlabeled, torch.zeros(0, dtype=torch.long)
+    counts = torch.bincount(labels[pool])
+    if n_val < len(counts) or len(pool) - n_val < len(counts) or counts.min() < 2:
+        raise UserError(f"--val {n_val}: a hold-out stratified by class needs at least one image per class in it and "
+                        f"one left to train on ({len(pool)} labeled images, {counts.min().item()} in the smallest class)")
+    train, val = train_test_split(pool.numpy(), test_size=n_val, random_state=seed, stratify=labels[pool].numpy())
+    return torch.from_numpy(np.sort(train)), unlabeled, torch.from_numpy(np.sort(val))
 
 
 def balanced_split(labels, n_labeled, num_classes, seed):
@@ -252,9 +361,14 @@ class BatchStream:
         return lab, u
 
 
+def max_shift(image_size):
+    """The augmentation's translation in pixels: the paper's 2 at 32 x 32, in proportion at other sizes."""
+    return max(1, round(2 * image_size / 32))
+
+
 def augment(x, mean, std, flip, max_shift=2):
-    """Normalized, randomly translated (pad 2 with black, random 32x32 crop) and, for CIFAR-10,
-    randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
+    """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
+    CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
     b, _, h, w = x.shape
     padded = F.pad(x, (max_shift,) * 4)
     dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
@@ -297,6 +411,7 @@ class Batches:
         self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
         self.mean, self.std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
         self.flip = config["dataset"] == "cifar10"
+        self.max_shift = max_shift(config.get("image_size", 32))
 
     def views(self, step):
         """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
@@ -306,7 +421,7 @@ class Batches:
         lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
         idx = torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
         images = self.train_x[idx]
-        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip)
+        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip, self.max_shift)
                                       .contiguous(memory_format=torch.channels_last) for _ in range(2))
         return student_view, teacher_view, self.train_y[idx[:self.n_lab]]
 
@@ -319,10 +434,14 @@ class Batches:
             yield normalize(self.train_x[pick[i:i + batch_size]], self.mean, self.std)
 
 
-def restore_data(state, data_dir=None):
-    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it."""
+def restore_data(state, data_dir=None, echo=click.echo):
+    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
+    image folder must hold the very files it was trained on."""
     config = state["config"]
-    data = load_dataset(config["dataset"], data_dir or config["data_dir"])
+    where = data_dir or config["data_dir"]
+    data = load_dataset(config["dataset"], where, config.get("image_size", 32), config.get("skip_bad_images", False), echo)
+    if config.get("files") is not None:
+        check_same_files(config["files"], data.files, where)
     n_train = len(data.train_y)
     split = torch.cat(list(checkpoint_split(state).values()))
     if data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train:
@@ -330,3 +449,15 @@ def restore_data(state, data_dir=None):
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config['num_classes']} and {len(split)} in the checkpoint)")
     return data
+
+
+def check_same_files(then, now, where):
+    """Exit 2 if the image files of a folder differ from those a checkpoint was trained on."""
+    for part in ("train", "test"):
+        if then[part] == now[part]:
+            continue
+        gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]))
+        listing = "; ".join(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                            for what, names in (("missing", gone), ("new", new)) if names)
+        raise UserError(f"the images in {where} changed since the checkpoint was trained: {listing or 'another order'}; "
+                        f"restore them, or train again from stage 1")

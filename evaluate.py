@@ -1,14 +1,19 @@
-"""Test errors of checkpoints, the paper's results table, error curves and t-SNE pictures.
+"""Test errors of checkpoints, predictions for image files, the paper's results table, error
+curves and t-SNE pictures.
 
     python evaluate.py --ckpt lc.pt                                   # student and teacher test error
-    python evaluate.py --ckpt lc.pt --json                            # one JSON object on the last line
+    python evaluate.py --ckpt lc.pt --json                            # one JSON object, per-class errors too
+    python evaluate.py --ckpt lc.pt --predict photos/ --csv preds.csv  # a class for every image under photos/
+    python evaluate.py --ckpt lc.pt --confusion confusion.png          # the test set's confusion matrix
     python evaluate.py --ckpt runs/mt*/mt_final.pt runs/lc*/lc.pt --table results.md    # Table 1
     python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
     python evaluate.py --ckpt mt.pt --distances d2.png                 # where eps falls among the distances
 """
+import io
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import click
@@ -18,7 +23,8 @@ from data import Batches, normalize, restore_data
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
-from training import test_error
+from predictions import image_paths, predict_files, write_rows
+from training import predict_classes
 
 
 def method_name(state):
@@ -47,7 +53,7 @@ def lc_diagnostics(state):
                   d2_ratio_start=start["d2_ratio"], d2_ratio_end=evaluated[-1]["d2_ratio"],
                   d2_mean_start=start["d2_mean"], d2_mean_end=evaluated[-1]["d2_mean"])
     for model in ("student", "teacher"):
-        if f"{model}_error" in start:
+        if f"{model}_error" in start and all(f"{model}_error" in r for r in evaluated):
             result[f"{model}_error_at_lc_start"] = start[f"{model}_error"]
             result[f"{model}_max_rise_after_lc_start"] = (max(r[f"{model}_error"] for r in evaluated)
                                                          - start[f"{model}_error"])
@@ -220,12 +226,130 @@ def plot_distances(distances, eps, eps_label, title, out):
     plt.close(fig)
 
 
+def per_class_errors(y, predicted, classes):
+    """{class: {"count": test images of the class, "error": % of them misclassified}}."""
+    result = {}
+    for c, name in enumerate(classes):
+        mine = y == c
+        n = int(mine.sum())
+        result[name] = dict(count=n, error=100.0 * int((predicted[mine] != c).sum()) / n if n else None)
+    return result
+
+
+def plot_confusion(y, predicted, classes, title, out):
+    """The confusion matrix: counts in the cells, shading by the share of the true class's images."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import confusion_matrix
+    counts = confusion_matrix(y.cpu().numpy(), predicted.cpu().numpy(), labels=list(range(len(classes))))
+    shares = counts / counts.sum(1, keepdims=True).clip(min=1)
+    size = max(5.0, 0.55 * len(classes) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    if len(classes) <= 30:
+        for i in range(len(classes)):
+            for j in range(len(classes)):
+                ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8,
+                        color="white" if shares[i, j] > 0.5 else "black")
+    ax.set_xticks(range(len(classes)), classes, rotation=90 if len(classes) > 6 else 0)
+    ax.set_yticks(range(len(classes)), classes)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+
+
+def evaluate_checkpoint(path, state, data, student, teacher, device):
+    """The result of one checkpoint: test errors of both models, per class, and how LC went."""
+    config = state["config"]
+    mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+    x, y = data.test_x.to(device), data.test_y.to(device)
+    result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"], method=method_name(state),
+                  stage=state["stage"], epoch=state["epoch"], n_test=len(y))
+    per_class = {}
+    for name, model in (("student", student), ("teacher", teacher)):
+        predicted = predict_classes(model, x, mean, std)
+        result[f"{name}_error"] = 100.0 * (predicted != y).sum().item() / len(y) if len(y) else None
+        for cls, r in per_class_errors(y, predicted, data.classes).items():
+            per_class.setdefault(cls, dict(count=r["count"]))[f"{name}_error"] = r["error"]
+    result["per_class"] = per_class
+    return dict(result, **lc_diagnostics(state))
+
+
+def describe_result(result, state):
+    """The text lines of one checkpoint's result."""
+    config = state["config"]
+    head = (f"{result['checkpoint']}: {config['dataset']}, {config['labels']} labels, {result['method']} "
+            f"({state['stage']} epoch {state['epoch']}): ")
+    if not result["n_test"]:
+        return [head + "no test images (the folder has no test/)"]
+    lines = [head + f"test error student {result['student_error']:.2f}% teacher {result['teacher_error']:.2f}% "
+                    f"({result['n_test']} test images)"]
+    cells = [f"{cls} {r['teacher_error']:.1f}% ({r['count']})" for cls, r in result["per_class"].items() if r["count"]]
+    lines.append("  teacher's error per class (test images): " + ", ".join(cells))
+    if "d2_ratio_start" in result:
+        lines.append(describe_lc(result))
+    return lines
+
+
+def predict(path, state, targets, model_name, csv_path, batch_size, device):
+    """--predict: one CSV row per image file under targets, to csv_path or stdout. Returns the
+    number of files that could not be read."""
+    from tqdm import tqdm
+    config = state["config"]
+    student, teacher = restore_models(state, device)
+    model = teacher if model_name == "teacher" else student
+    mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+    paths, others = image_paths(targets)
+    if not paths:
+        raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
+                        + (f" ({others} other files)" if others else ""))
+    rows = predict_files(model, paths, config["classes"], config.get("image_size", 32), mean, std, device, batch_size)
+    rows = tqdm(rows, total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
+
+    def on_bad(p, reason):
+        rows.write(f"cannot read {p}: {reason}", file=sys.stderr)
+
+    counts = {}
+    if csv_path:
+        atomic_write(csv_path, lambda f: counts.update(
+            done=write_rows(io.TextIOWrapper(f, encoding="utf-8", newline="", write_through=True), rows, on_bad)))
+    else:
+        counts["done"] = write_rows(sys.stdout, rows, on_bad)
+    n, failed = counts["done"]
+    click.echo(f"predicted {n - failed:,} of {n:,} images with the {model_name} of {path}"
+               + (f" ({others} files that are not images ignored)" if others else "")
+               + (f"; {failed} could not be read (empty prediction)" if failed else "")
+               + (f"; wrote {csv_path}" if csv_path else ""), err=True)
+    return failed
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.argument("more_ckpts", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("more_paths", nargs=-1, type=click.Path())
 @click.option("--ckpt", "ckpts", type=click.Path(dir_okay=False), multiple=True,
               help="A checkpoint written by train_mt.py or finetune_lc.py. Several (one per seed): "
                    "--ckpt a.pt b.pt c.pt, or --ckpt repeated.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per checkpoint instead of text.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object per checkpoint instead of text: errors, per_class (each class's test "
+                   "images and error) and, for an LC run, how LC went.")
+@click.option("--predict", "predict_paths", type=click.Path(), multiple=True,
+              help="Image files or folders (searched recursively for the image types PIL reads) to classify with "
+                   "one checkpoint: --predict a/ b.jpg c/. Prints the CSV path,prediction,confidence,runner_up "
+                   "(the class, its softmax probability, the second most likely class), or writes it to --csv. An "
+                   "unreadable file gets an empty prediction, a message on stderr and exit code 1 at the end.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="With --predict: write the rows to this file instead of stdout.")
+@click.option("--model", "model_name", type=click.Choice(["teacher", "student"]), default="teacher",
+              help="The model that predicts (--predict) and whose confusion matrix is drawn (--confusion).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256,
+              help="Images decoded and classified at a time by --predict (its memory bound).")
+@click.option("--confusion", type=click.Path(dir_okay=False), default=None,
+              help="PNG of the first checkpoint's confusion matrix on the test set (counts; shading by the share "
+                   "of the true class).")
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
               help="Write the results as the paper's Table 1 (methods x settings, mean +- std over the "
                    "checkpoints) to this .md or .csv file.")
@@ -244,51 +368,66 @@ def plot_distances(distances, eps, eps_label, title, out):
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
 @click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, tsne_points, distances, data_dir, seed, device):
-    """Test errors (%) of the student and teacher of checkpoints, tables and figures."""
-    ckpts = ckpts + more_ckpts
+def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_size, confusion, table, curves, plot,
+         tsne, tsne_points, distances, data_dir, seed, device):
+    """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
+    and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
+    if predict_paths:
+        predict_paths += more_paths
+    else:
+        ckpts += more_paths
     if bool(curves) != bool(plot):
         raise UserError("--curves and --plot go together")
     if table and Path(table).suffix not in (".md", ".csv"):
         raise UserError(f"--table must end in .md or .csv, got {table}")
-    if (table or tsne or distances) and not ckpts:
-        raise UserError("--table, --tsne and --distances need at least one --ckpt")
+    if csv_path and not predict_paths:
+        raise UserError("--csv goes with --predict")
+    if predict_paths and (len(ckpts) != 1 or as_json or table or curves or tsne or distances or confusion):
+        raise UserError("--predict takes exactly one --ckpt and no other output (--json, --table, --curves, --tsne, "
+                        "--distances, --confusion): run evaluate.py again for those")
+    if (table or tsne or distances or confusion) and not ckpts:
+        raise UserError("--table, --tsne, --distances and --confusion need at least one --ckpt")
     if not ckpts and not curves:
         raise UserError("nothing to do: give --ckpt, or --curves with --plot")
     torch.manual_seed(seed)
     device = pick_device(device)
     states = [load_checkpoint(path) for path in ckpts]  # every file checked before any work
+    if predict_paths:
+        failed = predict(ckpts[0], states[0], predict_paths, model_name, csv_path, batch_size, device)
+        sys.exit(1 if failed else 0)
     results = []
     for path, state in zip(ckpts, states):
         config = state["config"]
         data = restore_data(state, data_dir)
         student, teacher = restore_models(state, device)
-        mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
-        x, y = data.test_x.to(device), data.test_y.to(device)
-        result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"],
-                      method=method_name(state), stage=state["stage"], epoch=state["epoch"], n_test=len(y),
-                      student_error=test_error(student, x, y, mean, std),
-                      teacher_error=test_error(teacher, x, y, mean, std), **lc_diagnostics(state))
+        result = evaluate_checkpoint(path, state, data, student, teacher, device)
         results.append(result)
-        if as_json:
-            click.echo(json.dumps(result))
-        else:
-            click.echo(f"{path}: {config['dataset']}, {config['labels']} labels, {result['method']} "
-                       f"({state['stage']} epoch {state['epoch']}): test error student {result['student_error']:.2f}% "
-                       f"teacher {result['teacher_error']:.2f}% ({len(y)} test images)")
-            if "d2_ratio_start" in result:
-                click.echo(describe_lc(result))
-        if tsne and len(results) == 1:
+        click.echo(json.dumps(result) if as_json else "\n".join(describe_result(result, state)))
+        first = len(results) == 1
+        if confusion and first:
+            if not len(data.test_y):
+                raise UserError("--confusion needs test images; the checkpoint's folder has no test/")
+            model = teacher if model_name == "teacher" else student
+            mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+            predicted = predict_classes(model, data.test_x.to(device), mean, std)
+            title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} {model_name} "
+                     f"({state['stage']} epoch {state['epoch']}): test error {result[model_name + '_error']:.2f}%")
+            plot_confusion(data.test_y, predicted, data.classes, title, confusion)
+            click.echo(f"wrote {confusion}")
+        if tsne and first:
+            if not len(data.test_y):
+                raise UserError("--tsne needs test images; the checkpoint's folder has no test/")
             plot_tsne(state, data, teacher, device, tsne, seed, tsne_points)
             click.echo(f"wrote {tsne}")
-        if distances and len(results) == 1:
+        if distances and first:
             pairs, eps, eps_label = checkpoint_distances(state, data, student, device)
             title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} ({state['stage']} epoch "
                      f"{state['epoch']})\nstudent features as LC sees them, first {DISTANCE_IMAGES:,} images of the batch stream")
             plot_distances(pairs, eps, eps_label, title, distances)
             click.echo(json.dumps(dict(distances=str(distances), checkpoint=str(path), **pairs.summary(eps))))
-    if len(results) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1
-        _, _, rows = results_table(results)
+    tested = [r for r in results if r["n_test"]]
+    if len(tested) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1
+        _, _, rows = results_table(tested)
         for row in rows:
             if as_json:
                 click.echo(json.dumps(row))
@@ -297,7 +436,7 @@ def main(more_ckpts, ckpts, as_json, table, curves, plot, tsne, tsne_points, dis
                            f"student {row['student_mean']:.2f} +- {row['student_std']:.2f}%, "
                            f"teacher {row['teacher_mean']:.2f} +- {row['teacher_std']:.2f}%")
     if table:
-        write_table(table, results)
+        write_table(table, tested)
         click.echo(f"wrote {table}")
     if curves:
         plot_curves(curves, plot)

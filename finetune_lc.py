@@ -14,13 +14,13 @@ from pathlib import Path
 
 import click
 
-from presets import preset, preset_help
+from presets import preset, preset_help, ramp_epochs
 from data import Batches, restore_data
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
                   resume_checkpoint, stop_on_signals)
 from devices import processes, resolve_precision
 from neighbours import neighbourhood_at_start
-from training import Stage, Trainer, fit, report_benchmark, restore_training, speed_options
+from training import Stage, Trainer, describe_errors, fit, report_benchmark, restore_training, speed_options
 
 OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
 
@@ -97,7 +97,8 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
             raise UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
         config = dict(state["config"])
         config["seed"] = seed if seed is not None else config["seed"]
-        defaults = preset(config["dataset"], config["labels"])
+        steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config["unlabeled_batch"])
+        defaults = preset(config["dataset"], config["labels"], steps_per_epoch)
         eps = eps if eps is not None else defaults["eps"]
         eps_scale = eps_scale or defaults["eps_scale"]
         lam = lam if lam is not None else defaults["lam"]
@@ -115,16 +116,20 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
         eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config.get("forward") == "split"))
         mt_record = state["metrics"][-1] if state.get("metrics") else {}
         start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
+        epochs = epochs or defaults["lc_epochs"]
+        decay_epochs = decay_epochs if decay_epochs is not None else defaults["lc_decay_epochs"]
+        if lc_rampup is None:
+            lc_rampup = (defaults["lc_rampup"] if defaults["lc_rampup"] is not None
+                         else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
                             eps_ratio=eps / start["d2_mean"] if eps_scale == "relative" else None, start=start,
-                            lam=lam, lc_rampup=lc_rampup if lc_rampup is not None else defaults["lc_rampup"],
-                            epochs=epochs or defaults["lc_epochs"],
-                            decay_epochs=decay_epochs if decay_epochs is not None else defaults["lc_decay_epochs"],
+                            lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
         lc = config["lc"]
         procs.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
-                   f"lambda2 {lam}, {lc['epochs']}+{lc['decay_epochs']} epochs, "
+                   f"lambda2 {lam}, {epochs}+{decay_epochs} epochs of {steps_per_epoch} steps "
+                   f"({(epochs + decay_epochs) * steps_per_epoch:,} steps, LC ramp {round(lc_rampup * steps_per_epoch):,}), "
                    f"device {device} x {procs.world}, {config['precision']}, LC scope {lc_scope}")
         procs.echo(f"finetune_lc: eps {eps:.4g} ({'auto' if start['eps_auto'] else 'given'}, {eps_scale}"
                    + (f": {lc['eps_ratio']:.3g} x the batch's mean d2" if lc["eps_ratio"] else "") + ") gives a "
@@ -161,7 +166,7 @@ def run(trainer, out, start_epoch):
         last = fit(trainer, out, {lc["epochs"] + lc["decay_epochs"]: ["lc.pt"]}, start_epoch=start_epoch,
                    echo=trainer.procs.echo)
     if trainer.procs.main:
-        click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
+        click.echo(f"done: {describe_errors(last)}; "
                    f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")
 
 

@@ -1,7 +1,8 @@
 """The paper's protocol per dataset (Section 5.1) as default settings, and their --help text.
 
-Schedules are in epochs; an epoch is one pass over the unlabeled set. digits is the small offline
-quickstart; folder is a user's own images.
+An epoch is one pass over the unlabeled set. Schedules are in epochs for the paper's datasets and
+digits; for folder, a user's own images, whose count sets how long an epoch is, they are in steps
+(FOLDER_STEPS) and become epochs once the data is known.
 """
 
 
@@ -26,25 +27,47 @@ PRESETS = {
     "digits": dict(labels=100, epochs=100, decay_epochs=50, ema=0.99, cons_rampup=30, bn_momentum=0.02,
                    forward="joint", lc_start_epoch=None, lc_epochs=20, lc_decay_epochs=30, lc_rampup=10, eps="auto",
                    eps_scale="relative", lam=2.0, eval_every=10),
-    "folder": dict(labels=None, epochs=300, decay_epochs=200, ema=0.99, cons_rampup=5, bn_momentum=0.001,
-                   forward="joint", lc_start_epoch=None, lc_epochs=100, lc_decay_epochs=200, lc_rampup=50,
-                   eps="auto", eps_scale="relative", lam=20.0, eval_every=10),
+    # folder: epochs, ramps and eval_every come from FOLDER_STEPS.
+    "folder": dict(labels=None, epochs=None, decay_epochs=None, ema=0.99, cons_rampup=None, bn_momentum=0.001,
+                   forward="joint", lc_start_epoch=None, lc_epochs=None, lc_decay_epochs=None, lc_rampup=None,
+                   eps="auto", eps_scale="relative", lam=20.0, eval_every=None),
 }
+# folder's schedule in steps. The ramps are a share of their stage's steps, never under
+# MIN_RAMP_STEPS: on small data a ramp of tens of steps made MT worse than supervised-only.
+FOLDER_STEPS = dict(epochs=5000, decay_epochs=1000, lc_epochs=1000, lc_decay_epochs=1000, eval_every=500)
+RAMP_SHARE = dict(cons_rampup=0.2, lc_rampup=0.25)
+MIN_RAMP_STEPS = 300
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
 CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)
 DATASETS = tuple(PRESETS)
 
 
-def preset(dataset, labels):
-    """The protocol's defaults for a dataset, and for CIFAR-10 with 2,000 labels its own."""
+def preset(dataset, labels, steps_per_epoch=None):
+    """The protocol's defaults for a dataset, and for CIFAR-10 with 2,000 labels its own. For folder,
+    given steps_per_epoch, the schedule of FOLDER_STEPS in whole epochs (the ramps stay None: see
+    ramp_epochs)."""
     values = dict(PRESETS[dataset])
     if dataset == "cifar10" and labels == 2000:
         values.update(CIFAR10_2000)
+    if dataset == "folder" and steps_per_epoch:
+        values.update({key: max(0 if "decay" in key else 1, round(steps / steps_per_epoch))
+                       for key, steps in FOLDER_STEPS.items()})
     return values
 
 
+def ramp_epochs(key, stage_epochs, steps_per_epoch):
+    """folder's ramp (cons_rampup or lc_rampup) in epochs: its share of the stage's epochs, at least
+    MIN_RAMP_STEPS steps and at most the whole stage."""
+    steps = max(RAMP_SHARE[key] * stage_epochs * steps_per_epoch, MIN_RAMP_STEPS)
+    return min(steps, stage_epochs * steps_per_epoch) / steps_per_epoch
+
+
 def preset_help(key):
-    """'[default: svhn 300, cifar10 800, ...]' for an option's --help, from PRESETS."""
+    """'[default: svhn 300, cifar10 800, ...]' for an option's --help, from PRESETS (folder's in steps)."""
     values = ", ".join(f"{name} {p[key]}" for name, p in PRESETS.items() if p[key] is not None)
     extra = f"; cifar10 with 2000 labels {CIFAR10_2000[key]}" if key in CIFAR10_2000 else ""
+    if key in FOLDER_STEPS:
+        extra += f"; folder: the epochs nearest {FOLDER_STEPS[key]:,} steps"
+    elif key in RAMP_SHARE:
+        extra += f"; folder: {RAMP_SHARE[key]:.0%} of the stage's steps, at least {MIN_RAMP_STEPS}"
     return f"[default: {values}{extra}]"

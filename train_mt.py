@@ -14,12 +14,14 @@ from pathlib import Path
 import click
 import torch
 
-from presets import DATASETS, PRESETS, preset, preset_help
+from presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
 from model import build_models
-from data import augment, balanced_split, channel_stats, hold_out, load_dataset, restore_data
+from data import (augment, balanced_split, channel_stats, hold_out, is_own_layout, load_dataset, max_shift,
+                  own_split, restore_data)
+from images import check_image_size
 from runs import UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, stop_on_signals
 from devices import processes, resolve_precision
-from training import Stage, Trainer, fit, make_optimizer, report_benchmark, restore_training, speed_options
+from training import Stage, Trainer, describe_errors, fit, make_optimizer, report_benchmark, restore_training, speed_options
 
 OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 
@@ -27,14 +29,19 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--dataset", type=click.Choice(DATASETS), default="digits",
               help="svhn / cifar10 (downloaded into --data-dir), digits (bundled with scikit-learn, offline), "
-                   "folder (--data-dir/train/<class>/* and --data-dir/test/<class>/*).")
+                   "folder: your own images in --data-dir, either labeled/<class>/* (every image labeled), "
+                   "unlabeled/* (any nesting) and optionally test/<class>/*, or the benchmark layout "
+                   "train/<class>/* and test/<class>/* with --labels.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default="./data", help="Where the dataset files are or go.")
 @click.option("--labels", type=int, default=None,
-              help=f"Labeled training images, balanced over classes; required for folder. {preset_help('labels')}")
+              help="Labeled training images drawn from the training set, balanced over classes; needed for a folder "
+                   "in the benchmark layout, not for one with labeled/ and unlabeled/ (all of labeled/ is used). "
+                   f"{preset_help('labels')}")
 @click.option("--split-seed", type=int, default=0, help="Seed of the labeled/unlabeled/validation split.")
 @click.option("--val", type=click.IntRange(min=0), default=0,
-              help="Hold out this many unlabeled training images (never trained on) as a validation set, "
-                   "reported at every evaluation, for model selection that never looks at the test set.")
+              help="Hold out this many training images (never trained on) as a validation set, reported at every "
+                   "evaluation, for model selection that never looks at the test set: unlabeled ones, or for a "
+                   "folder with labeled/, labeled ones (stratified by class).")
 @click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
 @click.option("--unlabeled-batch", type=click.IntRange(min=1), default=128,
               help="Unlabeled images per step; an epoch is one pass over the unlabeled set.")
@@ -62,6 +69,13 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
               help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
                    f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
+@click.option("--image-size", type=click.IntRange(min=16), default=32,
+              help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32). "
+                   "The network pools globally, so 64 or 96 work, at 4x or 9x the compute; the augmentation's "
+                   "shift scales with it. Evaluation and prediction use the checkpoint's.")
+@click.option("--skip-bad-images", is_flag=True,
+              help="Train without the image files that cannot be read (they are listed); without this flag they "
+                   "end the run with exit code 2 before it trains.")
 @click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: .]")
@@ -71,8 +85,8 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
                    "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
 @speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, seed, device, out, overwrite, resume,
-         precision, compile_, benchmark):
+         lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, image_size, skip_bad_images,
+         seed, device, out, overwrite, resume, precision, compile_, benchmark):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
@@ -88,39 +102,61 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                                    device, procs)
             run(trainer, out, start_epoch=state["epoch"])
             return
-        defaults = preset(dataset, labels)
-        labels = labels if labels is not None else defaults["labels"]
-        if labels is None:
-            raise UserError("--labels is required for --dataset folder")
+        own = dataset == "folder" and is_own_layout(data_dir)
+        if own and labels is not None:
+            raise UserError(f"--labels: every image in {Path(data_dir) / 'labeled'} is labeled and those in "
+                            f"{Path(data_dir) / 'unlabeled'} are not; leave --labels out (to use fewer labels, move "
+                            f"images from labeled/ to unlabeled/)")
+        labels = labels if labels is not None else preset(dataset, labels)["labels"]
+        if labels is None and not own:
+            raise UserError(f"--labels is required for --dataset folder in the benchmark layout ({data_dir}/train/<class>): "
+                            f"how many training images keep their labels")
+        check_image_size(image_size)
+        existing = existing_outputs(out, outputs, overwrite)
+
+        data = load_dataset(dataset, data_dir, image_size, skip_bad_images, procs.echo)
+        if own:
+            labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, val, split_seed)
+            labels = len(labeled_idx)
+        else:
+            labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, split_seed)
+            unlabeled_idx, val_idx = hold_out(unlabeled_idx, val, split_seed)
+        if len(data.test_y) == 0:
+            procs.echo(f"train_mt: {Path(data_dir) / 'test'} is missing, so there is no test error"
+                       + (f"; the validation error of the {val} held-out labeled images is reported instead" if val else
+                          "; --val N holds out N labeled images (never trained on) for an error to watch"))
+        split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
+        steps_per_epoch = max(1, len(unlabeled_idx) // unlabeled_batch)
+        defaults = preset(dataset, labels, steps_per_epoch)
         epochs = epochs or defaults["epochs"]
         decay_epochs = decay_epochs if decay_epochs is not None else defaults["decay_epochs"]
+        if cons_rampup is None:
+            cons_rampup = (defaults["cons_rampup"] if defaults["cons_rampup"] is not None
+                           else ramp_epochs("cons_rampup", epochs + decay_epochs, steps_per_epoch))
         lc_start_epoch = lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
         if lc_start_epoch > epochs + decay_epochs:
             raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")
-        existing = existing_outputs(out, outputs, overwrite)
-
-        data = load_dataset(dataset, data_dir)
-        labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, split_seed)
-        unlabeled_idx, val_idx = hold_out(unlabeled_idx, val, split_seed)
-        split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
         mean, std = channel_stats(data.train_x)
         config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
                       val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
+                      image_size=image_size, skip_bad_images=skip_bad_images, files=data.files,
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
-                      cons_rampup=cons_rampup if cons_rampup is not None else defaults["cons_rampup"],
-                      epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
-                      forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"], eval_every=eval_every or defaults["eval_every"],
+                      cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
+                      forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
+                      eval_every=eval_every or defaults["eval_every"],
                       precision=resolve_precision(precision, device), compile=compile_, processes=procs.world)
-        procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {val} validation / "
-                   f"{len(data.test_y)} test, width {width}, {epochs}+{decay_epochs} epochs (mt.pt after epoch "
-                   f"{lc_start_epoch}), {config['forward']} forward, device {device} x {procs.world}, "
-                   f"{config['precision']}")
+        procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(val_idx)} validation / "
+                   f"{len(data.test_y)} test, {image_size} px, width {width}, {epochs}+{decay_epochs} epochs of "
+                   f"{steps_per_epoch} steps ({(epochs + decay_epochs) * steps_per_epoch:,} steps, consistency ramp "
+                   f"{round(cons_rampup * steps_per_epoch):,}; mt.pt after epoch {lc_start_epoch}), {config['forward']} "
+                   f"forward, device {device} x {procs.world}, {config['precision']}")
 
         torch.manual_seed(seed)  # every process builds the same networks; DDP checks they agree
         student, teacher = build_models(config, device)
         first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
-        student.data_init(augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10"))
+        student.data_init(augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10",
+                                  max_shift(image_size)))
         teacher.load_state_dict(student.state_dict())
         optimizer = make_optimizer(student, lr)
         trainer = make_trainer(config, data, split, student, teacher, optimizer, device, procs)
@@ -148,7 +184,7 @@ def run(trainer, out, start_epoch):
     with stop_on_signals():
         last = fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
     if trainer.procs.main:
-        click.echo(f"done: test error student {last['student_error']:.2f}% teacher {last['teacher_error']:.2f}%; "
+        click.echo(f"done: {describe_errors(last)}; "
                    f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
 
 

@@ -59,16 +59,19 @@ def consistency_loss(student_logits, teacher_logits):
 
 
 @torch.no_grad()
-def test_error(model, x, y, mean, std, batch_size=500):
-    """Error (%) of the model in eval mode on uint8 images x with labels y."""
+def predict_classes(model, x, mean, std, batch_size=500):
+    """The class the model (in eval mode) gives each of the uint8 images x."""
     was_training = model.training
     model.eval()
-    wrong = 0
-    for i in range(0, len(x), batch_size):
-        _, logits = model(normalize(x[i:i + batch_size], mean, std))
-        wrong += (logits.argmax(1) != y[i:i + batch_size]).sum().item()
+    classes = torch.cat([model(normalize(x[i:i + batch_size], mean, std))[1].argmax(1)
+                         for i in range(0, len(x), batch_size)]) if len(x) else torch.zeros(0, dtype=torch.long)
     model.train(was_training)
-    return 100.0 * wrong / len(x)
+    return classes
+
+
+def test_error(model, x, y, mean, std):
+    """Error (%) of the model in eval mode on uint8 images x with labels y."""
+    return 100.0 * (predict_classes(model, x, mean, std) != y).sum().item() / len(x)
 
 
 def make_optimizer(student, lr):
@@ -226,10 +229,12 @@ class Trainer:
             recompute_bn_means(model, self.batches.training_images(BN_IMAGES))
 
     def errors(self):
-        """Errors (%) of student and teacher on the test set, on their own labeled images and on the
-        validation hold-out if there is one."""
+        """Errors (%) of student and teacher on the test set if there is one, on their own labeled
+        images and on the validation hold-out if there is one."""
         b = self.batches
-        sets = dict(error=(self.test_x, self.test_y), labeled_error=(b.train_x[b.lab_idx], b.train_y[b.lab_idx]))
+        sets = dict(labeled_error=(b.train_x[b.lab_idx], b.train_y[b.lab_idx]))
+        if len(self.test_y):
+            sets["error"] = (self.test_x, self.test_y)
         if len(b.val_idx):
             sets["val_error"] = (b.train_x[b.val_idx], b.train_y[b.val_idx])
         return {f"{name}_{key}": test_error(model, x, y, b.mean, b.std)
@@ -263,6 +268,13 @@ class Trainer:
         return warnings
 
 
+def describe_errors(record):
+    """'test error student x% teacher y% | val error ...' of an evaluated record, for people."""
+    parts = [f"{name} error student {record[f'student{key}_error']:.2f}% teacher {record[f'teacher{key}_error']:.2f}%"
+             for name, key in (("test", ""), ("val", "_val")) if f"student{key}_error" in record]
+    return " | ".join(parts) or "no test set, no validation hold-out"
+
+
 def epoch_progress(steps, label, show, echo):
     """An epoch's steps, with progress shown inside it where `show`: a tqdm bar on a terminal, else
     (a log file, a job scheduler) a plain line every PROGRESS_EVERY steps."""
@@ -278,6 +290,35 @@ def epoch_progress(steps, label, show, echo):
                 echo(f"{label}: step {done}/{len(steps)}, {(time.perf_counter() - start) / done:.3f} s/step")
 
 
+class TimeEstimate:
+    """Says once, after the first steps of a run, how many steps are left and how long they will take
+    on this device at the speed of steps WARMUP+1 .. WARMUP+TIMED (the first ones pay for setup)."""
+    WARMUP, TIMED = 2, 10
+
+    def __init__(self, name, steps, device, echo):
+        self.name, self.steps, self.device, self.echo = name, steps, device, echo
+        self.done, self.start = 0, None
+
+    def tick(self):
+        self.done += 1
+        if self.done == self.WARMUP:
+            sync(self.device)
+            self.start = time.perf_counter()
+        elif self.done == self.WARMUP + self.TIMED and self.steps > self.done:
+            sync(self.device)
+            per_step = (time.perf_counter() - self.start) / self.TIMED
+            self.echo(f"{self.name}: {self.steps:,} steps at {per_step:.3f} s/step on this device: about "
+                      f"{format_duration(per_step * self.steps)} in all, evaluations not counted")
+
+
+def format_duration(seconds):
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
     """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
     process writes the state to each name in milestones[epoch], then to the resume checkpoint
@@ -290,6 +331,8 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
     out = Path(out)
     metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
     record = metrics[-1] if metrics else None
+    estimate = TimeEstimate(stage.name, (total_epochs - start_epoch) * spe, trainer.device, echo if procs.main else
+                            (lambda line: None))
     for epoch in range(start_epoch + 1, total_epochs + 1):
         start = time.perf_counter()
         sums = torch.zeros(6, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
@@ -297,6 +340,7 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
         for step in epoch_progress(range(first, first + spe), f"{stage.name} epoch {epoch}/{total_epochs}",
                                    procs.main, echo):
             sums += trainer.train_step(step, *trainer.batches.views(step))
+            estimate.tick()
         if procs.world > 1:
             dist.all_reduce(sums)
         means = (sums / (spe * procs.world)).tolist()
@@ -319,10 +363,7 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
                 + f" | {record['time_s']:.1f}s")
         if evaluate:
             record.update(trainer.errors())
-            line += f" | test error student {record['student_error']:.2f}% teacher {record['teacher_error']:.2f}%"
-            if "student_val_error" in record:
-                line += (f" | val error student {record['student_val_error']:.2f}% "
-                         f"teacher {record['teacher_val_error']:.2f}%")
+            line += f" | {describe_errors(record)}"
             if stage.name == "lc":
                 record.update(trainer.distance_summary())
                 line += f" | d2 same/different {record['d2_ratio']:.3f} mean {record['d2_mean']:.3g}"

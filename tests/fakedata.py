@@ -68,3 +68,25 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None):
     split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled,
                  val_idx=val if val is not None else torch.zeros(0, dtype=torch.long))
     return Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs)
+
+
+def write_own_folder(root, classes=("cat", "dog", "owl"), n_labeled=6, n_unlabeled=30, n_test=3, size=(40, 30),
+                     unlabeled_dirs=("", "a", "a/b"), seed=0):
+    """Your own images: root/labeled/<class>/*.png, root/unlabeled/** (spread over nested folders)
+    and, if n_test, root/test/<class>/*.png. Each class has its own mean colour, so it is learnable."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+
+    def image(c):
+        base = np.array([60 + 70 * (c % 3), 60 + 50 * (c // 3 % 3), 200 - 60 * (c % 2)])
+        return Image.fromarray(np.clip(base + rng.normal(0, 30, (size[1], size[0], 3)), 0, 255).astype(np.uint8))
+    for part, n in (("labeled", n_labeled), ("test", n_test)):
+        for k, c in enumerate(classes):
+            folder = Path(root) / part / c
+            for i in range(n):
+                folder.mkdir(parents=True, exist_ok=True)
+                image(k).save(folder / f"{i}.png")
+    for i in range(n_unlabeled):
+        folder = Path(root) / "unlabeled" / unlabeled_dirs[i % len(unlabeled_dirs)]
+        folder.mkdir(parents=True, exist_ok=True)
+        image(i % len(classes)).save(folder / f"u{i:04d}.png")

@@ -60,6 +60,9 @@ def test_missing_files_name_what_to_place(tmp_path, monkeypatch, name, missing):
 
 
 def test_folder_errors(tmp_path):
+    with pytest.raises(UserError, match="holds neither labeled/"):
+        load_dataset("folder", tmp_path)
+    (tmp_path / "train").mkdir()
     with pytest.raises(UserError, match="no class folders"):
         load_dataset("folder", tmp_path)
     write_folder(tmp_path)

@@ -1,0 +1,128 @@
+"""Build an "own images" folder from a labeled dataset, and score predictions against the classes
+kept aside. For the README's "Your own images" acceptance runs; a user with real images of their
+own needs none of this.
+
+    python examples/own_images.py cifar10 --archive ../shared/data/cifar10-jpeg.tar.xz --out data/own-cifar
+    python examples/own_images.py digits --out data/own-digits
+    python examples/own_images.py score --truth data/own-cifar-truth.csv --predictions preds.csv
+
+The folder gets labeled/<class>/* (--per-class images each), unlabeled/* (flat, shuffled, named
+u00000.<ext>... so that no name says the class) and test/<class>/*. The true classes of the
+unlabeled images go to <out>-truth.csv beside the folder, never inside it.
+"""
+import csv
+import random
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import click
+
+
+def write_folder(out, labeled, unlabeled, test, seed):
+    """labeled / test: {class: [source files]}; unlabeled: [(source file, class)]. Copies the files
+    (bytes unchanged) and returns the rows of the truth file."""
+    out = Path(out)
+    if out.exists():
+        raise click.UsageError(f"{out} exists; choose a new --out")
+    for part, groups in (("labeled", labeled), ("test", test)):
+        for name, files in groups.items():
+            (out / part / name).mkdir(parents=True)
+            for f in files:
+                shutil.copyfile(f, out / part / name / Path(f).name)
+    (out / "unlabeled").mkdir(parents=True)
+    order = list(unlabeled)
+    random.Random(seed).shuffle(order)
+    rows = []
+    for i, (f, name) in enumerate(order):
+        target = out / "unlabeled" / f"u{i:05d}{Path(f).suffix}"
+        shutil.copyfile(f, target)
+        rows.append((str(target.relative_to(out)), name))
+    truth = out.parent / f"{out.name}-truth.csv"
+    with open(truth, "w", newline="") as f:
+        csv.writer(f).writerows([("path", "class")] + rows)
+    click.echo(f"wrote {out} ({sum(map(len, labeled.values()))} labeled, {len(rows)} unlabeled, "
+               f"{sum(map(len, test.values()))} test) and {truth}")
+
+
+@click.group()
+def main():
+    """Build an own-images folder from a labeled dataset, or score predictions."""
+
+
+@main.command()
+@click.option("--archive", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The CIFAR-10 JPEG archive (train/<class>/NNNN.jpg, test/<class>/NNNN.jpg).")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--per-class", type=int, default=25, help="Labeled images per class (the first of each class).")
+@click.option("--unlabeled-per-class", type=int, default=1000, help="Unlabeled images per class (the next ones).")
+@click.option("--test-per-class", type=int, default=100, help="Test images per class (the first of each).")
+@click.option("--seed", type=int, default=0, help="Seed of the unlabeled images' shuffled order.")
+def cifar10(archive, out, per_class, unlabeled_per_class, test_per_class, seed):
+    """From the CIFAR-10 JPEG archive: labeled/, unlabeled/ (10,000 by default) and test/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        root = Path(tmp)
+        classes = sorted(p.name for p in (root / "train").iterdir())
+        train = {c: sorted((root / "train" / c).iterdir()) for c in classes}
+        labeled = {c: files[:per_class] for c, files in train.items()}
+        unlabeled = [(f, c) for c, files in train.items() for f in files[per_class:per_class + unlabeled_per_class]]
+        test = {c: sorted((root / "test" / c).iterdir())[:test_per_class] for c in classes}
+        write_folder(out, labeled, unlabeled, test, seed)
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--per-class", type=int, default=10, help="Labeled images per class.")
+@click.option("--seed", type=int, default=0, help="Seed of the labeled draw and the unlabeled order.")
+def digits(out, per_class, seed):
+    """From scikit-learn's digits (8x8 PNGs): the test images are the 20% load_digits holds out
+    (stratified, seed 0), the labeled ones a draw of --per-class per class from the rest, and the
+    remaining training images unlabeled."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    train_idx, test_idx = train_test_split(np.arange(len(bunch.target)), test_size=0.2, random_state=0,
+                                           stratify=bunch.target)
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        def png(i):
+            path = Path(tmp) / f"{i:04d}.png"
+            Image.fromarray((bunch.images[i] * 255 / 16).round().astype(np.uint8), "L").save(path)
+            return path
+        labeled, unlabeled = {}, []
+        for c in range(10):
+            members = rng.permutation(train_idx[bunch.target[train_idx] == c])
+            labeled[str(c)] = [png(i) for i in members[:per_class]]
+            unlabeled += [(png(i), str(c)) for i in members[per_class:]]
+        test = {str(c): [png(i) for i in test_idx[bunch.target[test_idx] == c]] for c in range(10)}
+        write_folder(out, labeled, unlabeled, test, seed)
+
+
+@main.command()
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The <folder>-truth.csv written with the folder.")
+@click.option("--predictions", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The CSV of `evaluate.py --predict <folder>/unlabeled --csv FILE`.")
+def score(truth, predictions):
+    """Accuracy of predictions against the classes kept aside (paths matched by their last two parts)."""
+    def key(path):
+        return "/".join(Path(path).parts[-2:])
+    with open(truth, newline="") as f:
+        classes = {key(r["path"]): r["class"] for r in csv.DictReader(f)}
+    with open(predictions, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if key(r["path"]) in classes]
+    if not rows:
+        raise click.UsageError(f"no path of {predictions} is in {truth}")
+    right = sum(r["prediction"] == classes[key(r["path"])] for r in rows)
+    click.echo(f"{right}/{len(rows)} predictions right: accuracy {100 * right / len(rows):.2f}%, "
+               f"error {100 - 100 * right / len(rows):.2f}% ({len(classes) - len(rows)} of the truth file not predicted)")
+
+
+if __name__ == "__main__":
+    main()

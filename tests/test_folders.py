@@ -1,0 +1,287 @@
+"""Your own images: the labeled/ unlabeled/ test/ layout through all three stages, the decode cache,
+bad files and folders, --image-size."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+import images
+import train_mt
+from data import load_dataset
+from images import DecodeCache, cache_dir, find_images
+from runs import UserError
+from fakedata import write_own_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--width", "0.0625", "--labeled-batch", "6", "--unlabeled-batch", "12", "--epochs", "2", "--decay-epochs",
+         "1", "--seed", "1", "--device", "cpu"]
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})))
+
+
+def invoke(command, args):
+    return CliRunner().invoke(command.main, [str(a) for a in args])
+
+
+def rows(csv_text):
+    lines = csv_text.strip().splitlines()
+    assert lines[0] == "path,prediction,confidence,runner_up"
+    return [line.split(",") for line in lines[1:]]
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_own_images_through_all_three_stages_and_predict(tmp_path, size):
+    data = tmp_path / "d"
+    write_own_folder(data)
+    out = tmp_path / "run"
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--image-size", size, *SMALL, "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert "18 labeled / 30 unlabeled / 0 validation / 9 test" in res.stdout and f"{size} px" in res.stdout
+    state = torch.load(out / "mt.pt", weights_only=True)
+    assert state["config"]["image_size"] == size and state["config"]["labels"] == 18
+    assert state["config"]["files"]["train"][0] == "labeled/cat/0.png"
+    assert sum(name.startswith("unlabeled/") for name in state["config"]["files"]["train"]) == 30
+    res = run("finetune_lc.py", "--ckpt", out / "mt.pt", "--epochs", "1", "--decay-epochs", "1", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    ev = run("evaluate.py", "--ckpt", out / "lc.pt", "--json")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout.splitlines()[-1])["n_test"] == 9
+    pred = run("evaluate.py", "--ckpt", out / "lc.pt", "--predict", data / "unlabeled")
+    assert pred.returncode == 0, pred.stderr
+    predicted = rows(pred.stdout)
+    assert len(predicted) == 30 and {r[1] for r in predicted} <= {"cat", "dog", "owl"}
+
+
+def test_unlabeled_images_carry_no_label(tmp_path):
+    """The same pixels in unlabeled/, once flat as PNG and once as BMP inside class-named folders
+    (what a label-inventing loader would read as labels): bitwise the same models."""
+    write_own_folder(tmp_path / "a", unlabeled_dirs=("x",))
+    write_own_folder(tmp_path / "b", unlabeled_dirs=("x",))
+    moved = tmp_path / "b" / "unlabeled" / "x"
+    for i, png in enumerate(sorted(moved.iterdir())):
+        target = moved / ("cat" if i < 15 else "dog") / (png.stem + ".bmp")  # the same order
+        target.parent.mkdir(exist_ok=True)
+        Image.open(png).save(target)
+        png.unlink()
+    data = load_dataset("folder", tmp_path / "b", echo=lambda line: None)
+    assert data.classes == ["cat", "dog", "owl"] and (data.train_y == -1).sum() == 30
+    finals = []
+    for name in ("a", "b"):
+        res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / name, *SMALL, "--out", tmp_path / f"r{name}")
+        assert res.returncode == 0, res.stderr
+        finals.append(torch.load(tmp_path / f"r{name}" / "mt_final.pt", weights_only=True))
+    for model in ("student", "teacher"):
+        assert all(torch.equal(finals[0][model][k], finals[1][model][k]) for k in finals[0][model])
+
+
+def test_validation_hold_out_from_labeled_and_no_test_folder(tmp_path):
+    write_own_folder(tmp_path / "d", n_labeled=6, n_test=0)
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", "--val", "6", *SMALL,
+              "--out", tmp_path / "r")
+    assert res.returncode == 0, res.stderr
+    assert "no test error" in res.stdout and res.stdout.count("no test error") == 1
+    assert "val error student" in res.stdout and "test error" not in res.stdout.replace("no test error", "")
+    state = torch.load(tmp_path / "r" / "mt_final.pt", weights_only=True)
+    val, lab = state["val_idx"], state["labeled_idx"]
+    assert len(val) == 6 and len(lab) == 12 and not set(val.tolist()) & set(lab.tolist())
+    labels = load_dataset("folder", tmp_path / "d", echo=lambda line: None).train_y
+    assert torch.bincount(labels[val]).tolist() == [2, 2, 2]  # stratified by class
+    ev = run("evaluate.py", "--ckpt", tmp_path / "r" / "mt_final.pt", "--json")
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout.splitlines()[-1])
+    assert result["n_test"] == 0 and result["teacher_error"] is None
+
+
+def test_a_changed_folder_is_a_clear_error(tmp_path):
+    write_own_folder(tmp_path / "d")
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r")
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "d" / "unlabeled" / "u0000.png").unlink()
+    Image.new("RGB", (8, 8)).save(tmp_path / "d" / "unlabeled" / "new.png")
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "r" / "mt.pt", "--out", tmp_path / "lc", "--device", "cpu")
+    assert res.returncode == 2 and "changed since the checkpoint was trained" in res.stderr
+    assert "1 missing (unlabeled/u0000.png)" in res.stderr and "1 new (unlabeled/new.png)" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "lc").exists()
+
+
+# The decode cache ---------------------------------------------------------------------------------
+
+def quiet(line):
+    pass
+
+
+def no_decoding(monkeypatch):
+    def refuse(path, size):
+        raise AssertionError(f"decoded {path}")
+    monkeypatch.setattr(images, "decode", refuse)
+
+
+def test_cache_hit_skips_decoding(tmp_path, monkeypatch):
+    write_own_folder(tmp_path)
+    first = load_dataset("folder", tmp_path, echo=quiet)
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "mtlc-cache").iterdir()) == ["labeled", "test", "unlabeled"]
+    no_decoding(monkeypatch)
+    second = load_dataset("folder", tmp_path, echo=quiet)
+    assert torch.equal(first.train_x, second.train_x) and torch.equal(first.test_x, second.test_x)
+    assert first.files == second.files
+
+
+def test_stale_cache_is_rebuilt(tmp_path):
+    write_own_folder(tmp_path)
+    before = load_dataset("folder", tmp_path, echo=quiet)
+    Image.new("RGB", (30, 30), (255, 0, 0)).save(tmp_path / "labeled" / "cat" / "0.png")  # same name, new pixels
+    after = load_dataset("folder", tmp_path, echo=quiet)
+    assert not torch.equal(before.train_x[0], after.train_x[0])
+    assert (after.train_x[0, 0] == 255).all() and (after.train_x[0, 1:] == 0).all()
+    assert len(list((tmp_path / "mtlc-cache").glob("labeled-*"))) == 1  # the stale one is gone
+
+
+def test_corrupted_cache_is_rebuilt(tmp_path):
+    write_own_folder(tmp_path)
+    good = load_dataset("folder", tmp_path, echo=quiet)
+    for cache in (tmp_path / "mtlc-cache").iterdir():
+        cache.write_bytes(cache.read_bytes()[:100])
+    said = []
+    again = load_dataset("folder", tmp_path, echo=said.append)
+    assert torch.equal(good.train_x, again.train_x)
+    assert sum("is unusable" in line for line in said) == 3
+
+
+def test_a_cache_of_other_files_is_never_used(tmp_path):
+    """Folder b's cache file replaced by folder a's (other pixels, same file names): b decodes again."""
+    for name, seed in (("a", 1), ("b", 2)):
+        write_own_folder(tmp_path / name, seed=seed)
+    a = load_dataset("folder", tmp_path / "a", echo=quiet)
+    b = load_dataset("folder", tmp_path / "b", echo=quiet)
+    for part in ("labeled", "unlabeled", "test"):
+        (b_cache,) = (tmp_path / "b" / "mtlc-cache").glob(f"{part}-*")
+        (a_cache,) = (tmp_path / "a" / "mtlc-cache").glob(f"{part}-*")
+        b_cache.write_bytes(a_cache.read_bytes())
+    again = load_dataset("folder", tmp_path / "b", echo=quiet)
+    assert torch.equal(again.train_x, b.train_x) and not torch.equal(again.train_x, a.train_x)
+
+
+def test_cache_key_covers_size_and_image_size(tmp_path):
+    write_own_folder(tmp_path)
+    paths = find_images(tmp_path / "unlabeled")[0]
+    entries = images.file_list(tmp_path / "unlabeled", paths)
+    names = {DecodeCache(tmp_path, "unlabeled", s, entries, quiet).path.name for s in (32, 64)}
+    changed = [(p, size + 1, t) for p, size, t in entries]
+    names.add(DecodeCache(tmp_path, "unlabeled", 32, changed, quiet).path.name)
+    assert len(names) == 3
+
+
+def test_cache_dir_falls_back_when_the_folder_is_read_only(tmp_path, monkeypatch):
+    monkeypatch.delenv("MTLC_CACHE_DIR", raising=False)
+    assert cache_dir(tmp_path) == tmp_path.resolve() / "mtlc-cache"
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    assert cache_dir(tmp_path).parent == Path.home() / ".cache" / "mtlc"
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert cache_dir(tmp_path) == tmp_path / "elsewhere"
+
+
+# Bad files and folders ----------------------------------------------------------------------------
+
+def spoil(folder, names):
+    for name in names:
+        (folder / name).write_bytes(b"this is no image")
+
+
+@pytest.mark.parametrize("prepare, message", [
+    (lambda d: spoil(d / "unlabeled", ["u0001.png"]), "1 image file cannot be read: "),
+    (lambda d: spoil(d / "unlabeled", [f"u{i:04d}.png" for i in range(0, 24, 3)] + ["a/u0001.png"]),
+     "9 image files cannot be read"),
+    (lambda d: [p.unlink() for p in (d / "labeled" / "dog").iterdir()], "labeled/dog holds no images"),
+    (lambda d: [p.unlink() for p in d.glob("unlabeled/**/*.png")], "unlabeled holds no images"),
+    (lambda d: [subprocess.run(["rm", "-r", str(d / "labeled" / c)]) for c in ("dog", "owl")],
+     "holds one class folder (cat)"),
+    (lambda d: subprocess.run(["rm", "-r", str(d / "unlabeled")]), "unlabeled is missing"),
+    (lambda d: Image.new("RGB", (8, 8)).save(d / "labeled" / "loose.png"), "holds images outside class folders"),
+    (lambda d: (d / "test" / "emu").mkdir() or Image.new("RGB", (8, 8)).save(d / "test" / "emu" / "0.png"),
+     "class folders that"),
+])
+def test_bad_folders_exit_2_and_write_nothing(tmp_path, prepare, message):
+    data = tmp_path / "d"
+    write_own_folder(data)
+    prepare(data)
+    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", data, *SMALL, "--out", tmp_path / "run"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
+    assert not (tmp_path / "run").exists() and not (data / "mtlc-cache").exists()
+
+
+def test_many_bad_files_are_named_then_counted(tmp_path):
+    write_own_folder(tmp_path / "d")
+    spoil(tmp_path / "d" / "unlabeled", [f"u{i:04d}.png" for i in range(0, 30, 3)])
+    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r"])
+    assert result.exit_code == 2
+    assert "10 image files cannot be read" in result.output and "and 5 more" in result.output
+    assert "u0000.png" in result.output and "--skip-bad-images" in result.output
+
+
+def test_skip_bad_images_trains_without_them(tmp_path):
+    data = tmp_path / "d"
+    write_own_folder(data)
+    spoil(data / "unlabeled", ["u0000.png", "a/u0001.png"])
+    spoil(data / "labeled" / "cat", ["0.png"])
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--skip-bad-images", *SMALL, "--out", tmp_path / "r")
+    assert res.returncode == 0, res.stderr
+    assert "skipped 3 image files cannot be read" in res.stdout
+    assert "17 labeled / 28 unlabeled" in res.stdout
+    state = torch.load(tmp_path / "r" / "mt.pt", weights_only=True)
+    assert "unlabeled/u0000.png" not in state["config"]["files"]["train"]
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "r" / "mt.pt", "--epochs", "1", "--decay-epochs", "0",
+              "--device", "cpu")
+    assert res.returncode == 0, res.stderr  # stage 2 finds the same files
+
+
+def test_decompression_bomb_is_a_bad_file(tmp_path, monkeypatch):
+    write_own_folder(tmp_path)
+    Image.new("RGB", (200, 200)).save(tmp_path / "unlabeled" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100 * 100)
+    with pytest.raises(UserError, match=r"1 image file cannot be read: .*huge.png \(too large to decode safely"):
+        load_dataset("folder", tmp_path, echo=quiet)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10 * 10)  # twice over the limit: PIL's error
+    with pytest.raises(UserError, match="too large to decode safely"):
+        load_dataset("folder", tmp_path, echo=quiet)
+
+
+def test_symbolic_link_loop_does_not_hang(tmp_path):
+    write_own_folder(tmp_path)
+    (tmp_path / "unlabeled" / "a" / "loop").symlink_to(tmp_path / "unlabeled", target_is_directory=True)
+    (tmp_path / "unlabeled" / "self.png").symlink_to(tmp_path / "unlabeled" / "self.png")  # a file link loop
+    found, _ = find_images(tmp_path / "unlabeled")
+    assert len(found) == 31  # the 30 images once each, and the looping link
+    with pytest.raises(UserError, match=r"self.png \("):
+        load_dataset("folder", tmp_path, echo=quiet)
+    data = load_dataset("folder", tmp_path, skip_bad=True, echo=quiet)
+    assert (data.train_y == -1).sum() == 30
+
+
+def test_labels_with_own_layout_is_an_error(tmp_path):
+    write_own_folder(tmp_path / "d")
+    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", "--labels", "9", "--out", tmp_path / "r"])
+    assert result.exit_code == 2 and "leave --labels out" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_image_size_is_refused_where_it_cannot_apply(tmp_path):
+    result = invoke(train_mt, ["--dataset", "svhn", "--image-size", "64", "--out", tmp_path / "r"])
+    assert result.exit_code == 2 and "svhn is the paper's 32 x 32" in result.output
+    result = invoke(train_mt, ["--image-size", "8", "--out", tmp_path / "r"])
+    assert result.exit_code == 2 and "--image-size" in result.output
+
+
+def test_augmentation_shift_scales_with_image_size():
+    from data import max_shift
+    assert (max_shift(32), max_shift(64), max_shift(96), max_shift(16)) == (2, 4, 6, 1)

@@ -1,0 +1,191 @@
+"""Using a trained model: predictions for image files, per-class errors, the confusion matrix, and
+the README's snippet that loads a checkpoint in your own code."""
+import csv
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import evaluate
+import images
+import predictions
+from images import decode
+from runs import load_checkpoint, restore_models
+from fakedata import write_own_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+
+
+def invoke(args):
+    return CliRunner().invoke(evaluate.main, [str(a) for a in args])
+
+
+def read_rows(text):
+    reader = csv.DictReader(io.StringIO(text))
+    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up"]
+    return list(reader)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny own-images folder (3 classes, 8 test images each) and an MT checkpoint trained on it."""
+    root = tmp_path_factory.mktemp("predict")
+    write_own_folder(root / "d", n_labeled=8, n_unlabeled=24, n_test=8)
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.0625", "--labeled-batch",
+              "8", "--unlabeled-batch", "8", "--epochs", "4", "--decay-epochs", "1", "--device", "cpu",
+              "--out", root / "run")
+    assert res.returncode == 0, res.stderr
+    return root / "d", root / "run" / "mt_final.pt"
+
+
+def test_predictions_agree_with_the_test_error(trained, tmp_path):
+    data, ckpt = trained
+    for model in ("teacher", "student"):
+        res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "test", "--csv", tmp_path / "p.csv", "--model", model)
+        assert res.returncode == 0, res.stderr
+        rows = read_rows((tmp_path / "p.csv").read_text())
+        assert len(rows) == 24
+        wrong = sum(row["prediction"] != Path(row["path"]).parent.name for row in rows)
+        result = json.loads(invoke(["--ckpt", ckpt, "--json"]).output.strip().splitlines()[-1])
+        assert 100 * wrong / 24 == pytest.approx(result[f"{model}_error"])
+
+
+def test_per_class_errors_add_up_to_the_error(trained):
+    _, ckpt = trained
+    result = json.loads(invoke(["--ckpt", ckpt, "--json"]).output.strip().splitlines()[-1])
+    per_class = result["per_class"]
+    assert set(per_class) == {"cat", "dog", "owl"} and all(r["count"] == 8 for r in per_class.values())
+    for model in ("student", "teacher"):
+        total = sum(r["count"] * r[f"{model}_error"] for r in per_class.values()) / result["n_test"]
+        assert total == pytest.approx(result[f"{model}_error"])
+    text = invoke(["--ckpt", ckpt]).output
+    assert "teacher's error per class (test images): cat" in text
+
+
+def test_teacher_and_student_predict_with_their_own_weights(trained, tmp_path):
+    data, ckpt = trained
+    state = load_checkpoint(ckpt)
+    student, teacher = restore_models(state, torch.device("cpu"))
+    mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+    paths = sorted((data / "test").rglob("*.png"))
+    x = torch.stack([decode(p, 32) for p in paths])
+    confidences = {}
+    for name, model in (("teacher", teacher), ("student", student)):
+        probs = predictions.class_probabilities(model, x, mean, std)
+        result = invoke(["--ckpt", ckpt, "--predict", data / "test", "--model", name])
+        assert result.exit_code == 0, result.output
+        rows = read_rows(result.stdout)
+        assert [Path(r["path"]) for r in rows] == paths
+        classes = state["config"]["classes"]
+        assert [r["prediction"] for r in rows] == [classes[i] for i in probs.argmax(1)]
+        assert [r["runner_up"] for r in rows] == [classes[i] for i in probs.topk(2).indices[:, 1]]
+        assert [float(r["confidence"]) for r in rows] == pytest.approx(probs.max(1).values.tolist(), abs=1e-4)
+        confidences[name] = probs.max(1).values
+    assert not torch.allclose(confidences["teacher"], confidences["student"])
+
+
+def test_a_corrupt_file_is_one_empty_row(trained, tmp_path):
+    data, ckpt = trained
+    shutil.copytree(data / "test", tmp_path / "t")
+    clean = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "t", "--csv", tmp_path / "clean.csv")
+    assert clean.returncode == 0, clean.stderr
+    (tmp_path / "t" / "dog" / "3.png").write_bytes(b"\x89PNG broken")
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "t", "--csv", tmp_path / "p.csv")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"cannot read {tmp_path / 't' / 'dog' / '3.png'}" in res.stderr and "1 could not be read" in res.stderr
+    rows, before = read_rows((tmp_path / "p.csv").read_text()), read_rows((tmp_path / "clean.csv").read_text())
+    assert len(rows) == len(before) == 24
+    for row, old in zip(rows, before):
+        if row["path"].endswith("dog/3.png"):
+            assert row["prediction"] == row["confidence"] == row["runner_up"] == ""
+        else:
+            assert row == old
+
+
+def test_folders_are_searched_recursively(trained, tmp_path):
+    data, ckpt = trained
+    (tmp_path / "notes.txt").write_text("not an image")
+    shutil.copy(data / "test" / "cat" / "0.png", tmp_path / "single.png")
+    result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", tmp_path / "single.png", tmp_path])
+    assert result.exit_code == 0, result.output
+    rows = read_rows(result.stdout)
+    assert len(rows) == 24 + 1 + 1  # unlabeled/ (nested), the file, tmp_path's one image
+    assert any("/a/b/" in r["path"] for r in rows) and rows[24]["path"] == str(tmp_path / "single.png")
+    assert "1 files that are not images ignored" in result.output
+
+
+def test_predicting_holds_one_batch_of_decoded_images(trained, monkeypatch):
+    """Decoded minus classified images never exceeds the batch size: all images decoded up front
+    (or a prefetch of more) would fail this."""
+    data, ckpt = trained
+    counts = dict(decoded=0, classified=0, most=0)
+    real_decode, real_classify = images.decode, predictions.class_probabilities
+
+    def counting_decode(path, size):
+        counts["decoded"] += 1
+        counts["most"] = max(counts["most"], counts["decoded"] - counts["classified"])
+        return real_decode(path, size)
+
+    def counting_classify(model, x, mean, std):
+        counts["classified"] += len(x)
+        return real_classify(model, x, mean, std)
+    monkeypatch.setattr(images, "decode", counting_decode)
+    monkeypatch.setattr(predictions, "class_probabilities", counting_classify)
+    result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5"])
+    assert result.exit_code == 0, result.output
+    assert counts["decoded"] == counts["classified"] == 24
+    assert counts["most"] == 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--predict", "/nonexistent/x"], "does not exist"),
+    (["--csv", "p.csv"], "--csv goes with --predict"),
+    (["--predict", ".", "--json"], "--predict takes exactly one --ckpt"),
+])
+def test_predict_bad_input(trained, tmp_path, args, message):
+    _, ckpt = trained
+    result = invoke(["--ckpt", ckpt, *args])
+    assert result.exit_code == 2 and message in result.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = invoke(["--ckpt", ckpt, "--predict", empty, "--csv", tmp_path / "p.csv"])
+    assert result.exit_code == 2 and "no image files" in result.output and not (tmp_path / "p.csv").exists()
+
+
+def test_confusion_matrix(trained, tmp_path):
+    _, ckpt = trained
+    result = invoke(["--ckpt", ckpt, "--confusion", tmp_path / "c.png", "--model", "student"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_readme_snippet_runs(trained, capsys):
+    """The README's "Load it in your own code" block, run as written on a trained checkpoint, gives
+    the teacher's own outputs."""
+    _, ckpt = trained
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Load it in your own code"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "runs/digits/lc.pt" in code
+    namespace = {}
+    exec(compile(code.replace("runs/digits/lc.pt", str(ckpt)), "README.md", "exec"), namespace)
+    state = load_checkpoint(ckpt)
+    _, teacher = restore_models(state, torch.device("cpu"))
+    teacher.eval()
+    mean, std = (torch.tensor(state["config"][k]).view(1, 3, 1, 1) for k in ("mean", "std"))
+    with torch.no_grad():
+        _, logits = teacher((namespace["images"].float() / 255 - mean) / std)
+    torch.testing.assert_close(namespace["logits"], logits)
+    printed = capsys.readouterr().out
+    assert printed.strip() == str([state["config"]["classes"][i] for i in logits.argmax(1)])
