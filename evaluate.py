@@ -314,13 +314,19 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device):
     def on_bad(p, reason):
         rows.write(f"cannot read {p}: {reason}", file=sys.stderr)
 
-    counts = {}
+    counts = []
+
+    def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
+        text = io.TextIOWrapper(binary_file, encoding="utf-8", newline="")
+        counts.extend(write_rows(text, rows, on_bad))
+        text.flush()
+        text.detach()  # leave the file to atomic_write
+
     if csv_path:
-        atomic_write(csv_path, lambda f: counts.update(
-            done=write_rows(io.TextIOWrapper(f, encoding="utf-8", newline="", write_through=True), rows, on_bad)))
+        atomic_write(csv_path, write_csv)
     else:
-        counts["done"] = write_rows(sys.stdout, rows, on_bad)
-    n, failed = counts["done"]
+        counts.extend(write_rows(sys.stdout, rows, on_bad))
+    n, failed = counts
     click.echo(f"predicted {n - failed:,} of {n:,} images with the {model_name} of {path}"
                + (f" ({others} files that are not images ignored)" if others else "")
                + (f"; {failed} could not be read (empty prediction)" if failed else "")

@@ -19,8 +19,8 @@ Image.init()
 # Every extension of a format PIL can open (not only save), lower case.
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
 
-# An image over PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS) is a bad file: PIL raises
-# its warning as an error, so it is reported like any other file that cannot be read.
+# An image over PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS) is a bad file (decode checks
+# the size from the header); PIL's warning for it becomes an error rather than a line per file.
 warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize).
@@ -63,11 +63,14 @@ def decode(path, size):
     Raises BadImage for anything that cannot be read, too large images included."""
     try:
         with Image.open(path) as img:
+            if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
+                raise BadImage(f"too large to decode safely ({img.width} x {img.height} pixels, over PIL's "
+                               f"limit of {Image.MAX_IMAGE_PIXELS:,})")
             img.draft("RGB", (size, size))  # JPEG: decode at a reduced scale still >= size (faster)
             img = img.convert("RGB").resize((size, size), Image.BILINEAR)
-    except Image.DecompressionBombError as exc:
-        raise BadImage(f"too large to decode safely ({exc})") from None
-    except Image.DecompressionBombWarning as exc:
+    except BadImage:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise BadImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # PIL raises many types for broken files: all are a bad file here
         raise BadImage(f"{type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else 'unreadable'}") from None

@@ -34,7 +34,7 @@ PRESETS = {
 }
 # folder's schedule in steps. The ramps are a share of their stage's steps, never under
 # MIN_RAMP_STEPS: on small data a ramp of tens of steps made MT worse than supervised-only.
-FOLDER_STEPS = dict(epochs=5000, decay_epochs=1000, lc_epochs=1000, lc_decay_epochs=1000, eval_every=500)
+FOLDER_STEPS = dict(epochs=10000, decay_epochs=2000, lc_epochs=2000, lc_decay_epochs=2000, eval_every=1000)
 RAMP_SHARE = dict(cons_rampup=0.2, lc_rampup=0.25)
 MIN_RAMP_STEPS = 300
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
