@@ -5,7 +5,6 @@ not be read.
 import hashlib
 import json
 import os
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,10 +17,6 @@ from runs import UserError, atomic_write
 Image.init()
 # Every extension of a format PIL can open (not only save), lower case.
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
-
-# An image over PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS) is a bad file (decode checks
-# the size from the header); PIL's warning for it becomes an error rather than a line per file.
-warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize).
 CACHE_VERSION = 1
@@ -60,7 +55,8 @@ def find_images(root):
 
 def decode(path, size):
     """One image file as a uint8 (3, size, size) tensor: RGB, resized (bilinear) to size x size.
-    Raises BadImage for anything that cannot be read, too large images included."""
+    Raises BadImage for anything that cannot be read, an image over PIL's decompression-bomb limit
+    (Image.MAX_IMAGE_PIXELS, checked from the header before decoding) included."""
     try:
         with Image.open(path) as img:
             if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
@@ -70,7 +66,7 @@ def decode(path, size):
             img = img.convert("RGB").resize((size, size), Image.BILINEAR)
     except BadImage:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
         raise BadImage(f"too large to decode safely ({exc})") from None
     except Exception as exc:  # PIL raises many types for broken files: all are a bad file here
         raise BadImage(f"{type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else 'unreadable'}") from None

@@ -256,6 +256,14 @@ def test_decompression_bomb_is_a_bad_file(tmp_path, monkeypatch):
         load_dataset("folder", tmp_path, echo=quiet)
 
 
+def test_linked_folders_are_followed(tmp_path):
+    write_own_folder(tmp_path / "d")
+    write_own_folder(tmp_path / "elsewhere", n_unlabeled=5)
+    (tmp_path / "d" / "unlabeled" / "ext").symlink_to(tmp_path / "elsewhere" / "unlabeled", target_is_directory=True)
+    found, _ = find_images(tmp_path / "d" / "unlabeled")
+    assert len(found) == 35 and sum("/ext/" in str(p) for p in found) == 5
+
+
 def test_symbolic_link_loop_does_not_hang(tmp_path):
     write_own_folder(tmp_path)
     (tmp_path / "unlabeled" / "a" / "loop").symlink_to(tmp_path / "unlabeled", target_is_directory=True)
@@ -280,6 +288,14 @@ def test_image_size_is_refused_where_it_cannot_apply(tmp_path):
     assert result.exit_code == 2 and "svhn is the paper's 32 x 32" in result.output
     result = invoke(train_mt, ["--image-size", "8", "--out", tmp_path / "r"])
     assert result.exit_code == 2 and "--image-size" in result.output
+
+
+def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
+    from presets import MIN_RAMP_STEPS, ramp_epochs
+    assert ramp_epochs("cons_rampup", 100, 100) * 100 == pytest.approx(0.2 * 100 * 100)  # 20% of 10,000 steps
+    assert ramp_epochs("lc_rampup", 40, 100) * 100 == pytest.approx(0.25 * 40 * 100)
+    assert ramp_epochs("cons_rampup", 10, 10) * 10 == MIN_RAMP_STEPS  # 20% of 100 steps is under the floor
+    assert ramp_epochs("cons_rampup", 3, 2) * 2 == pytest.approx(6)  # never longer than the stage
 
 
 def test_augmentation_shift_scales_with_image_size():
