@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from images import CACHE_DIR_NAME, cache_dir, describe_bad, find_images, is_image_name, load_images
+from images import cache_dir, describe_bad, find_images, is_image_name, load_images
 from presets import DATASETS
 from runs import UserError, checkpoint_split
 
@@ -146,7 +146,7 @@ def class_images(root, required=True):
         if required:
             raise UserError(f"{root} is missing (expected {root}/<class>/<image>)")
         return {}
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != CACHE_DIR_NAME)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     loose = [p.name for p in root.iterdir() if p.is_file() and is_image_name(p)]
     if loose:
         raise UserError(f"{root} holds images outside class folders ({', '.join(sorted(loose)[:3])}"

@@ -434,7 +434,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
     tested = [r for r in results if r["n_test"]]
     if len(tested) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1
         _, _, rows = results_table(tested)
-        for row in rows:
+        for row in (r for r in rows if r["runs"] > 1):
             if as_json:
                 click.echo(json.dumps(row))
             else:

@@ -44,7 +44,6 @@ def find_images(root):
             dirs[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirs.sort()
         for name in files:
             if is_image_name(name):
                 found.append(Path(folder) / name)

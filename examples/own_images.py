@@ -58,18 +58,21 @@ def main():
 @click.option("--per-class", type=int, default=25, help="Labeled images per class (the first of each class).")
 @click.option("--unlabeled-per-class", type=int, default=1000, help="Unlabeled images per class (the next ones).")
 @click.option("--test-per-class", type=int, default=100, help="Test images per class (the first of each).")
+@click.option("--train-start", type=int, default=0, help="Skip this many training images of each class first.")
+@click.option("--test-start", type=int, default=0, help="Skip this many test images of each class first.")
 @click.option("--seed", type=int, default=0, help="Seed of the unlabeled images' shuffled order.")
-def cifar10(archive, out, per_class, unlabeled_per_class, test_per_class, seed):
-    """From the CIFAR-10 JPEG archive: labeled/, unlabeled/ (10,000 by default) and test/."""
+def cifar10(archive, out, per_class, unlabeled_per_class, test_per_class, train_start, test_start, seed):
+    """From the CIFAR-10 JPEG archive: labeled/, unlabeled/ (10,000 by default) and test/. With
+    --train-start and --test-start, a second folder that shares no image with the first."""
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         root = Path(tmp)
         classes = sorted(p.name for p in (root / "train").iterdir())
-        train = {c: sorted((root / "train" / c).iterdir()) for c in classes}
+        train = {c: sorted((root / "train" / c).iterdir())[train_start:] for c in classes}
         labeled = {c: files[:per_class] for c, files in train.items()}
         unlabeled = [(f, c) for c, files in train.items() for f in files[per_class:per_class + unlabeled_per_class]]
-        test = {c: sorted((root / "test" / c).iterdir())[:test_per_class] for c in classes}
+        test = {c: sorted((root / "test" / c).iterdir())[test_start:test_start + test_per_class] for c in classes}
         write_folder(out, labeled, unlabeled, test, seed)
 
 
