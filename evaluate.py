@@ -428,7 +428,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
         if distances and first:
             pairs, eps, eps_label = checkpoint_distances(state, data, student, device)
             title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} ({state['stage']} epoch "
-                     f"{state['epoch']})\nstudent features as LC sees them, first {DISTANCE_IMAGES:,} images of the batch stream")
+                     f"{state['epoch']})\nstudent features as LC sees them, the first batches of the batch stream (up to {DISTANCE_IMAGES:,} images)")
             plot_distances(pairs, eps, eps_label, title, distances)
             click.echo(json.dumps(dict(distances=str(distances), checkpoint=str(path), **pairs.summary(eps))))
     tested = [r for r in results if r["n_test"]]

@@ -17,11 +17,15 @@ from runs import UserError
 # Images of the first batches of the run's stream whose features calibrate eps and measure
 # distances: 16 batches of 32 + 128 give about 8,000 labeled pairs and 330,000 LC pairs.
 DISTANCE_IMAGES = 2560
+# At most this many batches (the paper's 160-image batches need 16): tiny batches would otherwise
+# take hundreds of forward passes for no better statistics.
+DISTANCE_BATCHES = 16
 
 
 def distance_steps(batches):
-    """The steps (0, 1, ...) whose batches hold about DISTANCE_IMAGES images, at least 2."""
-    return range(max(2, round(DISTANCE_IMAGES / (batches.n_lab + batches.n_unl))))
+    """The steps (0, 1, ...) whose batches hold about DISTANCE_IMAGES images: at least 2 batches, at
+    most DISTANCE_BATCHES."""
+    return range(min(DISTANCE_BATCHES, max(2, round(DISTANCE_IMAGES / (batches.n_lab + batches.n_unl)))))
 
 
 def mean_pair_d2(z_labeled, z_unlabeled):
