@@ -44,6 +44,7 @@ def find_images(root):
             dirs[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
+        dirs.sort()  # a folder reached by two names is listed under the same one on every run
         for name in files:
             if is_image_name(name):
                 found.append(Path(folder) / name)

@@ -39,7 +39,8 @@ def rows(csv_text):
     return [line.split(",") for line in lines[1:]]
 
 
-def test_own_images_through_all_three_stages_and_predict(tmp_path, size=64):
+def test_own_images_through_all_three_stages_and_predict(tmp_path):
+    size = 64  # not the default: the size must reach every stage and the predictions
     data = tmp_path / "d"
     write_own_folder(data)
     out = tmp_path / "run"
@@ -261,6 +262,18 @@ def test_linked_folders_are_followed(tmp_path):
     (tmp_path / "d" / "unlabeled" / "ext").symlink_to(tmp_path / "elsewhere" / "unlabeled", target_is_directory=True)
     found, _ = find_images(tmp_path / "d" / "unlabeled")
     assert len(found) == 35 and sum("/ext/" in str(p) for p in found) == 5
+
+
+def test_a_folder_linked_twice_is_listed_under_its_first_name(tmp_path):
+    # The checkpoint names the files it trained on: a name that changed between runs would read as a
+    # changed folder. Walked in sorted order, "a" comes first on every run, whatever order the file
+    # system lists the folder and its five other names in.
+    write_own_folder(tmp_path / "d", n_unlabeled=4, unlabeled_dirs=("real",))
+    unlabeled = tmp_path / "d" / "unlabeled"
+    for name in "qkfca":
+        (unlabeled / name).symlink_to(unlabeled / "real", target_is_directory=True)
+    found, _ = find_images(unlabeled)
+    assert len(found) == 4 and all(p.parent.name == "a" for p in found), found
 
 
 def test_symbolic_link_loop_does_not_hang(tmp_path):

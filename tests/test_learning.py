@@ -32,8 +32,8 @@ def error_without_labels(checkpoint):
     _, teacher = restore_models(state, "cpu")
     mean, std = (torch.tensor(state["config"][key]) for key in ("mean", "std"))
     pool = state["unlabeled_idx"]
-    return training.test_error(teacher, torch.cat([data.train_x[pool], data.test_x]), torch.cat([data.train_y[pool], data.test_y]),
-                      mean, std)
+    images = torch.cat([data.train_x[pool], data.test_x])
+    return training.test_error(teacher, images, torch.cat([data.train_y[pool], data.test_y]), mean, std)
 
 
 @pytest.mark.slow

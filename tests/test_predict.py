@@ -151,6 +151,25 @@ def test_predicting_holds_one_batch_of_decoded_images(trained, monkeypatch):
     assert counts["most"] == 5
 
 
+def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, monkeypatch):
+    # Rows stream into a temp file that replaces the CSV only at the end: a run killed after the first
+    # batch (here: the second batch raises) leaves neither a partial CSV nor a temp file.
+    data, ckpt = trained
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("the previous run's labels\n")
+    real_classify, calls = predictions.class_probabilities, []
+
+    def dies_on_the_second_batch(model, x, mean, std):
+        calls.append(len(x))
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        return real_classify(model, x, mean, std)
+    monkeypatch.setattr(predictions, "class_probabilities", dies_on_the_second_batch)
+    result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path])
+    assert isinstance(result.exception, RuntimeError) and calls == [5, 5]
+    assert csv_path.read_text() == "the previous run's labels\n" and list(tmp_path.iterdir()) == [csv_path]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--predict", "/nonexistent/x"], "does not exist"),
     (["--csv", "p.csv"], "--csv goes with --predict"),
