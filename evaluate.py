@@ -27,10 +27,17 @@ from predictions import image_paths, predict_files, write_rows
 from training import predict_classes
 
 
+CONTROL = "MT, continued (lambda2 0)"
+
+
 def method_name(state):
-    """supervised, MT or MT+LC, the last with its eps scale (fixed, as in the paper, or relative)."""
+    """supervised, MT, MT+LC with its eps scale (fixed, as in the paper, relative or normalized), or,
+    for a stage-2 run with lambda2 0, LC's control: MT trained on for stage 2's schedule without LC."""
     if state["stage"] == "lc":
-        scale = state["config"]["lc"].get("eps_scale")
+        lc = state["config"]["lc"]
+        if lc.get("lam") == 0:
+            return CONTROL
+        scale = lc.get("eps_scale")
         return f"MT+LC ({scale} eps)" if scale else "MT+LC"
     return "supervised" if state["config"]["cons_weight"] == 0 else "MT"
 
@@ -93,6 +100,35 @@ def results_table(results):
     return methods, settings, rows
 
 
+def paired_differences(results):
+    """MT+LC minus its control, run by run: each stage-2 run with lambda2 > 0 against the lambda2-0 run
+    from the same MT checkpoint (same start, same schedule). Rows per LC method and setting: the
+    number of pairs, and the mean, std and standard error of the differences in points (negative:
+    LC helped)."""
+    controls = {r["mt_checkpoint"]: r for r in results if r["method"] == CONTROL}
+    groups = {}
+    for r in results:
+        control = controls.get(r.get("mt_checkpoint"))
+        if r["stage"] == "lc" and r["method"] != CONTROL and control is not None:
+            groups.setdefault((r["method"], f"{r['dataset']}, {r['labels']} labels"), []).append((r, control))
+    rows = []
+    for (method, setting), pairs in groups.items():
+        row = dict(paired=f"{method} minus {CONTROL}", method=method, setting=setting, pairs=len(pairs))
+        for model in ("student", "teacher"):
+            mean, std = mean_std([r[f"{model}_error"] - c[f"{model}_error"] for r, c in pairs])
+            row.update({f"{model}_difference_mean": mean, f"{model}_difference_std": std,
+                        f"{model}_difference_se": std / len(pairs) ** 0.5})
+        rows.append(row)
+    return rows
+
+
+def describe_paired(row):
+    cells = [f"{model} {row[f'{model}_difference_mean']:+.2f} +- {row[f'{model}_difference_std']:.2f} "
+             f"(standard error {row[f'{model}_difference_se']:.2f})" for model in ("teacher", "student")]
+    return (f"{row['paired']}, {row['setting']}: test error difference over {row['pairs']} pair"
+            f"{'s' if row['pairs'] > 1 else ''} (same MT checkpoint), points: " + ", ".join(cells))
+
+
 def write_table(path, results):
     methods, settings, rows = results_table(results)
     path = Path(path)
@@ -111,8 +147,25 @@ def write_table(path, results):
                          if (m, s) in cell else "-" for s in settings]
                 text += f"| {m} | " + " | ".join(cells) + " |\n"
             text += "\n"
+        paired = paired_differences(results)
+        if paired:
+            text += (f"Paired difference of the test error (points), each MT+LC run minus the {CONTROL} run from the "
+                     f"same MT checkpoint: mean +- std (standard error), pairs in brackets\n\n"
+                     "| difference | setting | teacher | student |\n| --- | --- | --- | --- |\n")
+            for r in paired:
+                text += (f"| {r['paired']} | {r['setting']} | " + " | ".join(
+                    f"{r[f'{m}_difference_mean']:+.2f} +- {r[f'{m}_difference_std']:.2f} ({r[f'{m}_difference_se']:.2f})"
+                    for m in ("teacher", "student")) + f" ({r['pairs']}) |\n")
+            text += "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
     return text
+
+
+def stage_label(records):
+    """MT, MT+LC, or for a stage-2 run whose lambda2 stayed 0 its control, from a metrics file."""
+    if records[0]["stage"] != "lc":
+        return "MT"
+    return "MT, continued" if all(r.get("lc_weight", 0) == 0 for r in records) else "MT+LC"
 
 
 def plot_curves(paths, out):
@@ -125,7 +178,7 @@ def plot_curves(paths, out):
         records = [r for r in read_metrics(path) if "teacher_error" in r]
         if not records:
             raise UserError(f"{path} holds no evaluated epochs (is it a *_metrics.jsonl?)")
-        label = f"{'MT+LC' if records[0]['stage'] == 'lc' else 'MT'} ({Path(path).parent.name})"
+        label = f"{stage_label(records)} ({Path(path).parent.name})"
         x = [r.get("global_epoch", r["epoch"]) for r in records]
         ax.plot(x, [r["student_error"] for r in records], "--", label=f"{label} student")
         ax.plot(x, [r["teacher_error"] for r in records], "-", label=f"{label} teacher")
@@ -270,6 +323,8 @@ def evaluate_checkpoint(path, state, data, student, teacher, device):
     x, y = data.test_x.to(device), data.test_y.to(device)
     result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"], method=method_name(state),
                   stage=state["stage"], epoch=state["epoch"], n_test=len(y))
+    if state["stage"] == "lc":
+        result["mt_checkpoint"] = config["lc"]["mt_checkpoint"]  # what pairs a run with its control
     per_class = {}
     for name, model in (("student", student), ("teacher", teacher)):
         predicted = predict_classes(model, x, mean, std)
@@ -441,6 +496,8 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
                 click.echo(f"{row['method']}, {row['setting']}: mean +- std over {row['runs']} runs: "
                            f"student {row['student_mean']:.2f} +- {row['student_std']:.2f}%, "
                            f"teacher {row['teacher_mean']:.2f} +- {row['teacher_std']:.2f}%")
+        for row in paired_differences(tested):
+            click.echo(json.dumps(row) if as_json else describe_paired(row))
     if table:
         write_table(table, tested)
         click.echo(f"wrote {table}")

@@ -46,10 +46,13 @@ class EpsParam(click.ParamType):
                    "features where the labeled images' same-class and different-class distances part (printed "
                    "with the neighbour fraction it gives; `evaluate.py --distances` shows the distributions). "
                    f"{preset_help('eps')}")
-@click.option("--eps-scale", type=click.Choice(["fixed", "relative"]), default=None,
-              help="fixed: eps stays as given (the paper's). relative: eps follows the feature scale, as the same "
-                   "multiple of each batch's mean d2 (detached) that it is at LC's start, so LC cannot make every "
-                   f"pair a neighbour by shrinking the space. {preset_help('eps_scale')}")
+@click.option("--eps-scale", type=click.Choice(["fixed", "relative", "normalized"]), default=None,
+              help="fixed: eps stays as given, in the features' units (the paper's). relative: eps follows the feature "
+                   "scale, as the same multiple of each batch's mean d2 (detached) that it is at LC's start, so LC "
+                   "cannot make every pair a neighbour by shrinking the space; the loss still falls when the space "
+                   "shrinks. normalized: the features are divided by their batch's scale inside the loss, so a common "
+                   "factor changes nothing and LC gains nothing by shrinking the space; the loss is unit-free. "
+                   f"{preset_help('eps_scale')}")
 @click.option("--lam", type=float, default=None, help=f"LC weight lambda2. {preset_help('lam')}")
 @click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {preset_help('lc_rampup')}")
@@ -122,7 +125,7 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
             lc_rampup = (defaults["lc_rampup"] if defaults["lc_rampup"] is not None
                          else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
-                            eps_ratio=eps / start["d2_mean"] if eps_scale == "relative" else None, start=start,
+                            eps_ratio=eps / start["d2_mean"] if eps_scale != "fixed" else None, start=start,
                             lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
@@ -136,7 +139,10 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
                    f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start; labeled pairs' median d2: "
                    f"same class {start['d2_same_median']:.3g}, different classes {start['d2_different_median']:.3g}; "
                    f"mean d2 {start['d2_mean']:.3g}")
-        if start["neighbour_fraction"] >= 1.0 and procs.main:
+        if lam == 0:
+            procs.echo("finetune_lc: lambda2 0: LC is off; this run is LC's control, MT trained on for stage 2's "
+                       "schedule (evaluate.py names it \"MT, continued\")")
+        if lam > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
             click.echo(f"warning: with eps {eps:.4g} every LC pair is a neighbour at LC's start: eps is too large "
                        f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
         trainer = make_trainer(config, data, state, student, teacher, optimizer, device, procs)
@@ -155,7 +161,8 @@ def make_trainer(config, data, state, student, teacher, optimizer, device, procs
     stage = Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
                   ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                   eval_every=lc["eval_every"], first_step=lc["mt_step"],
-                  lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"], lc_eps_ratio=lc["eps_ratio"])
+                  lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
+                  lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"])
     return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
                    procs, reference_spread=reference_spread)
 

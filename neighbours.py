@@ -39,11 +39,33 @@ def mean_pair_d2(z_labeled, z_unlabeled):
 def relative_lc_loss(z_labeled, z_unlabeled, ratio):
     """(L_lc, neighbour fraction) with eps = ratio x the batch's mean d2 s (detached), so that the
     neighbourhood follows the feature scale. Computed as s L_lc(z / sqrt(s), ratio), which is
-    L_lc(z, ratio s) exactly (d2 and eps scale alike) and keeps eps a constant: no host sync."""
+    L_lc(z, ratio s) exactly (d2 and eps scale alike) and keeps eps a constant: no host sync.
+    Its value still falls when every feature shrinks alike (s is a constant to the gradient)."""
     s = mean_pair_d2(z_labeled.detach(), z_unlabeled.detach()).clamp_min(torch.finfo(z_labeled.dtype).tiny)
     root = s.sqrt()
     loss, fraction = lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True)
     return s * loss, fraction
+
+
+def normalized_lc_loss(z_labeled, z_unlabeled, ratio):
+    """(L_lc, neighbour fraction) of the features in units of the batch's own scale: L_lc(z / sqrt(s),
+    ratio) with s the batch's mean d2 inside the graph. A common factor on all features changes
+    neither the neighbours nor the value, so LC cannot lower it by shrinking the space: its gradient
+    pulls neighbours together relative to the rest of the batch (and has no component along z).
+    Unit-free, so lambda2 weighs it alike whatever the features' scale."""
+    s = mean_pair_d2(z_labeled, z_unlabeled).clamp_min(torch.finfo(z_labeled.dtype).tiny)
+    root = s.sqrt()
+    return lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True)
+
+
+def lc_term(z_labeled, z_unlabeled, eps, eps_scale, eps_ratio=None):
+    """(L_lc, neighbour fraction) in one of the three forms of --eps-scale: fixed (the paper's: eps in
+    the features' units), relative (eps = eps_ratio x the batch's mean d2, detached) or normalized
+    (the features divided by their batch scale, eps = eps_ratio in those units)."""
+    if eps_scale == "fixed":
+        return lc_loss(z_labeled, z_unlabeled, eps, return_fraction=True)
+    form = normalized_lc_loss if eps_scale == "normalized" else relative_lc_loss
+    return form(z_labeled, z_unlabeled, eps_ratio)
 
 
 @torch.no_grad()

@@ -21,9 +21,8 @@ from tqdm import tqdm
 
 from data import Batches, normalize
 from devices import PRECISIONS, Processes, average_buffers, device_name, sync
-from kernels import lc_loss
 from model import SplitForward, recompute_bn_means
-from neighbours import PairDistances, lc_features, relative_lc_loss
+from neighbours import PairDistances, lc_features, lc_term
 from runs import (UserError, atomic_write, checkpoint_state, read_metrics, restore_models, save_checkpoint,
                   write_metrics)
 
@@ -92,7 +91,8 @@ class Stage:
     lc_eps: float = 0.0       # stage 2 only
     lc_weight: float = 0.0    # lambda2
     lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
-    lc_eps_ratio: float = None  # relative eps: eps = this x the batch's mean d2 (lc_eps is then its value at the start)
+    lc_eps_scale: str = "fixed"  # the LC form: fixed (the paper's), relative or normalized (neighbours.lc_term)
+    lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
 
 
 class TrainingFailed(click.ClickException):
@@ -178,10 +178,7 @@ class Trainer:
             z_lab, z_unl = z[:self.batches.n_lab], z[self.batches.n_lab:]
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
-            if self.stage.lc_eps_ratio is None:  # the paper's fixed eps
-                lc, fraction = lc_loss(z_lab, z_unl, self.stage.lc_eps, return_fraction=True)
-            else:
-                lc, fraction = relative_lc_loss(z_lab, z_unl, self.stage.lc_eps_ratio)
+            lc, fraction = lc_term(z_lab, z_unl, self.stage.lc_eps, self.stage.lc_eps_scale, self.stage.lc_eps_ratio)
             loss = loss + lc_w * lc
             spread = feature_spread(z)
         else:

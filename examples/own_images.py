@@ -20,9 +20,10 @@ from pathlib import Path
 import click
 
 
-def write_folder(out, labeled, unlabeled, test, seed):
+def write_folder(out, labeled, unlabeled, test, seed, copy=shutil.copyfile, suffix=None):
     """labeled / test: {class: [source files]}; unlabeled: [(source file, class)]. Copies the files
-    (bytes unchanged) and returns the rows of the truth file."""
+    (bytes unchanged, or with `copy(source, target)` to files ending in `suffix`) and writes the
+    truth file."""
     out = Path(out)
     if out.exists():
         raise click.UsageError(f"{out} exists; choose a new --out")
@@ -30,14 +31,14 @@ def write_folder(out, labeled, unlabeled, test, seed):
         for name, files in groups.items():
             (out / part / name).mkdir(parents=True)
             for f in files:
-                shutil.copyfile(f, out / part / name / Path(f).name)
+                copy(f, (out / part / name / Path(f).name).with_suffix(suffix or Path(f).suffix))
     (out / "unlabeled").mkdir(parents=True)
     order = list(unlabeled)
     random.Random(seed).shuffle(order)
     rows = []
     for i, (f, name) in enumerate(order):
-        target = out / "unlabeled" / f"u{i:05d}{Path(f).suffix}"
-        shutil.copyfile(f, target)
+        target = out / "unlabeled" / f"u{i:05d}{suffix or Path(f).suffix}"
+        copy(f, target)
         rows.append((str(target.relative_to(out)), name))
     truth = out.parent / f"{out.name}-truth.csv"
     with open(truth, "w", newline="") as f:
@@ -61,19 +62,39 @@ def main():
 @click.option("--train-start", type=int, default=0, help="Skip this many training images of each class first.")
 @click.option("--test-start", type=int, default=0, help="Skip this many test images of each class first.")
 @click.option("--seed", type=int, default=0, help="Seed of the unlabeled images' shuffled order.")
-def cifar10(archive, out, per_class, unlabeled_per_class, test_per_class, train_start, test_start, seed):
+@click.option("--classes", default=None, help="Comma-separated classes to keep (e.g. airplane,automobile,ship,truck). "
+                                               "[default: all ten]")
+@click.option("--grayscale", is_flag=True, help="Store every image as an 8-bit grayscale PNG (PIL's L) instead of "
+                                                 "copying the JPEG.")
+def cifar10(archive, out, per_class, unlabeled_per_class, test_per_class, train_start, test_start, seed, classes,
+            grayscale):
     """From the CIFAR-10 JPEG archive: labeled/, unlabeled/ (10,000 by default) and test/. With
-    --train-start and --test-start, a second folder that shares no image with the first."""
+    --train-start and --test-start, a second folder that shares no image with the first; with
+    --classes and --grayscale, a different task from the same photos."""
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         root = Path(tmp)
-        classes = sorted(p.name for p in (root / "train").iterdir())
+        available = sorted(p.name for p in (root / "train").iterdir())
+        wanted = classes.split(",") if classes else available
+        unknown = sorted(set(wanted) - set(available))
+        if unknown:
+            raise click.UsageError(f"no class {', '.join(unknown)} in the archive (it has {', '.join(available)})")
+        classes = wanted
         train = {c: sorted((root / "train" / c).iterdir())[train_start:] for c in classes}
         labeled = {c: files[:per_class] for c, files in train.items()}
         unlabeled = [(f, c) for c, files in train.items() for f in files[per_class:per_class + unlabeled_per_class]]
         test = {c: sorted((root / "test" / c).iterdir())[test_start:test_start + test_per_class] for c in classes}
-        write_folder(out, labeled, unlabeled, test, seed)
+        if grayscale:
+            write_folder(out, labeled, unlabeled, test, seed, copy=to_grayscale_png, suffix=".png")
+        else:
+            write_folder(out, labeled, unlabeled, test, seed)
+
+
+def to_grayscale_png(source, target):
+    from PIL import Image
+    with Image.open(source) as image:
+        image.convert("L").save(target)
 
 
 @main.command()

@@ -374,3 +374,29 @@ def test_progress_lines_inside_long_epochs(tmp_path):
               "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path)  # 133 steps in the epoch
     assert res.returncode == 0, res.stderr
     assert "mt epoch 1/1: step 100/133" in res.stdout and "s/step" in res.stdout
+
+
+def test_control_is_named_and_paired_with_lc(mt_run, tmp_path):
+    """A stage-2 run with lambda2 0 is LC's control ("MT, continued"), and evaluate.py sets each MT+LC
+    run against the control from the same MT checkpoint: the paired difference."""
+    common = ["--ckpt", mt_run / "mt.pt", "--epochs", "1", "--decay-epochs", "0", "--eps-scale", "normalized"]
+    control = run("finetune_lc.py", *common, "--lam", "0", "--out", tmp_path / "control")
+    assert control.returncode == 0, control.stderr
+    assert "lambda2 0: LC is off; this run is LC's control" in control.stdout
+    for lam in ("2", "5"):
+        res = run("finetune_lc.py", *common, "--lam", lam, "--out", tmp_path / f"lc{lam}")
+        assert res.returncode == 0, res.stderr
+        assert torch.load(tmp_path / f"lc{lam}" / "lc.pt", weights_only=True)["config"]["lc"]["eps_scale"] == "normalized"
+    ckpts = [tmp_path / "control" / "lc.pt", tmp_path / "lc2" / "lc.pt", tmp_path / "lc5" / "lc.pt"]
+    result = invoke(evaluate, ["--ckpt", *ckpts, "--json", "--table", tmp_path / "t.md"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
+    assert [r["method"] for r in rows[:3]] == ["MT, continued (lambda2 0)"] + ["MT+LC (normalized eps)"] * 2
+    (paired,) = [r for r in rows if "paired" in r]
+    assert paired["paired"] == "MT+LC (normalized eps) minus MT, continued (lambda2 0)" and paired["pairs"] == 2
+    differences = [rows[i]["teacher_error"] - rows[0]["teacher_error"] for i in (1, 2)]
+    assert paired["teacher_difference_mean"] == pytest.approx(sum(differences) / 2)
+    table = (tmp_path / "t.md").read_text()
+    assert "| MT, continued (lambda2 0) |" in table and "Paired difference" in table
+    assert evaluate.stage_label(lines(tmp_path / "control" / "lc_metrics.jsonl")) == "MT, continued"  # --curves' legend
+    assert evaluate.stage_label(lines(tmp_path / "lc2" / "lc_metrics.jsonl")) == "MT+LC"

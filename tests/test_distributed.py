@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from data import balanced_split, load_digits
 from devices import Processes
-import training
+import neighbours
 from training import Stage, fit
 from fakedata import tiny_trainer
 from kernels import lc_loss
@@ -55,7 +55,7 @@ def worker(rank, world, init_file, out_dir):
             loss, fraction = lc_loss(z_labeled, z_unlabeled, eps, **kwargs)
             calls.append(torch.tensor([len(z_labeled), len(z_unlabeled), loss.item()], dtype=torch.float64))
             return loss, fraction
-        training.lc_loss = recording_lc_loss
+        neighbours.lc_loss = recording_lc_loss
         seen = {}
         for scope in ("local", "global"):
             calls.clear()

@@ -1,5 +1,6 @@
 """Sound on any data (issue 10): eval statistics that follow the weights, eps from the features,
-a relative eps that follows the feature scale, and the warnings when LC or training goes wrong."""
+a relative eps that follows the feature scale, the normalized LC form that cannot gain by shrinking
+the space (issue 20), and the warnings when LC or training goes wrong."""
 import math
 
 import pytest
@@ -9,7 +10,7 @@ from data import balanced_split, load_digits
 from fakedata import tiny_trainer
 from kernels import lc_loss
 from model import Dropout, WeightNormMeanOnlyBN
-from neighbours import PairDistances, batch_pair_d2, mean_pair_d2, relative_lc_loss
+from neighbours import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
 from training import Stage, fit
 
 
@@ -146,6 +147,69 @@ def test_relative_lc_loss_is_lc_loss_at_the_batch_eps():
     torch.testing.assert_close(loss, expected, rtol=1e-10, atol=0)
     for got, want in zip(grads, torch.autograd.grad(expected, (zl, zu))):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def radial_share(z, grad):
+    """The share of the gradient's squared norm along the (centred) features themselves."""
+    centred = z - z.mean(0)
+    return ((grad * centred).sum().square() / (grad.square().sum() * centred.square().sum())).item()
+
+
+def lc_grads(form, zl, zu, ratio):
+    zl, zu = zl.detach().requires_grad_(), zu.detach().requires_grad_()
+    loss, fraction = lc_term(zl, zu, None, form, ratio)
+    return loss, fraction, torch.cat(torch.autograd.grad(loss, (zl, zu)))
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.7, 3.0])
+def test_normalized_lc_gains_nothing_from_scaling_all_features(scale):
+    """A common factor on every feature leaves the normalized loss and its neighbours as they are, and
+    its gradient has no component along the features (shrinking the space buys nothing), while the
+    relative form's value falls with the scale and a share of its gradient only shrinks the space."""
+    gen = torch.Generator().manual_seed(4)
+    zl = torch.randn(32, 16, generator=gen, dtype=torch.float64) + 0.5
+    zu = torch.randn(128, 16, generator=gen, dtype=torch.float64)
+    loss, fraction, grad = lc_grads("normalized", zl, zu, 0.6)
+    scaled_loss, scaled_fraction, scaled_grad = lc_grads("normalized", scale * zl, scale * zu, 0.6)
+    assert 0.03 < fraction < 0.5 and scaled_fraction == fraction
+    torch.testing.assert_close(scaled_loss, loss, rtol=1e-12, atol=0)
+    torch.testing.assert_close(scaled_grad, grad / scale, rtol=1e-9, atol=1e-12)
+    z = torch.cat([zl, zu])
+    assert radial_share(z, grad) < 1e-20
+    relative_loss, _, relative_grad = lc_grads("relative", zl, zu, 0.6)
+    torch.testing.assert_close(lc_grads("relative", scale * zl, scale * zu, 0.6)[0], scale ** 2 * relative_loss)
+    assert radial_share(z, relative_grad) > 0.01
+
+
+def test_normalized_lc_loss_is_the_loss_of_the_rescaled_features():
+    """Its value is L_lc of z / sqrt(s) at eps = ratio, and its gradient, scale included in the graph,
+    matches finite differences."""
+    gen = torch.Generator().manual_seed(5)
+    zl = (torch.randn(6, 4, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    zu = torch.randn(20, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    root = mean_pair_d2(zl, zu).sqrt()
+    torch.testing.assert_close(normalized_lc_loss(zl, zu, 0.8)[0], lc_loss(zl / root, zu / root, 0.8),
+                               rtol=1e-12, atol=0)
+    assert torch.autograd.gradcheck(lambda a, b: normalized_lc_loss(a, b, 0.8)[0], (zl, zu))
+
+
+def test_fixed_form_is_the_papers_loss():
+    """The fixed form (svhn and cifar10 presets) is Eq. 4-5 as the authors' code computes it: d2 the
+    mean over features of the squared difference, w = exp(-d2 / eps) on pairs with d2 <= eps, each
+    term the mean of w d2 over its neighbour pairs; written out here independently, to 1e-6."""
+    gen = torch.Generator().manual_seed(6)
+    zl = torch.randn(32, 24, generator=gen) * 4
+    zu = torch.randn(128, 24, generator=gen) * 4
+    eps = 20.0
+
+    def term(a, b):
+        d2 = ((a[:, None, :] - b[None, :, :]) ** 2).mean(-1)
+        neighbour = (d2 <= eps).float()
+        return (neighbour * torch.exp(-d2 / eps) * d2).sum() / neighbour.sum()
+    expected = term(zl.double(), zu.double()) + term(zu.double(), zu.double())
+    loss, fraction = lc_term(zl, zu, eps, "fixed")
+    assert 0.05 < fraction < 0.9
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=0)
 
 
 def test_chance_level_warnings():
