@@ -10,6 +10,7 @@ curves and t-SNE pictures.
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
     python evaluate.py --ckpt mt.pt --distances d2.png                 # where eps falls among the distances
 """
+import csv
 import io
 import json
 import statistics
@@ -24,7 +25,7 @@ from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, rea
 from devices import pick_device
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
 from predictions import image_paths, predict_files, write_rows
-from training import predict_classes
+from training import predict_classes, test_error
 
 
 CONTROL = "MT, continued (lambda2 0)"
@@ -96,6 +97,8 @@ def results_table(results):
         row = dict(method=method, setting=setting, runs=len(runs))
         for model in ("student", "teacher"):
             row[f"{model}_mean"], row[f"{model}_std"] = mean_std([r[f"{model}_error"] for r in runs])
+            if all("n_pool" in r for r in runs):
+                row[f"{model}_pool_mean"], row[f"{model}_pool_std"] = mean_std([r[f"{model}_pool_error"] for r in runs])
         rows.append(row)
     return methods, settings, rows
 
@@ -114,19 +117,31 @@ def paired_differences(results):
     rows = []
     for (method, setting), pairs in groups.items():
         row = dict(paired=f"{method} minus {CONTROL}", method=method, setting=setting, pairs=len(pairs))
-        for model in ("student", "teacher"):
-            mean, std = mean_std([r[f"{model}_error"] - c[f"{model}_error"] for r, c in pairs])
-            row.update({f"{model}_difference_mean": mean, f"{model}_difference_std": std,
-                        f"{model}_difference_se": std / len(pairs) ** 0.5})
+        measures = [""] + (["pool_"] if all("n_pool" in r and "n_pool" in c for r, c in pairs) else [])
+        for measure in measures:
+            for model in ("student", "teacher"):
+                key = f"{model}_{measure}"
+                mean, std = mean_std([r[f"{key}error"] - c[f"{key}error"] for r, c in pairs])
+                several = len(pairs) > 1  # one pair has no spread to speak of
+                row.update({f"{key}difference_mean": mean, f"{key}difference_std": std if several else None,
+                            f"{key}difference_se": std / len(pairs) ** 0.5 if several else None})
         rows.append(row)
     return rows
 
 
+def difference_cell(row, model, template="{mean:+.2f} +- {std:.2f} (standard error {se:.2f})"):
+    mean, std, se = (row[f"{model}_difference_{k}"] for k in ("mean", "std", "se"))
+    return template.format(mean=mean, std=std, se=se) if se is not None else f"{mean:+.2f}"
+
+
 def describe_paired(row):
-    cells = [f"{model} {row[f'{model}_difference_mean']:+.2f} +- {row[f'{model}_difference_std']:.2f} "
-             f"(standard error {row[f'{model}_difference_se']:.2f})" for model in ("teacher", "student")]
-    return (f"{row['paired']}, {row['setting']}: test error difference over {row['pairs']} pair"
-            f"{'s' if row['pairs'] > 1 else ''} (same MT checkpoint), points: " + ", ".join(cells))
+    line = (f"{row['paired']}, {row['setting']}: error difference over {row['pairs']} pair"
+            f"{'s' if row['pairs'] > 1 else ''} (same MT checkpoint), points: test images: "
+            + ", ".join(f"{model} {difference_cell(row, model)}" for model in ("teacher", "student")))
+    if "teacher_pool_difference_mean" in row:
+        line += "; unlabeled training images: " + ", ".join(
+            f"{model} {difference_cell(row, model + '_pool')}" for model in ("teacher", "student"))
+    return line
 
 
 def write_table(path, results):
@@ -154,8 +169,8 @@ def write_table(path, results):
                      "| difference | setting | teacher | student |\n| --- | --- | --- | --- |\n")
             for r in paired:
                 text += (f"| {r['paired']} | {r['setting']} | " + " | ".join(
-                    f"{r[f'{m}_difference_mean']:+.2f} +- {r[f'{m}_difference_std']:.2f} ({r[f'{m}_difference_se']:.2f})"
-                    for m in ("teacher", "student")) + f" ({r['pairs']}) |\n")
+                    difference_cell(r, m, "{mean:+.2f} +- {std:.2f} ({se:.2f})") for m in ("teacher", "student"))
+                    + f" ({r['pairs']}) |\n")
             text += "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
     return text
@@ -316,10 +331,33 @@ def plot_confusion(y, predicted, classes, title, out):
     plt.close(fig)
 
 
-def evaluate_checkpoint(path, state, data, student, teacher, device):
-    """The result of one checkpoint: test errors of both models, per class, and how LC went."""
+def pool_labels(state, data, truth_csv):
+    """The true classes of the checkpoint's unlabeled training images: the dataset's own labels or,
+    for a folder, those of a CSV with columns path,class (paths as the folder names them, e.g.
+    unlabeled/u00001.jpg; examples/own_images.py writes one). Exit 2 for an image the CSV lacks."""
+    idx = state["unlabeled_idx"]
+    y = data.train_y[idx].clone()
+    if not (y < 0).any():
+        return y
+    if truth_csv is None:
+        raise UserError("--pool-error on a folder needs --truth: a CSV of path,class for its unlabeled/ images")
+    with open(truth_csv, newline="") as f:
+        rows = {r.get("path"): r.get("class") for r in csv.DictReader(f)}
+    names = [data.files["train"][i] for i in idx.tolist()]
+    missing = [n for n in names if rows.get(n) not in data.classes]
+    if missing:
+        raise UserError(f"--truth {truth_csv} has no known class for {len(missing)} unlabeled images "
+                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    return torch.tensor([data.classes.index(rows[n]) for n in names])
+
+
+def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None):
+    """The result of one checkpoint: test errors of both models, per class, how LC went and, given the
+    true classes of its unlabeled images (pool_y), the error on them."""
     config = state["config"]
     mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
+    if pool_y is not None:
+        pool_x = data.train_x[state["unlabeled_idx"]].to(device)
     x, y = data.test_x.to(device), data.test_y.to(device)
     result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"], method=method_name(state),
                   stage=state["stage"], epoch=state["epoch"], n_test=len(y))
@@ -332,6 +370,10 @@ def evaluate_checkpoint(path, state, data, student, teacher, device):
         for cls, r in per_class_errors(y, predicted, data.classes).items():
             per_class.setdefault(cls, dict(count=r["count"]))[f"{name}_error"] = r["error"]
     result["per_class"] = per_class
+    if pool_y is not None:
+        result["n_pool"] = len(pool_y)
+        for name, model in (("student", student), ("teacher", teacher)):
+            result[f"{name}_pool_error"] = test_error(model, pool_x, pool_y.to(device), mean, std)
     return dict(result, **lc_diagnostics(state))
 
 
@@ -341,11 +383,15 @@ def describe_result(result, state):
     head = (f"{result['checkpoint']}: {config['dataset']}, {config['labels']} labels, {result['method']} "
             f"({state['stage']} epoch {state['epoch']}): ")
     if not result["n_test"]:
-        return [head + "no test images (the folder has no test/)"]
-    lines = [head + f"test error student {result['student_error']:.2f}% teacher {result['teacher_error']:.2f}% "
-                    f"({result['n_test']} test images)"]
-    cells = [f"{cls} {r['teacher_error']:.1f}% ({r['count']})" for cls, r in result["per_class"].items() if r["count"]]
-    lines.append("  teacher's error per class (test images): " + ", ".join(cells))
+        lines = [head + "no test images (the folder has no test/)"]
+    else:
+        lines = [head + f"test error student {result['student_error']:.2f}% teacher {result['teacher_error']:.2f}% "
+                        f"({result['n_test']} test images)"]
+        cells = [f"{cls} {r['teacher_error']:.1f}% ({r['count']})" for cls, r in result["per_class"].items() if r["count"]]
+        lines.append("  teacher's error per class (test images): " + ", ".join(cells))
+    if "n_pool" in result:
+        lines.append(f"  error on the {result['n_pool']} unlabeled training images (labels never used): student "
+                     f"{result['student_pool_error']:.2f}% teacher {result['teacher_pool_error']:.2f}%")
     if "d2_ratio_start" in result:
         lines.append(describe_lc(result))
     return lines
@@ -426,11 +472,18 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device):
               help="PNG of the pairwise d2 of the first checkpoint's student features as LC sees them (labeled "
                    "same-class, labeled different-class, LC pairs) with eps marked (an MT checkpoint: the eps that "
                    "--eps auto would choose); prints their medians, ratio, mean and the neighbour fraction as JSON.")
+@click.option("--pool-error", is_flag=True,
+              help="Also the error on the checkpoint's unlabeled training images, whose labels training never used "
+                   "(more images than the test set: a steadier comparison of methods): their own labels for "
+                   "svhn, cifar10 and digits, --truth's for a folder.")
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --pool-error on a folder: a CSV with columns path,class for its unlabeled/ images "
+                   "(paths as unlabeled/NAME; examples/own_images.py writes one beside the folders it builds).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
 @click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_size, confusion, table, curves, plot,
-         tsne, tsne_points, distances, data_dir, seed, device):
+         tsne, tsne_points, distances, pool_error, truth, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
     if predict_paths:
@@ -443,11 +496,13 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
         raise UserError(f"--table must end in .md or .csv, got {table}")
     if csv_path and not predict_paths:
         raise UserError("--csv goes with --predict")
-    if predict_paths and (len(ckpts) != 1 or as_json or table or curves or tsne or distances or confusion):
+    if predict_paths and (len(ckpts) != 1 or as_json or table or curves or tsne or distances or confusion or pool_error):
         raise UserError("--predict takes exactly one --ckpt and no other output (--json, --table, --curves, --tsne, "
-                        "--distances, --confusion): run evaluate.py again for those")
+                        "--distances, --confusion, --pool-error): run evaluate.py again for those")
     if (table or tsne or distances or confusion) and not ckpts:
         raise UserError("--table, --tsne, --distances and --confusion need at least one --ckpt")
+    if truth and not pool_error:
+        raise UserError("--truth goes with --pool-error")
     if not ckpts and not curves:
         raise UserError("nothing to do: give --ckpt, or --curves with --plot")
     torch.manual_seed(seed)
@@ -461,7 +516,8 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
         config = state["config"]
         data = restore_data(state, data_dir)
         student, teacher = restore_models(state, device)
-        result = evaluate_checkpoint(path, state, data, student, teacher, device)
+        pool_y = pool_labels(state, data, truth) if pool_error else None
+        result = evaluate_checkpoint(path, state, data, student, teacher, device, pool_y)
         results.append(result)
         click.echo(json.dumps(result) if as_json else "\n".join(describe_result(result, state)))
         first = len(results) == 1
@@ -495,7 +551,10 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
             else:
                 click.echo(f"{row['method']}, {row['setting']}: mean +- std over {row['runs']} runs: "
                            f"student {row['student_mean']:.2f} +- {row['student_std']:.2f}%, "
-                           f"teacher {row['teacher_mean']:.2f} +- {row['teacher_std']:.2f}%")
+                           f"teacher {row['teacher_mean']:.2f} +- {row['teacher_std']:.2f}%"
+                           + (f"; unlabeled training images: student {row['student_pool_mean']:.2f} +- "
+                              f"{row['student_pool_std']:.2f}%, teacher {row['teacher_pool_mean']:.2f} +- "
+                              f"{row['teacher_pool_std']:.2f}%" if "teacher_pool_mean" in row else ""))
         for row in paired_differences(tested):
             click.echo(json.dumps(row) if as_json else describe_paired(row))
     if table:

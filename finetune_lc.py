@@ -49,11 +49,15 @@ class EpsParam(click.ParamType):
 @click.option("--eps-scale", type=click.Choice(["fixed", "relative", "normalized"]), default=None,
               help="fixed: eps stays as given, in the features' units (the paper's). relative: eps follows the feature "
                    "scale, as the same multiple of each batch's mean d2 (detached) that it is at LC's start, so LC "
-                   "cannot make every pair a neighbour by shrinking the space; the loss still falls when the space "
-                   "shrinks. normalized: the features are divided by their batch's scale inside the loss, so a common "
-                   "factor changes nothing and LC gains nothing by shrinking the space; the loss is unit-free. "
-                   f"{preset_help('eps_scale')}")
-@click.option("--lam", type=float, default=None, help=f"LC weight lambda2. {preset_help('lam')}")
+                   "cannot make every pair a neighbour by shrinking the space (the loss still falls as the space "
+                   "shrinks). normalized: the features divided by their batch's scale inside the loss, so a common "
+                   "factor changes nothing; not a default: on CIFAR-10 folders it pulled most images together and a "
+                   f"few far out (docs/lc-control.md). {preset_help('eps_scale')}")
+@click.option("--lam", type=float, default=None,
+              help="LC weight lambda2; 0 runs LC's control (MT trained on for the same schedule). With fixed eps it "
+                   "weighs the loss in the features' units (the paper's); with relative eps the loss is first divided "
+                   "by the features' mean d2 at LC's start, so that lambda2 means the same on any data; the "
+                   f"normalized loss is unit-free. {preset_help('lam')}")
 @click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {preset_help('lc_rampup')}")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
@@ -126,6 +130,7 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
                          else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
                             eps_ratio=eps / start["d2_mean"] if eps_scale != "fixed" else None, start=start,
+                            loss_unit=start["d2_mean"] if eps_scale == "relative" else 1.0,
                             lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
@@ -162,7 +167,8 @@ def make_trainer(config, data, state, student, teacher, optimizer, device, procs
                   ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
                   eval_every=lc["eval_every"], first_step=lc["mt_step"],
                   lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
-                  lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"])
+                  lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"],
+                  lc_loss_unit=lc.get("loss_unit", 1.0))  # 1: a run from before the unit-free relative loss
     return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
                    procs, reference_spread=reference_spread)
 

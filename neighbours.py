@@ -58,14 +58,18 @@ def normalized_lc_loss(z_labeled, z_unlabeled, ratio):
     return lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True)
 
 
-def lc_term(z_labeled, z_unlabeled, eps, eps_scale, eps_ratio=None):
-    """(L_lc, neighbour fraction) in one of the three forms of --eps-scale: fixed (the paper's: eps in
-    the features' units), relative (eps = eps_ratio x the batch's mean d2, detached) or normalized
-    (the features divided by their batch scale, eps = eps_ratio in those units)."""
+def lc_term(z_labeled, z_unlabeled, eps, eps_scale, eps_ratio=None, unit=1.0):
+    """(L_lc, neighbour fraction) in one of the three forms of --eps-scale: fixed (the paper's: eps and
+    the loss in the features' units), relative (eps = eps_ratio x the batch's mean d2, detached; the
+    loss divided by `unit`, the features' mean d2 when LC started, so that it is unit-free and lambda2
+    weighs it alike on any data) or normalized (the features divided by their batch scale, eps =
+    eps_ratio in those units)."""
     if eps_scale == "fixed":
         return lc_loss(z_labeled, z_unlabeled, eps, return_fraction=True)
-    form = normalized_lc_loss if eps_scale == "normalized" else relative_lc_loss
-    return form(z_labeled, z_unlabeled, eps_ratio)
+    if eps_scale == "normalized":
+        return normalized_lc_loss(z_labeled, z_unlabeled, eps_ratio)
+    loss, fraction = relative_lc_loss(z_labeled, z_unlabeled, eps_ratio)
+    return loss / unit, fraction
 
 
 @torch.no_grad()

@@ -93,6 +93,7 @@ class Stage:
     lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
     lc_eps_scale: str = "fixed"  # the LC form: fixed (the paper's), relative or normalized (neighbours.lc_term)
     lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
+    lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
 
 
 class TrainingFailed(click.ClickException):
@@ -178,7 +179,8 @@ class Trainer:
             z_lab, z_unl = z[:self.batches.n_lab], z[self.batches.n_lab:]
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
-            lc, fraction = lc_term(z_lab, z_unl, self.stage.lc_eps, self.stage.lc_eps_scale, self.stage.lc_eps_ratio)
+            stage = self.stage
+            lc, fraction = lc_term(z_lab, z_unl, stage.lc_eps, stage.lc_eps_scale, stage.lc_eps_ratio, stage.lc_loss_unit)
             loss = loss + lc_w * lc
             spread = feature_spread(z)
         else:

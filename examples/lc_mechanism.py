@@ -13,7 +13,8 @@ augmented view, neighbours.lc_features), for each form of the loss (relative, no
   grad_ratio       |lambda2 grad_z L_lc| / |grad_z L_ce| (the labeled rows' cross-entropy through the
                    classifier): LC's pull beside the labels' at full lambda2.
 and, once per batch, the neighbour fraction and the share of neighbour pairs (a point with itself
-not counted) whose true classes differ, and the share of the loss those pairs carry.
+not counted) whose true classes differ, the share of the loss those pairs carry, and the share of
+all LC pairs whose classes differ (what neighbours drawn at random would give).
 
 Prints one JSON object per checkpoint (means over the batches).
 """
@@ -54,7 +55,8 @@ def pair_classes(batches, truth):
 
 def cross_class_shares(z_labeled, z_unlabeled, classes, eps):
     """(neighbour fraction, share of the neighbour pairs joining different classes, share of the
-    loss's w d2 mass on them), a point with itself left out of the last two."""
+    loss's w d2 mass on them, share of all LC pairs joining different classes: what neighbours
+    chosen at random would give), a point with itself left out of the last three."""
     rows = torch.cat([z_labeled, z_unlabeled]).double()
     d2 = torch.cdist(rows, z_unlabeled.double(), compute_mode="donot_use_mm_for_euclid_dist").square() / rows.shape[1]
     neighbour = d2 <= eps
@@ -63,8 +65,11 @@ def cross_class_shares(z_labeled, z_unlabeled, classes, eps):
     neighbour[n:].fill_diagonal_(False)
     differ = classes[:, None] != classes[None, n:]
     mass = torch.exp(-d2 / eps) * d2 * neighbour
+    pairs = torch.ones_like(neighbour)
+    pairs[n:].fill_diagonal_(False)
     return (fraction, (neighbour & differ).sum().item() / max(1, neighbour.sum().item()),
-            (mass * differ).sum().item() / max(1e-300, mass.sum().item()))
+            (mass * differ).sum().item() / max(1e-300, mass.sum().item()),
+            (pairs & differ).sum().item() / pairs.sum().item())
 
 
 def lc_gradient(z_labeled, z_unlabeled, eps_scale, ratio):
@@ -89,13 +94,17 @@ def ce_gradient(classifier, z_labeled, z_unlabeled, labels):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--ckpt", "ckpts", type=click.Path(exists=True, dir_okay=False), multiple=True, required=True,
-              help="An MT or LC checkpoint (repeat for several).")
+@click.argument("more_ckpts", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option("--ckpt", "ckpts", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="An MT or LC checkpoint; several after it, or --ckpt again.")
 @click.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A folder's <folder>-truth.csv (examples/own_images.py): the classes of unlabeled/.")
 @click.option("--lam", type=float, default=None, help="lambda2 for grad_ratio. [default: the LC run's, or the preset's]")
-def main(ckpts, truth, lam):
+def main(more_ckpts, ckpts, truth, lam):
     """Measure LC's gradient on each checkpoint's features; one JSON line each."""
+    ckpts += more_ckpts
+    if not ckpts:
+        raise click.UsageError("give at least one --ckpt")
     for path in ckpts:
         state = load_checkpoint(path)
         config = state["config"]
@@ -112,9 +121,10 @@ def main(ckpts, truth, lam):
         rows = []
         for (z_labeled, z_unlabeled, labels), classes in zip(feats, pair_classes(batches, true_classes(data, truth))):
             s = mean_pair_d2(z_labeled, z_unlabeled).item()
-            fraction, cross, cross_mass = cross_class_shares(z_labeled, z_unlabeled, classes, ratio * s)
+            fraction, cross, cross_mass, cross_all = cross_class_shares(z_labeled, z_unlabeled, classes, ratio * s)
             ce = ce_gradient(student.classifier, z_labeled, z_unlabeled, labels).norm().item()
-            row = dict(d2_mean=s, neighbour_fraction=fraction, cross_class_pairs=cross, cross_class_loss=cross_mass)
+            row = dict(d2_mean=s, neighbour_fraction=fraction, cross_class_pairs=cross, cross_class_loss=cross_mass,
+                       cross_class_any_pair=cross_all)
             for form in ("relative", "normalized"):
                 z, grad = lc_gradient(z_labeled, z_unlabeled, form, ratio)
                 row[f"{form}_radial_share"] = radial_share(z, grad)

@@ -128,6 +128,58 @@ def digits(out, per_class, seed):
         write_folder(out, labeled, unlabeled, test, seed)
 
 
+LETTERS = "abdegnopqu"  # pairs a network can confuse: b d p q, a e o, n u
+
+
+def render_letter(letter, fonts, rng, size=32):
+    """One grayscale image of a letter: a random font, size, position, slant, stroke contrast, blur and noise."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+    import numpy as np
+    canvas = 3 * size
+    image = Image.new("L", (canvas, canvas), 0)
+    font = ImageFont.truetype(str(fonts[rng.integers(len(fonts))]), int(rng.integers(size * 5 // 8, size * 7 // 8)))
+    ImageDraw.Draw(image).text((canvas / 2, canvas / 2), letter, fill=255, font=font, anchor="mm")
+    image = image.rotate(float(rng.uniform(-20, 20)), resample=Image.BILINEAR)
+    shift = rng.integers(-size // 8, size // 8 + 1, 2)
+    image = image.crop((size + shift[0], size + shift[1], 2 * size + shift[0], 2 * size + shift[1]))
+    image = image.filter(ImageFilter.GaussianBlur(float(rng.uniform(0, 1.2))))
+    paper = rng.uniform(0, 120)
+    ink = rng.uniform(paper + 90, 255)  # at least 90 grey levels of contrast
+    if rng.random() < 0.5:
+        ink, paper = paper, ink  # dark on light or light on dark
+    x = paper + (ink - paper) * np.asarray(image, dtype=np.float64) / 255 + rng.normal(0, 12, (size, size))
+    return Image.fromarray(x.clip(0, 255).round().astype(np.uint8), "L")
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--per-class", type=int, default=10, help="Labeled images per class.")
+@click.option("--unlabeled-per-class", type=int, default=150, help="Unlabeled images per class.")
+@click.option("--test-per-class", type=int, default=100, help="Test images per class.")
+@click.option("--seed", type=int, default=0, help="Seed of the rendering and the unlabeled order.")
+def letters(out, per_class, unlabeled_per_class, test_per_class, seed):
+    f"""Ten lowercase letters ({', '.join(LETTERS)}) rendered as 32 x 32 grayscale PNGs in matplotlib's
+    bundled fonts (DejaVu, STIX, Computer Modern), each with its own size, position, slant, contrast,
+    polarity, blur and noise: a task nobody here tuned on, built offline."""
+    import matplotlib
+    import numpy as np
+    fonts = sorted(p for p in (Path(matplotlib.get_data_path()) / "fonts" / "ttf").glob("*.ttf")
+                   if not p.name.startswith(("STIXSiz", "STIXNonUni", "cmex", "cmsy", "LastResort"))  # no letters
+                   and "Display" not in p.name)  # DejaVu's Display fonts hold a few glyphs only
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        def draw(letter, i):
+            path = Path(tmp) / f"{letter}{i:04d}.png"
+            render_letter(letter, fonts, rng).save(path)
+            return path
+        parts = {}
+        for letter in LETTERS:
+            made = [draw(letter, i) for i in range(per_class + unlabeled_per_class + test_per_class)]
+            parts[letter] = made[:per_class], made[per_class:per_class + unlabeled_per_class], made[-test_per_class:]
+        write_folder(out, {c: p[0] for c, p in parts.items()}, [(f, c) for c, p in parts.items() for f in p[1]],
+                     {c: p[2] for c, p in parts.items()}, seed)
+
+
 @main.command()
 @click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True,
               help="The <folder>-truth.csv written with the folder.")

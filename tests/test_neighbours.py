@@ -181,6 +181,33 @@ def test_normalized_lc_gains_nothing_from_scaling_all_features(scale):
     assert radial_share(z, relative_grad) > 0.01
 
 
+def test_relative_lc_is_unit_free_in_units_of_the_start_scale():
+    """Divided by the mean d2 at LC's start, the relative loss takes the same value on features c times
+    larger that started c^2 times larger: lambda2 weighs LC alike whatever the data's feature scale."""
+    gen = torch.Generator().manual_seed(7)
+    zl, zu = torch.randn(32, 16, generator=gen, dtype=torch.float64), torch.randn(128, 16, generator=gen, dtype=torch.float64)
+    start = mean_pair_d2(zl, zu).item()
+    loss, fraction = lc_term(zl, zu, None, "relative", 0.5, unit=start)
+    torch.testing.assert_close(loss, relative_lc_loss(zl, zu, 0.5)[0] / start)
+    for c in (0.1, 30.0):
+        scaled, scaled_fraction = lc_term(c * zl, c * zu, None, "relative", 0.5, unit=c ** 2 * start)
+        torch.testing.assert_close(scaled, loss, rtol=1e-10, atol=0)
+        assert scaled_fraction == fraction
+
+
+def test_trainer_divides_the_relative_loss_by_its_unit():
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+
+    def first_step_lc(unit):
+        stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,
+                      eval_every=1, first_step=0, lc_eps=1.0, lc_weight=2.0, lc_rampup=0, lc_eps_scale="relative",
+                      lc_eps_ratio=0.4, lc_loss_unit=unit)
+        trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), stage)
+        return trainer.train_step(0, *trainer.batches.views(0))[3].item()  # (loss, ce, cons, lc, ...)
+    assert first_step_lc(4.0) == pytest.approx(first_step_lc(1.0) / 4, rel=1e-6)
+
+
 def test_normalized_lc_loss_is_the_loss_of_the_rescaled_features():
     """Its value is L_lc of z / sqrt(s) at eps = ratio, and its gradient, scale included in the graph,
     matches finite differences."""
