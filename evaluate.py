@@ -32,14 +32,16 @@ CONTROL = "MT, continued (lambda2 0)"
 
 
 def method_name(state):
-    """supervised, MT, MT+LC with its eps scale (fixed, as in the paper, relative or normalized), or,
-    for a stage-2 run with lambda2 0, LC's control: MT trained on for stage 2's schedule without LC."""
+    """supervised, MT, MT+LC with its eps scale (fixed, as in the paper, relative or normalized) and its
+    pairs (all, or same-prediction), or, for a stage-2 run with lambda2 0, LC's control: MT trained on
+    for stage 2's schedule without LC."""
     if state["stage"] == "lc":
         lc = state["config"]["lc"]
         if lc.get("lam") == 0:
             return CONTROL
         scale = lc.get("eps_scale")
-        return f"MT+LC ({scale} eps)" if scale else "MT+LC"
+        pairs = ", same-prediction pairs" if lc.get("pairs") == "same-prediction" else ""
+        return f"MT+LC ({scale} eps{pairs})" if scale else "MT+LC"
     return "supervised" if state["config"]["cons_weight"] == 0 else "MT"
 
 

@@ -53,6 +53,11 @@ class EpsParam(click.ParamType):
                    "shrinks). normalized: the features divided by their batch's scale inside the loss, so a common "
                    "factor changes nothing; not a default: on CIFAR-10 folders it pulled most images together and a "
                    f"few far out (docs/lc-control.md). {preset_help('eps_scale')}")
+@click.option("--lc-pairs", type=click.Choice(["all", "same-prediction"]), default=None,
+              help="Which pairs within eps LC pulls together. all: every one (the paper's). same-prediction: only "
+                   "pairs whose classes agree, a labeled image's class being its label and an unlabeled image's the "
+                   "teacher's prediction on the step's view: LC never pulls together images the teacher tells "
+                   f"apart. {preset_help('lc_pairs')}")
 @click.option("--lam", type=float, default=None,
               help="LC weight lambda2; 0 runs LC's control (MT trained on for the same schedule). With fixed eps it "
                    "weighs the loss in the features' units (the paper's); with relative eps the loss is first divided "
@@ -81,7 +86,7 @@ class EpsParam(click.ParamType):
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
                    "found across the whole global batch, as on one device. No effect in one process.")
 @speed_options("lc")
-def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
+def main(ckpt, eps, eps_scale, lc_pairs, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
          resume, lc_scope, precision, compile_, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
@@ -109,6 +114,7 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
         eps = eps if eps is not None else defaults["eps"]
         eps_scale = eps_scale or defaults["eps_scale"]
         lam = lam if lam is not None else defaults["lam"]
+        lc_pairs = lc_pairs or defaults["lc_pairs"]
         if eps != "auto" and not (math.isfinite(eps) and eps > 0):
             raise UserError(f"--eps must be finite and > 0, got {eps}")
         if not (math.isfinite(lam) and lam >= 0):
@@ -130,18 +136,20 @@ def main(ckpt, eps, eps_scale, lam, lc_rampup, epochs, decay_epochs, lr, eval_ev
                          else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
                             eps_ratio=eps / start["d2_mean"] if eps_scale != "fixed" else None, start=start,
-                            loss_unit=start["d2_mean"] if eps_scale == "relative" else 1.0,
+                            loss_unit=start["d2_mean"] if eps_scale == "relative" else 1.0, pairs=lc_pairs,
                             lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
         lc = config["lc"]
         procs.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
-                   f"lambda2 {lam}, {epochs}+{decay_epochs} epochs of {steps_per_epoch} steps "
+                   f"lambda2 {lam}, LC pairs {lc_pairs}, {epochs}+{decay_epochs} epochs of {steps_per_epoch} steps "
                    f"({(epochs + decay_epochs) * steps_per_epoch:,} steps, LC ramp {round(lc_rampup * steps_per_epoch):,}), "
                    f"device {device} x {procs.world}, {config['precision']}, LC scope {lc_scope}")
         procs.echo(f"finetune_lc: eps {eps:.4g} ({'auto' if start['eps_auto'] else 'given'}, {eps_scale}"
                    + (f": {lc['eps_ratio']:.3g} x the batch's mean d2" if lc["eps_ratio"] else "") + ") gives a "
-                   f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start; labeled pairs' median d2: "
+                   f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start"
+                   + (" (of all pairs; LC keeps those of one class: nbr in the epoch lines)"
+                      if lc_pairs == "same-prediction" else "") + "; labeled pairs' median d2: "
                    f"same class {start['d2_same_median']:.3g}, different classes {start['d2_different_median']:.3g}; "
                    f"mean d2 {start['d2_mean']:.3g}")
         if lam == 0:
@@ -168,7 +176,8 @@ def make_trainer(config, data, state, student, teacher, optimizer, device, procs
                   eval_every=lc["eval_every"], first_step=lc["mt_step"],
                   lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
                   lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"],
-                  lc_loss_unit=lc.get("loss_unit", 1.0))  # 1: a run from before the unit-free relative loss
+                  lc_loss_unit=lc.get("loss_unit", 1.0),  # 1: a run from before the unit-free relative loss
+                  lc_pairs=lc.get("pairs", "all"))
     return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
                    procs, reference_spread=reference_spread)
 

@@ -36,18 +36,18 @@ def mean_pair_d2(z_labeled, z_unlabeled):
     return (rows.square().sum(1).mean() + (z_unlabeled - centre).square().sum(1).mean()) / z_unlabeled.shape[1]
 
 
-def relative_lc_loss(z_labeled, z_unlabeled, ratio):
+def relative_lc_loss(z_labeled, z_unlabeled, ratio, classes=None):
     """(L_lc, neighbour fraction) with eps = ratio x the batch's mean d2 s (detached), so that the
     neighbourhood follows the feature scale. Computed as s L_lc(z / sqrt(s), ratio), which is
     L_lc(z, ratio s) exactly (d2 and eps scale alike) and keeps eps a constant: no host sync.
     Its value still falls when every feature shrinks alike (s is a constant to the gradient)."""
     s = mean_pair_d2(z_labeled.detach(), z_unlabeled.detach()).clamp_min(torch.finfo(z_labeled.dtype).tiny)
     root = s.sqrt()
-    loss, fraction = lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True)
+    loss, fraction = lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True, classes=classes)
     return s * loss, fraction
 
 
-def normalized_lc_loss(z_labeled, z_unlabeled, ratio):
+def normalized_lc_loss(z_labeled, z_unlabeled, ratio, classes=None):
     """(L_lc, neighbour fraction) of the features in units of the batch's own scale: L_lc(z / sqrt(s),
     ratio) with s the batch's mean d2 inside the graph. A common factor on all features changes
     neither the neighbours nor the value, so LC cannot lower it by shrinking the space: its gradient
@@ -55,20 +55,20 @@ def normalized_lc_loss(z_labeled, z_unlabeled, ratio):
     Unit-free, so lambda2 weighs it alike whatever the features' scale."""
     s = mean_pair_d2(z_labeled, z_unlabeled).clamp_min(torch.finfo(z_labeled.dtype).tiny)
     root = s.sqrt()
-    return lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True)
+    return lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True, classes=classes)
 
 
-def lc_term(z_labeled, z_unlabeled, eps, eps_scale, eps_ratio=None, unit=1.0):
+def lc_term(z_labeled, z_unlabeled, eps, eps_scale, eps_ratio=None, unit=1.0, classes=None):
     """(L_lc, neighbour fraction) in one of the three forms of --eps-scale: fixed (the paper's: eps and
     the loss in the features' units), relative (eps = eps_ratio x the batch's mean d2, detached; the
     loss divided by `unit`, the features' mean d2 when LC started, so that it is unit-free and lambda2
     weighs it alike on any data) or normalized (the features divided by their batch scale, eps =
-    eps_ratio in those units)."""
+    eps_ratio in those units). With classes (one per row of [z_L; z_U]) only pairs of one class count."""
     if eps_scale == "fixed":
-        return lc_loss(z_labeled, z_unlabeled, eps, return_fraction=True)
+        return lc_loss(z_labeled, z_unlabeled, eps, return_fraction=True, classes=classes)
     if eps_scale == "normalized":
-        return normalized_lc_loss(z_labeled, z_unlabeled, eps_ratio)
-    loss, fraction = relative_lc_loss(z_labeled, z_unlabeled, eps_ratio)
+        return normalized_lc_loss(z_labeled, z_unlabeled, eps_ratio, classes)
+    loss, fraction = relative_lc_loss(z_labeled, z_unlabeled, eps_ratio, classes)
     return loss / unit, fraction
 
 

@@ -94,6 +94,7 @@ class Stage:
     lc_eps_scale: str = "fixed"  # the LC form: fixed (the paper's), relative or normalized (neighbours.lc_term)
     lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
     lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
+    lc_pairs: str = "all"       # all (the paper's) or same-prediction: pairs whose classes agree (labels, teacher's)
 
 
 class TrainingFailed(click.ClickException):
@@ -177,10 +178,18 @@ class Trainer:
         if self.stage.name == "lc":
             z = z.float()
             z_lab, z_unl = z[:self.batches.n_lab], z[self.batches.n_lab:]
+            stage = self.stage
+            # same-prediction: a labeled image's class is its label, an unlabeled image's the teacher's
+            # prediction on this step's view, so LC never pulls together images the teacher tells apart.
+            classes = (torch.cat([labels, teacher_logits[self.batches.n_lab:].argmax(1)])
+                       if stage.lc_pairs == "same-prediction" else None)
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
-            stage = self.stage
-            lc, fraction = lc_term(z_lab, z_unl, stage.lc_eps, stage.lc_eps_scale, stage.lc_eps_ratio, stage.lc_loss_unit)
+                if classes is not None:  # in z's order: every rank's labeled images, then every rank's unlabeled
+                    n = len(labels)
+                    classes = torch.cat([torch.cat(dist_nn.all_gather(t)) for t in (classes[:n], classes[n:])])
+            lc, fraction = lc_term(z_lab, z_unl, stage.lc_eps, stage.lc_eps_scale, stage.lc_eps_ratio,
+                                   stage.lc_loss_unit, classes)
             loss = loss + lc_w * lc
             spread = feature_spread(z)
         else:

@@ -6,7 +6,9 @@ cross-entropy. The measurements behind docs/lc-control.md; a user needs none of 
     PYTHONPATH=. python examples/lc_mechanism.py --ckpt runs/dev-cifar-mt1/mt.pt --truth data/dev-cifar-truth.csv
 
 Over the first batches of the run's stream, as LC sees them (the student in training mode on its
-augmented view, neighbours.lc_features), for each form of the loss (relative, normalized):
+augmented view, neighbours.lc_features), for each form of the loss (features_units: the relative
+loss before it was divided by the features' mean d2 at LC's start; relative: the default for digits
+and folder, unit-free; normalized):
   radial_share     the share of the gradient's squared norm along z itself (features centred on the
                    batch): the part of LC's first-order decrease that shrinking every feature alike
                    buys. 1: LC only contracts the space; 0: it moves points relative to each other.
@@ -72,11 +74,11 @@ def cross_class_shares(z_labeled, z_unlabeled, classes, eps):
             (pairs & differ).sum().item() / pairs.sum().item())
 
 
-def lc_gradient(z_labeled, z_unlabeled, eps_scale, ratio):
+def lc_gradient(z_labeled, z_unlabeled, eps_scale, ratio, unit=1.0):
     """grad_z of the LC loss in the given form (relative or normalized) at eps = ratio x mean d2."""
     z = torch.cat([z_labeled, z_unlabeled]).detach().requires_grad_()
     n = len(z_labeled)
-    loss, _ = lc_term(z[:n], z[n:], None, eps_scale, ratio)
+    loss, _ = lc_term(z[:n], z[n:], None, eps_scale, ratio, unit)
     (grad,) = torch.autograd.grad(loss, z)
     return z.detach(), grad
 
@@ -116,6 +118,7 @@ def main(more_ckpts, ckpts, truth, lam):
         lc = config.get("lc") or {}
         distances = PairDistances.of_batches(feats)
         ratio = lc.get("eps_ratio") or distances.choose_eps() / distances.mean_d2  # as --eps auto would
+        unit = lc.get("loss_unit") or distances.mean_d2  # as a run starting here would divide the relative loss by
         weight = lam if lam is not None else lc.get("lam", preset(config["dataset"], config["labels"])["lam"])
         student.train()
         rows = []
@@ -125,10 +128,11 @@ def main(more_ckpts, ckpts, truth, lam):
             ce = ce_gradient(student.classifier, z_labeled, z_unlabeled, labels).norm().item()
             row = dict(d2_mean=s, neighbour_fraction=fraction, cross_class_pairs=cross, cross_class_loss=cross_mass,
                        cross_class_any_pair=cross_all)
-            for form in ("relative", "normalized"):
-                z, grad = lc_gradient(z_labeled, z_unlabeled, form, ratio)
-                row[f"{form}_radial_share"] = radial_share(z, grad)
-                row[f"{form}_grad_ratio"] = weight * grad.norm().item() / ce
+            for name, form, u in (("features_units", "relative", 1.0), ("relative", "relative", unit),
+                                  ("normalized", "normalized", 1.0)):
+                z, grad = lc_gradient(z_labeled, z_unlabeled, form, ratio, u)
+                row[f"{name}_radial_share"] = radial_share(z, grad)
+                row[f"{name}_grad_ratio"] = weight * grad.norm().item() / ce
             rows.append(row)
         result = dict(checkpoint=path, stage=state["stage"], eps_ratio=ratio, lam=weight,
                       classifier_gain=student.classifier.g.abs().mean().item())

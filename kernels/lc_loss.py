@@ -30,11 +30,12 @@ def _dot(a, b, acc, DOT: tl.constexpr):
 
 
 @triton.jit
-def _sq_dist_tile(z_ptr, sq_ptr, rows, cols, row_start, row_stop, n_rows, n_labeled, dim, eps,
+def _sq_dist_tile(z_ptr, sq_ptr, cls_ptr, rows, cols, row_start, row_stop, n_rows, n_labeled, dim, eps,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  DOT: tl.constexpr, ACC: tl.constexpr):
+                  DOT: tl.constexpr, ACC: tl.constexpr, HAS_CLASSES: tl.constexpr):
     """d2 (mean squared distance) between z[rows] and u[cols] = z[n_labeled + cols], and the
-    neighbour mask; rows outside [row_start, row_stop) and cols past the end are no neighbours."""
+    neighbour mask; rows outside [row_start, row_stop) and cols past the end are no neighbours, nor,
+    with HAS_CLASSES, pairs whose classes (cls_ptr, one per row of z) differ."""
     row_ok = (rows >= row_start) & (rows < row_stop)
     col_ok = cols < n_rows - n_labeled
     row_off = rows.to(tl.int64) * dim
@@ -52,20 +53,24 @@ def _sq_dist_tile(z_ptr, sq_ptr, rows, cols, row_start, row_stop, n_rows, n_labe
     # A point is its own neighbour at distance exactly 0 (the U x U diagonal).
     d2 = tl.where(rows[:, None] == (n_labeled + cols)[None, :], 0.0, d2)
     neighbour = (d2 <= eps) & row_ok[:, None] & col_ok[None, :]
+    if HAS_CLASSES:
+        class_a = tl.load(cls_ptr + rows, mask=row_ok, other=0)
+        class_b = tl.load(cls_ptr + n_labeled + cols, mask=col_ok, other=0)
+        neighbour = neighbour & (class_a[:, None] == class_b[None, :])
     return d2, neighbour
 
 
 @triton.jit
-def _lc_fwd_kernel(z_ptr, sq_ptr, row_num_ptr, row_cnt_ptr, n_rows, n_labeled, dim, eps,
+def _lc_fwd_kernel(z_ptr, sq_ptr, cls_ptr, row_num_ptr, row_cnt_ptr, n_rows, n_labeled, dim, eps,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DOT: tl.constexpr, ACC: tl.constexpr):
+                   DOT: tl.constexpr, ACC: tl.constexpr, HAS_CLASSES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     num = tl.zeros((BLOCK_M,), dtype=tl.float32)
     cnt = tl.zeros((BLOCK_M,), dtype=tl.int32)
     for c0 in range(0, n_rows - n_labeled, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
-        d2, neighbour = _sq_dist_tile(z_ptr, sq_ptr, rows, cols, 0, n_rows, n_rows, n_labeled, dim, eps,
-                                      BLOCK_M, BLOCK_N, BLOCK_D, DOT, ACC)
+        d2, neighbour = _sq_dist_tile(z_ptr, sq_ptr, cls_ptr, rows, cols, 0, n_rows, n_rows, n_labeled, dim, eps,
+                                      BLOCK_M, BLOCK_N, BLOCK_D, DOT, ACC, HAS_CLASSES)
         num += tl.sum(tl.where(neighbour, tl.exp(-d2 / eps) * d2, 0.0), axis=1)
         cnt += tl.sum(neighbour.to(tl.int32), axis=1)
     tl.store(row_num_ptr + rows, num, mask=rows < n_rows)
@@ -81,9 +86,9 @@ def _pair_coef(d2, neighbour, eps):
 
 
 @triton.jit
-def _lc_bwd_rows_kernel(z_ptr, sq_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, dim, eps,
+def _lc_bwd_rows_kernel(z_ptr, sq_ptr, cls_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, dim, eps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_OUT: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr):
+                        BLOCK_OUT: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr, HAS_CLASSES: tl.constexpr):
     """grad of row a_i: scale_i * sum_j K_ij (a_i - b_j), for one block of rows and of features."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     outs = tl.program_id(1) * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
@@ -92,8 +97,8 @@ def _lc_bwd_rows_kernel(z_ptr, sq_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, d
     acc = tl.zeros((BLOCK_M, BLOCK_OUT), dtype=ACC)
     for c0 in range(0, n_rows - n_labeled, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
-        d2, neighbour = _sq_dist_tile(z_ptr, sq_ptr, rows, cols, 0, n_rows, n_rows, n_labeled, dim, eps,
-                                      BLOCK_M, BLOCK_N, BLOCK_D, DOT, ACC)
+        d2, neighbour = _sq_dist_tile(z_ptr, sq_ptr, cls_ptr, rows, cols, 0, n_rows, n_rows, n_labeled, dim, eps,
+                                      BLOCK_M, BLOCK_N, BLOCK_D, DOT, ACC, HAS_CLASSES)
         coef = _pair_coef(d2, neighbour, eps)
         row_sum += tl.sum(coef.to(ACC), axis=1)
         b = tl.load(z_ptr + (n_labeled + cols).to(tl.int64)[:, None] * dim + outs[None, :],
@@ -108,16 +113,16 @@ def _lc_bwd_rows_kernel(z_ptr, sq_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, d
 
 
 @triton.jit
-def _cols_partial(z_ptr, sq_ptr, cols, outs, b, row_start, row_stop, n_rows, n_labeled, dim, eps,
+def _cols_partial(z_ptr, sq_ptr, cls_ptr, cols, outs, b, row_start, row_stop, n_rows, n_labeled, dim, eps,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_OUT: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr):
+                  BLOCK_OUT: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr, HAS_CLASSES: tl.constexpr):
     """sum_i K_ij (b_j - a_i) over the rows in [row_start, row_stop), on the forward pass's tiles."""
     col_sum = tl.zeros((BLOCK_N,), dtype=ACC)
     acc = tl.zeros((BLOCK_N, BLOCK_OUT), dtype=ACC)
     for r0 in range((row_start // BLOCK_M) * BLOCK_M, row_stop, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
-        d2, neighbour = _sq_dist_tile(z_ptr, sq_ptr, rows, cols, row_start, row_stop, n_rows, n_labeled, dim,
-                                      eps, BLOCK_M, BLOCK_N, BLOCK_D, DOT, ACC)
+        d2, neighbour = _sq_dist_tile(z_ptr, sq_ptr, cls_ptr, rows, cols, row_start, row_stop, n_rows, n_labeled,
+                                      dim, eps, BLOCK_M, BLOCK_N, BLOCK_D, DOT, ACC, HAS_CLASSES)
         coef = _pair_coef(d2, neighbour, eps)
         col_sum += tl.sum(coef.to(ACC), axis=0)
         a = tl.load(z_ptr + rows.to(tl.int64)[:, None] * dim + outs[None, :],
@@ -127,9 +132,9 @@ def _cols_partial(z_ptr, sq_ptr, cols, outs, b, row_start, row_stop, n_rows, n_l
 
 
 @triton.jit
-def _lc_bwd_cols_kernel(z_ptr, sq_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, dim, eps,
+def _lc_bwd_cols_kernel(z_ptr, sq_ptr, cls_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, dim, eps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_OUT: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr):
+                        BLOCK_OUT: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr, HAS_CLASSES: tl.constexpr):
     """grad of unlabeled b_j in its column roles, for one block of points and of features; the
     labeled and unlabeled rows are summed apart because their terms have different scales."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -137,10 +142,10 @@ def _lc_bwd_cols_kernel(z_ptr, sq_ptr, scale_ptr, grad_ptr, n_rows, n_labeled, d
     offs = cols.to(tl.int64)[:, None] * dim + outs[None, :]
     io_mask = (cols < n_rows - n_labeled)[:, None] & (outs < dim)[None, :]
     b = tl.load(z_ptr + n_labeled * dim + offs, mask=io_mask, other=0.0).to(ACC)
-    from_labeled = _cols_partial(z_ptr, sq_ptr, cols, outs, b, 0, n_labeled, n_rows, n_labeled, dim, eps,
-                                 BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_OUT, DOT, ACC)
-    from_unlabeled = _cols_partial(z_ptr, sq_ptr, cols, outs, b, n_labeled, n_rows, n_rows, n_labeled, dim, eps,
-                                   BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_OUT, DOT, ACC)
+    from_labeled = _cols_partial(z_ptr, sq_ptr, cls_ptr, cols, outs, b, 0, n_labeled, n_rows, n_labeled, dim, eps,
+                                 BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_OUT, DOT, ACC, HAS_CLASSES)
+    from_unlabeled = _cols_partial(z_ptr, sq_ptr, cls_ptr, cols, outs, b, n_labeled, n_rows, n_rows, n_labeled, dim,
+                                   eps, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_OUT, DOT, ACC, HAS_CLASSES)
     grad = tl.load(scale_ptr) * from_labeled + tl.load(scale_ptr + 1) * from_unlabeled
     tl.store(grad_ptr + offs, grad, mask=io_mask)
 
@@ -171,7 +176,7 @@ def _backward_config(z):
 
 class TritonLCLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, n_labeled, eps):
+    def forward(ctx, z, n_labeled, eps, classes=None):
         z = z.contiguous()
         n_rows, dim = z.shape
         acc_dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
@@ -180,12 +185,14 @@ class TritonLCLoss(torch.autograd.Function):
         row_num = torch.empty(n_rows, dtype=torch.float32, device=z.device)
         row_cnt = torch.empty(n_rows, dtype=torch.int32, device=z.device)
         _lc_fwd_kernel[(triton.cdiv(n_rows, BLOCK_M),)](
-            z, sq_norm, row_num, row_cnt, n_rows, n_labeled, dim, eps, **_launch_config(z))
-        return finish_forward(ctx, z, sq_norm, row_num, row_cnt.long(), n_labeled, eps)
+            z, sq_norm, _class_ids(classes, z), row_num, row_cnt, n_rows, n_labeled, dim, eps,
+            HAS_CLASSES=classes is not None, **_launch_config(z))
+        return finish_forward(ctx, z, sq_norm, classes, row_num, row_cnt.long(), n_labeled, eps)
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_fraction):
-        z, sq_norm, inv_count = ctx.saved_tensors
+        z, sq_norm, classes, inv_count = ctx.saved_tensors
+        class_ids, has_classes = _class_ids(classes, z), classes is not None
         n_labeled, eps = ctx.n_labeled, ctx.eps
         n_rows, dim = z.shape
         n_unlabeled = n_rows - n_labeled
@@ -195,18 +202,24 @@ class TritonLCLoss(torch.autograd.Function):
         grad_rows = torch.empty(n_rows, dim, dtype=torch.float32, device=z.device)
         grad_cols = torch.empty(n_unlabeled, dim, dtype=torch.float32, device=z.device)
         _lc_bwd_rows_kernel[(triton.cdiv(n_rows, BLOCK_M), triton.cdiv(dim, config["BLOCK_OUT"]))](
-            z, sq_norm, scale, grad_rows, n_rows, n_labeled, dim, eps, **config)
+            z, sq_norm, class_ids, scale, grad_rows, n_rows, n_labeled, dim, eps, HAS_CLASSES=has_classes, **config)
         _lc_bwd_cols_kernel[(triton.cdiv(n_unlabeled, BLOCK_N), triton.cdiv(dim, config["BLOCK_OUT"]))](
-            z, sq_norm, scale, grad_cols, n_rows, n_labeled, dim, eps, **config)
+            z, sq_norm, class_ids, scale, grad_cols, n_rows, n_labeled, dim, eps, HAS_CLASSES=has_classes, **config)
         grad_rows[n_labeled:] += grad_cols
-        return grad_rows.to(z.dtype), None, None
+        return grad_rows.to(z.dtype), None, None, None
+
+
+def _class_ids(classes, z):
+    """The class ids as the kernels read them (int32), or, without classes, a stand-in pointer that the
+    HAS_CLASSES=False kernels never read."""
+    return z if classes is None else classes.to(torch.int32).contiguous()
 
 
 def _triton_interpreted():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False):
+def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False, classes=None):
     """Local-clustering loss L_lc (paper Eq. 4-5) of student features, as a 0-dim tensor.
 
     z_labeled: (N_l, D), N_l >= 0; z_unlabeled: (N_u, D), N_u >= 1; eps: the cut-off on the MEAN
@@ -217,6 +230,9 @@ def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False):
     CPU tensors under TRITON_INTERPRET=1) or "torch" (row-chunked, any device).
     return_fraction: also return the fraction of the N_l N_u + N_u^2 ordered pairs that are
     neighbours (the U x U diagonal included), a 0-dim fp32 tensor without gradient.
+    classes: None (the paper's loss), or an integer tensor with one class id per row of
+    [z_labeled; z_unlabeled] (e.g. the labels, then the predicted classes): a pair is a neighbour
+    only if its classes agree as well (ids must fit in int32).
 
     Precision: |a|^2 + |b|^2 - 2 a.b cancels when points sit far from each other's common centre
     compared with their distance, which is where LC-trained clusters end up. Points are centred
@@ -225,7 +241,7 @@ def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False):
     rounded to their dtype (exact for points near it) and multiplied on half-precision tensor
     cores with fp32 accumulation: their distances are as good as the half-precision inputs allow.
     """
-    eps = check_lc_inputs(z_labeled, z_unlabeled, eps)
+    eps = check_lc_inputs(z_labeled, z_unlabeled, eps, classes)
     if impl not in ("auto", "triton", "torch"):
         raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
     if impl == "auto":
@@ -236,9 +252,9 @@ def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False):
     z = torch.cat([z_labeled.to(dtype), z_unlabeled.to(dtype)])
     if impl == "triton" and dtype in (torch.float16, torch.bfloat16):
         work = z - z.detach().float().mean(0).to(dtype)
-        loss, fraction = TritonLCLoss.apply(work, z_labeled.shape[0], eps)
+        loss, fraction = TritonLCLoss.apply(work, z_labeled.shape[0], eps, classes)
     else:
         work = z.double() - z.detach().double().mean(0)
         fn = TritonLCLoss if impl == "triton" else ChunkedLCLoss
-        loss, fraction = fn.apply(work, z_labeled.shape[0], eps)
+        loss, fraction = fn.apply(work, z_labeled.shape[0], eps, classes)
     return (loss.to(dtype), fraction) if return_fraction else loss.to(dtype)

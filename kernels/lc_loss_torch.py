@@ -27,17 +27,18 @@ def combine_row_sums(row_num, row_cnt, n_labeled):
     return (num * inv_count).sum(), fraction, inv_count
 
 
-def finish_forward(ctx, z, sq_norm, row_num, row_cnt, n_labeled, eps):
+def finish_forward(ctx, z, sq_norm, classes, row_num, row_cnt, n_labeled, eps):
     """The loss and neighbour fraction from the per-row sums; saves what the backward recomputes from."""
     loss, fraction, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
-    ctx.save_for_backward(z, sq_norm, inv_count)
+    ctx.save_for_backward(z, sq_norm, classes, inv_count)
     ctx.mark_non_differentiable(fraction)
     ctx.n_labeled, ctx.eps = n_labeled, eps
     return loss, fraction
 
 
-def _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps):
-    """Mean squared distances of rows start..stop of z to every unlabeled point, and the neighbour mask."""
+def _chunk_sq_dist(z, sq_norm, classes, start, stop, n_labeled, eps):
+    """Mean squared distances of rows start..stop of z to every unlabeled point, and the neighbour mask
+    (within eps and, with classes, of one class)."""
     u, sq_u = z[n_labeled:], sq_norm[n_labeled:]
     dim = z.shape[1]
     d2 = torch.addmm(sq_norm[start:stop, None] + sq_u[None, :], z[start:stop], u.T, alpha=-2.0)
@@ -45,7 +46,10 @@ def _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps):
     # A point is its own neighbour at distance exactly 0 (the U x U diagonal).
     own = torch.arange(min(max(start, n_labeled), stop), stop, device=z.device)
     d2[own - start, own - n_labeled] = 0.0
-    return d2, d2 <= eps
+    neighbour = d2 <= eps
+    if classes is not None:
+        neighbour &= classes[start:stop, None] == classes[None, n_labeled:]
+    return d2, neighbour
 
 
 def _row_chunks(n_rows, n_cols):
@@ -55,20 +59,20 @@ def _row_chunks(n_rows, n_cols):
 
 class ChunkedLCLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, n_labeled, eps):
+    def forward(ctx, z, n_labeled, eps, classes=None):
         n_rows, n_unlabeled = z.shape[0], z.shape[0] - n_labeled
         sq_norm = z.pow(2).sum(1)
         row_num = torch.empty(n_rows, dtype=z.dtype, device=z.device)
         row_cnt = torch.empty(n_rows, dtype=torch.int64, device=z.device)
         for start, stop in _row_chunks(n_rows, n_unlabeled):
-            d2, neighbour = _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps)
+            d2, neighbour = _chunk_sq_dist(z, sq_norm, classes, start, stop, n_labeled, eps)
             row_num[start:stop] = (torch.exp(-d2 / eps) * d2).mul_(neighbour).sum(1)
             row_cnt[start:stop] = neighbour.sum(1)
-        return finish_forward(ctx, z, sq_norm, row_num, row_cnt, n_labeled, eps)
+        return finish_forward(ctx, z, sq_norm, classes, row_num, row_cnt, n_labeled, eps)
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_fraction):
-        z, sq_norm, inv_count = ctx.saved_tensors
+        z, sq_norm, classes, inv_count = ctx.saved_tensors
         n_labeled, eps = ctx.n_labeled, ctx.eps
         n_rows, dim = z.shape
         u = z[n_labeled:]
@@ -77,7 +81,7 @@ class ChunkedLCLoss(torch.autograd.Function):
         grad_z = torch.empty_like(z)
         grad_u = torch.zeros_like(u)
         for start, stop in _row_chunks(n_rows, u.shape[0]):
-            d2, neighbour = _chunk_sq_dist(z, sq_norm, start, stop, n_labeled, eps)
+            d2, neighbour = _chunk_sq_dist(z, sq_norm, classes, start, stop, n_labeled, eps)
             rows = torch.arange(start, stop, device=z.device)
             row_scale = group_scale[(rows >= n_labeled).long()]
             coef = torch.exp(-d2 / eps).mul_(1.0 - d2 / eps).mul_(neighbour).mul_(row_scale[:, None])
@@ -86,4 +90,4 @@ class ChunkedLCLoss(torch.autograd.Function):
             grad_z[start:stop] = a * coef.sum(1, keepdim=True) - coef @ u
             grad_u += u * coef.sum(0)[:, None] - coef.T @ a
         grad_z[n_labeled:] += grad_u
-        return grad_z, None, None
+        return grad_z, None, None, None

@@ -7,7 +7,7 @@ import math
 import torch
 
 
-def check_lc_inputs(z_labeled, z_unlabeled, eps):
+def check_lc_inputs(z_labeled, z_unlabeled, eps, classes=None):
     """Raise ValueError unless the inputs describe a valid LC loss; return eps as a float."""
     for name, z in (("z_labeled", z_labeled), ("z_unlabeled", z_unlabeled)):
         if not isinstance(z, torch.Tensor):
@@ -31,10 +31,19 @@ def check_lc_inputs(z_labeled, z_unlabeled, eps):
         raise ValueError(f"eps must be a number, got {eps!r}") from None
     if not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be finite and > 0, got {eps}")
+    if classes is not None:
+        n_rows = z_labeled.shape[0] + z_unlabeled.shape[0]
+        if not isinstance(classes, torch.Tensor) or classes.dim() != 1 or len(classes) != n_rows:
+            raise ValueError(f"classes must be a 1-D tensor of N_l + N_u = {n_rows} class ids, got "
+                             f"{tuple(classes.shape) if isinstance(classes, torch.Tensor) else type(classes).__name__}")
+        if classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
+            raise ValueError(f"classes must hold integers, got {classes.dtype}")
+        if classes.device != z_labeled.device:
+            raise ValueError(f"classes is on {classes.device} but the features are on {z_labeled.device}")
     return eps
 
 
-def lc_loss_reference(z_labeled, z_unlabeled, eps):
+def lc_loss_reference(z_labeled, z_unlabeled, eps, classes=None):
     """L_lc = term(z_L, z_U) + term(z_U, z_U), Eq. 5, with the authors' released semantics.
 
     d2(a, b) is the MEAN over the D features of (a_k - b_k)^2, not the sum of Eq. 4: the paper's
@@ -42,16 +51,24 @@ def lc_loss_reference(z_labeled, z_unlabeled, eps):
     by w = exp(-d2 / eps); each term averages w * d2 over its neighbour pairs. The mask and the
     neighbour count are constants for the gradient. A term with no neighbour pair is 0 (the authors'
     code gives NaN there). The U x U term runs over all ordered pairs, the diagonal included.
-    """
-    eps = check_lc_inputs(z_labeled, z_unlabeled, eps)
-    dim = z_labeled.shape[1]
 
-    def term(a, b):
+    classes (not in the paper): one integer per row of [z_L; z_U]; a pair is then a neighbour only
+    if its two classes are equal as well.
+    """
+    eps = check_lc_inputs(z_labeled, z_unlabeled, eps, classes)
+    dim = z_labeled.shape[1]
+    n_labeled = z_labeled.shape[0]
+    if classes is None:
+        classes = torch.zeros(n_labeled + z_unlabeled.shape[0], dtype=torch.long, device=z_labeled.device)
+
+    def term(a, b, class_a, class_b):
         # Exact differences (no |a|^2 + |b|^2 - 2ab expansion), N_a x N_b memory.
         d2 = torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist").pow(2) / dim
-        neighbour = (d2 <= eps).detach()
+        neighbour = ((d2 <= eps) & (class_a[:, None] == class_b[None, :])).detach()
         weight = torch.exp(-d2 / eps)
         count = neighbour.sum().clamp(min=1)
         return torch.where(neighbour, weight * d2, torch.zeros_like(d2)).sum() / count
 
-    return term(z_labeled, z_unlabeled) + term(z_unlabeled, z_unlabeled)
+    unlabeled_classes = classes[n_labeled:]
+    return (term(z_labeled, z_unlabeled, classes[:n_labeled], unlabeled_classes)
+            + term(z_unlabeled, z_unlabeled, unlabeled_classes, unlabeled_classes))

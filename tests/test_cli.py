@@ -307,8 +307,8 @@ def test_eps_auto_is_chosen_printed_and_stored(mt_run, tmp_path):
 
 def test_all_neighbours_is_reported(mt_run, tmp_path):
     """eps above every distance: said at LC's start, once for the epochs, and in the metrics."""
-    res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "1e6", "--eps-scale", "fixed", "--lam", "0.1",
-              "--epochs", "2", "--decay-epochs", "0", "--out", tmp_path)
+    res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "1e6", "--eps-scale", "fixed", "--lc-pairs", "all",
+              "--lam", "0.1", "--epochs", "2", "--decay-epochs", "0", "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     assert "every LC pair is a neighbour at LC's start" in res.stderr
     assert res.stderr.count("every LC pair was a neighbour in every step of epoch 1") == 1
@@ -392,9 +392,10 @@ def test_control_is_named_and_paired_with_lc(mt_run, tmp_path):
     result = invoke(evaluate, ["--ckpt", *ckpts, "--json", "--table", tmp_path / "t.md"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
-    assert [r["method"] for r in rows[:3]] == ["MT, continued (lambda2 0)"] + ["MT+LC (normalized eps)"] * 2
+    lc_name = "MT+LC (normalized eps, same-prediction pairs)"  # digits' default pairs
+    assert [r["method"] for r in rows[:3]] == ["MT, continued (lambda2 0)"] + [lc_name] * 2
     (paired,) = [r for r in rows if "paired" in r]
-    assert paired["paired"] == "MT+LC (normalized eps) minus MT, continued (lambda2 0)" and paired["pairs"] == 2
+    assert paired["paired"] == f"{lc_name} minus MT, continued (lambda2 0)" and paired["pairs"] == 2
     differences = [rows[i]["teacher_error"] - rows[0]["teacher_error"] for i in (1, 2)]
     assert paired["teacher_difference_mean"] == pytest.approx(sum(differences) / 2)
     table = (tmp_path / "t.md").read_text()

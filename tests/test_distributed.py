@@ -32,13 +32,13 @@ def lc_shards(seed, world):
     return shards
 
 
-def digits_trainer(procs, scope="global"):
+def digits_trainer(procs, scope="global", pairs="all"):
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
                   bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope=scope))
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
-                         eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0)
+                         eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0, lc_pairs=pairs)
     return tiny_trainer(data, labeled, unlabeled, config, stage, procs)
 
 
@@ -49,19 +49,25 @@ def worker(rank, world, init_file, out_dir):
         loss = lc_loss(torch.cat(dist_nn.all_gather(zl)), torch.cat(dist_nn.all_gather(zu)), 2.0)
         loss.backward()
         # The trainer's own LC path: what reaches the loss, and the loss, in each scope.
-        calls = []
+        calls, classes_seen = [], []
 
         def recording_lc_loss(z_labeled, z_unlabeled, eps, **kwargs):
             loss, fraction = lc_loss(z_labeled, z_unlabeled, eps, **kwargs)
             calls.append(torch.tensor([len(z_labeled), len(z_unlabeled), loss.item()], dtype=torch.float64))
+            classes_seen.append(kwargs.get("classes"))
             return loss, fraction
         neighbours.lc_loss = recording_lc_loss
         seen = {}
-        for scope in ("local", "global"):
+        for scope, pairs in (("local", "all"), ("global", "same-prediction"), ("global", "all")):
             calls.clear()
-            trainer = digits_trainer(Processes(rank, world), scope)
+            classes_seen.clear()
+            trainer = digits_trainer(Processes(rank, world), scope, pairs)
             stats = [trainer.train_step(step, *trainer.batches.views(step)) for step in range(3)]
-            seen[scope] = torch.stack(calls)
+            seen[scope if pairs == "all" else "global-classes"] = torch.stack(calls)
+            if pairs != "all":  # every rank's labels, then every rank's predictions, as z is gathered
+                labels = [trainer.batches.views(step)[2] for step in range(3)]
+                seen["classes"] = torch.stack(classes_seen)
+                seen["own_labels"] = torch.stack(labels)
         # An epoch of fit, which ends in an evaluation (the BN statistics recomputed) and checkpoints.
         (Path(out_dir) / "fit").mkdir(exist_ok=True)
         fit(trainer, Path(out_dir) / "fit", {}, echo=lambda line: None)
@@ -95,6 +101,13 @@ def test_global_lc_and_processes_in_sync(tmp_path):
         assert ranks[r]["seen"]["global"][:, :2].tolist() == [[16, 64]] * 3
         assert ranks[r]["seen"]["local"][:, :2].tolist() == [[8, 32]] * 3
     torch.testing.assert_close(ranks[0]["seen"]["global"][:, 2], ranks[1]["seen"]["global"][:, 2], rtol=1e-6, atol=0)
+    # Same-prediction pairs in the global scope: the class ids gathered in z's order, alike on every rank.
+    assert torch.equal(ranks[0]["seen"]["classes"], ranks[1]["seen"]["classes"])
+    classes = ranks[0]["seen"]["classes"]
+    assert classes.shape == (3, 80)
+    for r in range(WORLD):  # each rank's 8 labeled images in rank order
+        assert torch.equal(classes[:, 8 * r:8 * (r + 1)], ranks[r]["seen"]["own_labels"])
+    assert ranks[0]["seen"]["global-classes"][:, :2].tolist() == [[16, 64]] * 3
     assert not torch.allclose(ranks[0]["seen"]["local"][:, 2], ranks[1]["seen"]["local"][:, 2], rtol=1e-3)
 
     # After training steps and an epoch of fit: student, teacher and the BN running means (recomputed

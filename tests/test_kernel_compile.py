@@ -61,7 +61,12 @@ SPILL_BUDGET_BYTES = {"1": 256, "16k": 256, "any": 2048}  # by the class of dim
 H100_MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory one block may use on sm_90
 
 
-def record_launches(dtype, n_labeled, n_unlabeled, dim):
+# Feature dims whose launches are also compiled with class ids (pairs of one class only): the model's,
+# and one that is no multiple of 16 (the most spilling).
+CLASS_DIMS = (7, 128)
+
+
+def record_launches(dtype, n_labeled, n_unlabeled, dim, with_classes=False):
     """(kernel, args, kwargs) of every kernel launch of one forward and backward of TritonLCLoss."""
     launches = []
 
@@ -70,7 +75,8 @@ def record_launches(dtype, n_labeled, n_unlabeled, dim):
 
     with mock.patch.object(JITFunction, "run", record):
         z = torch.zeros(n_labeled + n_unlabeled, dim, dtype=dtype, requires_grad=True)
-        loss, _ = LC_LOSS_MODULE.TritonLCLoss.apply(z, n_labeled, 0.5)
+        classes = torch.zeros(n_labeled + n_unlabeled, dtype=torch.long) if with_classes else None
+        loss, _ = LC_LOSS_MODULE.TritonLCLoss.apply(z, n_labeled, 0.5, classes)
         loss.backward()
     return launches
 
@@ -110,28 +116,36 @@ def compile_for_sm90(source, options, target):
                 shared=compiled.metadata.shared, **ptxas_usage(log.getvalue()))
 
 
+def launches_of(dtype, shapes):
+    """(shape, kernel, args, kwargs) of the launches for each shape, with class ids too for CLASS_DIMS."""
+    for shape in shapes:
+        for with_classes in (False, True) if shape[2] in CLASS_DIMS else (False,):
+            for kernel, args, kwargs in record_launches(dtype, *shape, with_classes):
+                yield shape, kernel, args, kwargs
+
+
 def sweep(shapes, dtypes):
     """One result per distinct compiled configuration that TritonLCLoss launches for these shapes."""
     target = GPUTarget("cuda", 90, 32)
     backend = triton.compiler.make_backend(target)
     seen = set()
     for dtype in dtypes:
-        for shape in shapes:
-            for kernel, args, kwargs in record_launches(dtype, *shape):
-                (options, signature, constexprs, attrs), int_classes = specialise(kernel, args, kwargs, backend)
-                source = triton.compiler.ASTSource(kernel, signature, constexprs, attrs)
-                key = (source.hash(), repr(options))
-                if key in seen:
-                    continue
-                seen.add(key)
-                result = dict(kernel=kernel.__name__, dtype=str(dtype), shape=shape, **int_classes,
-                              **{name: str(kwargs.get(name)) for name in BLOCK_AND_DTYPE_CONSTEXPRS},
-                              num_warps=options.num_warps, num_stages=options.num_stages, triton=triton.__version__)
-                try:
-                    result.update(compile_for_sm90(source, options, target))
-                except Exception as error:  # reported per configuration, so one run lists every failure
-                    result["error"] = describe(error)
-                yield result
+        for shape, kernel, args, kwargs in launches_of(dtype, shapes):
+            (options, signature, constexprs, attrs), int_classes = specialise(kernel, args, kwargs, backend)
+            source = triton.compiler.ASTSource(kernel, signature, constexprs, attrs)
+            key = (source.hash(), repr(options))
+            if key in seen:
+                continue
+            seen.add(key)
+            result = dict(kernel=kernel.__name__, dtype=str(dtype), shape=shape, **int_classes,
+                          classes=bool(kwargs["HAS_CLASSES"]),
+                          **{name: str(kwargs.get(name)) for name in BLOCK_AND_DTYPE_CONSTEXPRS},
+                          num_warps=options.num_warps, num_stages=options.num_stages, triton=triton.__version__)
+            try:
+                result.update(compile_for_sm90(source, options, target))
+            except Exception as error:  # reported per configuration, so one run lists every failure
+                result["error"] = describe(error)
+            yield result
 
 
 def describe(error):
@@ -177,7 +191,8 @@ def assert_spills_within_budget(results):
 def assert_covers_every_config(results):
     kernels = {"_lc_fwd_kernel", "_lc_bwd_rows_kernel", "_lc_bwd_cols_kernel"}
     dtypes = {str(dtype) for dtype in LC_LOSS_MODULE.DOT_DTYPES}  # every input dtype TritonLCLoss launches with
-    assert {(r["kernel"], r["dtype"]) for r in results} == {(k, d) for k in kernels for d in dtypes}
+    assert {(r["kernel"], r["dtype"], r["classes"]) for r in results} == {
+        (k, d, c) for k in kernels for d in dtypes for c in (False, True)}
     for name in INT_ARGS:
         assert {r[name] for r in results} == {"1", "16k", "any"}, name  # the shapes hit Triton's int classes
 

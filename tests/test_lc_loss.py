@@ -46,28 +46,28 @@ def clustered(n_labeled, n_unlabeled, dim, n_clusters, offset=0.0, side=1.0, dty
     return points[:n_labeled].clone(), points[n_labeled:].clone()
 
 
-def reference_and_grads(z_labeled, z_unlabeled, eps, grad_out):
+def reference_and_grads(z_labeled, z_unlabeled, eps, grad_out, classes=None):
     zl = z_labeled.detach().double().requires_grad_()
     zu = z_unlabeled.detach().double().requires_grad_()
-    loss = lc_loss_reference(zl, zu, eps)
+    loss = lc_loss_reference(zl, zu, eps, classes=classes)
     gl, gu = torch.autograd.grad(loss, (zl, zu), grad_outputs=torch.tensor(grad_out, dtype=torch.float64,
                                                                            device=loss.device), allow_unused=True)
     return loss.detach(), (torch.zeros_like(zl) if gl is None else gl), gu
 
 
-def loss_and_grads(z_labeled, z_unlabeled, eps, impl, grad_out):
+def loss_and_grads(z_labeled, z_unlabeled, eps, impl, grad_out, classes=None):
     zl = z_labeled.detach().requires_grad_()
     zu = z_unlabeled.detach().requires_grad_()
-    loss = lc_loss(zl, zu, eps, impl=impl)
+    loss = lc_loss(zl, zu, eps, impl=impl, classes=classes)
     gl, gu = torch.autograd.grad(loss, (zl, zu), grad_outputs=torch.tensor(grad_out, dtype=loss.dtype,
                                                                            device=loss.device))
     return loss.detach(), gl, gu
 
 
-def assert_matches_reference(z_labeled, z_unlabeled, eps, impl, rtol, grad_out=None):
+def assert_matches_reference(z_labeled, z_unlabeled, eps, impl, rtol, grad_out=None, classes=None):
     grad_out = grad_out if grad_out is not None else 0.5 + 2.0 * torch.rand(()).item()  # != 1
-    ref, ref_gl, ref_gu = reference_and_grads(z_labeled, z_unlabeled, eps, grad_out)
-    loss, gl, gu = loss_and_grads(z_labeled, z_unlabeled, eps, impl, grad_out)
+    ref, ref_gl, ref_gu = reference_and_grads(z_labeled, z_unlabeled, eps, grad_out, classes)
+    loss, gl, gu = loss_and_grads(z_labeled, z_unlabeled, eps, impl, grad_out, classes)
     assert loss.dtype == z_labeled.dtype and gl.dtype == z_labeled.dtype and gu.dtype == z_labeled.dtype
     assert loss.dim() == 0
     torch.testing.assert_close(loss.double(), ref, rtol=rtol, atol=rtol * 1e-3)
@@ -95,6 +95,39 @@ def test_matches_reference_fp32(shape, impl):
 def test_matches_reference_half(shape, dtype, impl):
     zl, zu = clustered(*shape, n_clusters=3, dtype=dtype)
     assert_matches_reference(zl, zu, 2.0, impl, RTOL[dtype])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(0, 7, 3), (3, 5, 7), (30, 100, 2), (16, 64, 64), (1, 130, 65), (33, 65, 129)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_class_ids_match_reference(shape, dtype, impl):
+    """Pairs of one class only (classes=): fresh random ids, some classes absent or alone, against the
+    reference; the ids decide, so the same points give a smaller loss than without them."""
+    n_labeled, n_unlabeled, dim = shape
+    zl, zu = clustered(n_labeled, n_unlabeled, dim, n_clusters=2, dtype=dtype)
+    classes = torch.randint(0, 4, (n_labeled + n_unlabeled,), device=DEVICE) * 7 - 3  # any integers
+    assert_matches_reference(zl, zu, 2.0, impl, RTOL[dtype], classes=classes)
+    if n_unlabeled > 5 and dtype == torch.float32:
+        with_ids, fraction = lc_loss(zl, zu, 2.0, impl=impl, return_fraction=True, classes=classes)
+        without, all_fraction = lc_loss(zl, zu, 2.0, impl=impl, return_fraction=True)
+        assert fraction < all_fraction
+        one_class = torch.full_like(classes, 5)
+        assert torch.equal(lc_loss(zl, zu, 2.0, impl=impl, classes=one_class), without)
+
+
+@pytest.mark.parametrize("impl", ["reference", *IMPLS])
+def test_class_ids_by_hand(impl):
+    """The hand-worked case of test_one_value_by_hand with classes: the labeled point and u1 in class
+    0, u2 and u3 in class 1. L x U keeps d2 0.5 only (u2 is of another class); U x U keeps the three
+    self-pairs (d2 = 0) only: u1-u2 are neighbours by distance but not by class."""
+    z_l = torch.tensor([[0.0, 0.0]], dtype=torch.float64, device=DEVICE)
+    z_u = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]], dtype=torch.float64, device=DEVICE)
+    classes = torch.tensor([0, 0, 1, 1], device=DEVICE)
+    eps = 2.6
+    expected = math.exp(-0.5 / eps) * 0.5 / 1 + 0.0 / 3
+    fn = lc_loss_reference if impl == "reference" else (lambda *a, **k: lc_loss(*a, impl=impl, **k))
+    assert fn(z_l, z_u, eps, classes=classes).item() == pytest.approx(expected, rel=1e-6)
 
 
 def eps_between_pair_distances(z_labeled, z_unlabeled, quantile):
@@ -211,6 +244,20 @@ def test_invalid_tensors(zl, zu, match):
     for fn in (lc_loss, lc_loss_reference):
         with pytest.raises(ValueError, match=match):
             fn(zl, zu, 1.0)
+
+
+@pytest.mark.parametrize("classes, match", [
+    (torch.zeros(4, dtype=torch.long), "N_l \\+ N_u = 5"),
+    (torch.zeros(5, 1, dtype=torch.long), "1-D"),
+    (torch.zeros(5), "integers"),
+    (torch.zeros(5, dtype=torch.bool), "integers"),
+    (torch.zeros(5, dtype=torch.long, device="meta"), "is on"),
+    ([0, 0, 0, 0, 0], "1-D tensor"),
+])
+def test_invalid_classes(classes, match):
+    for fn in (lc_loss, lc_loss_reference):
+        with pytest.raises(ValueError, match=match):
+            fn(torch.randn(2, 4), torch.randn(3, 4), 1.0, classes=classes)
 
 
 def test_invalid_impl():
