@@ -2,6 +2,7 @@
 validation splits, the batch stream, augmentation and normalization, and the check of a dataset
 against a checkpoint's split.
 """
+import csv
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -413,13 +414,17 @@ class Batches:
         self.flip = config["dataset"] == "cifar10"
         self.max_shift = max_shift(config.get("image_size", 32))
 
-    def views(self, step):
-        """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
-        seed_step(self.seed, step, self.rank)
+    def indices(self, step):
+        """The training-set indices of this process's share of the step's images, labeled ones first."""
         lab_pos, unl_pos = self.stream.batch(step)
         r = self.rank
         lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
-        idx = torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
+        return torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
+
+    def views(self, step):
+        """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
+        seed_step(self.seed, step, self.rank)
+        idx = self.indices(step)
         images = self.train_x[idx]
         student_view, teacher_view = (augment(images, self.mean, self.std, self.flip, self.max_shift)
                                       .contiguous(memory_format=torch.channels_last) for _ in range(2))
@@ -432,6 +437,32 @@ class Batches:
         pick = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[:n].to(self.device)]
         for i in range(0, len(pick), batch_size):
             yield normalize(self.train_x[pick[i:i + batch_size]], self.mean, self.std)
+
+
+def true_classes(data, truth_csv=None, option="--truth"):
+    """Every training image's true class: the dataset's labels and, for a folder's unlabeled images
+    (label -1), those of a CSV with columns path,class (paths as the folder names them, e.g.
+    unlabeled/u00001.jpg; examples/own_images.py writes one beside the folders it builds). For
+    measurements only: training never reads them. Exit 2 where a class is missing or unknown."""
+    y = data.train_y.clone()
+    unknown = (y < 0).nonzero().flatten().tolist()
+    if not unknown:
+        return y
+    if truth_csv is None:
+        raise UserError(f"the {len(unknown)} unlabeled images of this folder have no known classes: give {option}, "
+                        f"a CSV of path,class for them")
+    try:
+        with open(truth_csv, newline="") as f:
+            rows = {r.get("path"): r.get("class") for r in csv.DictReader(f)}
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read {option} {truth_csv}: {exc}") from None
+    names = [data.files["train"][i] for i in unknown]
+    missing = [n for n in names if rows.get(n) not in data.classes]
+    if missing:
+        raise UserError(f"{option} {truth_csv} has no known class for {len(missing)} unlabeled images "
+                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    y[unknown] = torch.tensor([data.classes.index(rows[n]) for n in names])
+    return y
 
 
 def restore_data(state, data_dir=None, echo=click.echo):

@@ -10,7 +10,6 @@ curves and t-SNE pictures.
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
     python evaluate.py --ckpt mt.pt --distances d2.png                 # where eps falls among the distances
 """
-import csv
 import io
 import json
 import statistics
@@ -20,7 +19,7 @@ from pathlib import Path
 import click
 import torch
 
-from data import Batches, normalize, restore_data
+from data import Batches, normalize, restore_data, true_classes
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
@@ -333,26 +332,6 @@ def plot_confusion(y, predicted, classes, title, out):
     plt.close(fig)
 
 
-def pool_labels(state, data, truth_csv):
-    """The true classes of the checkpoint's unlabeled training images: the dataset's own labels or,
-    for a folder, those of a CSV with columns path,class (paths as the folder names them, e.g.
-    unlabeled/u00001.jpg; examples/own_images.py writes one). Exit 2 for an image the CSV lacks."""
-    idx = state["unlabeled_idx"]
-    y = data.train_y[idx].clone()
-    if not (y < 0).any():
-        return y
-    if truth_csv is None:
-        raise UserError("--pool-error on a folder needs --truth: a CSV of path,class for its unlabeled/ images")
-    with open(truth_csv, newline="") as f:
-        rows = {r.get("path"): r.get("class") for r in csv.DictReader(f)}
-    names = [data.files["train"][i] for i in idx.tolist()]
-    missing = [n for n in names if rows.get(n) not in data.classes]
-    if missing:
-        raise UserError(f"--truth {truth_csv} has no known class for {len(missing)} unlabeled images "
-                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    return torch.tensor([data.classes.index(rows[n]) for n in names])
-
-
 def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None):
     """The result of one checkpoint: test errors of both models, per class, how LC went and, given the
     true classes of its unlabeled images (pool_y), the error on them."""
@@ -518,7 +497,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
         config = state["config"]
         data = restore_data(state, data_dir)
         student, teacher = restore_models(state, device)
-        pool_y = pool_labels(state, data, truth) if pool_error else None
+        pool_y = true_classes(data, truth)[state["unlabeled_idx"]] if pool_error else None
         result = evaluate_checkpoint(path, state, data, student, teacher, device, pool_y)
         results.append(result)
         click.echo(json.dumps(result) if as_json else "\n".join(describe_result(result, state)))

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from presets import preset, preset_help, ramp_epochs
-from data import Batches, restore_data
+from data import Batches, restore_data, true_classes
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
                   resume_checkpoint, stop_on_signals)
 from devices import processes, resolve_precision
@@ -53,11 +53,15 @@ class EpsParam(click.ParamType):
                    "shrinks). normalized: the features divided by their batch's scale inside the loss, so a common "
                    "factor changes nothing; not a default: on CIFAR-10 folders it pulled most images together and a "
                    f"few far out (docs/lc-control.md). {preset_help('eps_scale')}")
-@click.option("--lc-pairs", type=click.Choice(["all", "same-prediction"]), default=None,
+@click.option("--lc-pairs", type=click.Choice(["all", "same-prediction", "true-class"]), default=None,
               help="Which pairs within eps LC pulls together. all: every one (the paper's). same-prediction: only "
                    "pairs whose classes agree, a labeled image's class being its label and an unlabeled image's the "
                    "teacher's prediction on the step's view: LC never pulls together images the teacher tells "
-                   f"apart. {preset_help('lc_pairs')}")
+                   "apart. true-class: only pairs of one true class, from the unlabeled images' own labels "
+                   "(svhn, cifar10, digits; a folder needs --truth): a measurement of what perfect neighbours "
+                   f"would give, not for real use. {preset_help('lc_pairs')}")
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --lc-pairs true-class on a folder: a CSV with columns path,class for its unlabeled/ images.")
 @click.option("--lam", type=float, default=None,
               help="LC weight lambda2; 0 runs LC's control (MT trained on for the same schedule). With fixed eps it "
                    "weighs the loss in the features' units (the paper's); with relative eps the loss is first divided "
@@ -86,7 +90,7 @@ class EpsParam(click.ParamType):
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
                    "found across the whole global batch, as on one device. No effect in one process.")
 @speed_options("lc")
-def main(ckpt, eps, eps_scale, lc_pairs, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
+def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
          resume, lc_scope, precision, compile_, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
@@ -115,6 +119,8 @@ def main(ckpt, eps, eps_scale, lc_pairs, lam, lc_rampup, epochs, decay_epochs, l
         eps_scale = eps_scale or defaults["eps_scale"]
         lam = lam if lam is not None else defaults["lam"]
         lc_pairs = lc_pairs or defaults["lc_pairs"]
+        if truth and lc_pairs != "true-class":
+            raise UserError("--truth goes with --lc-pairs true-class")
         if eps != "auto" and not (math.isfinite(eps) and eps > 0):
             raise UserError(f"--eps must be finite and > 0, got {eps}")
         if not (math.isfinite(lam) and lam >= 0):
@@ -122,6 +128,8 @@ def main(ckpt, eps, eps_scale, lc_pairs, lam, lc_rampup, epochs, decay_epochs, l
         existing = existing_outputs(out, outputs, overwrite)
 
         data = restore_data(state, data_dir)
+        if lc_pairs == "true-class":
+            true_classes(data, truth)  # every unlabeled image's class known, before any work
         student, teacher, optimizer = restore_training(state, device)
         config.update(precision=resolve_precision(precision, device), compile=compile_,
                       processes=procs.world)
@@ -137,6 +145,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, lam, lc_rampup, epochs, decay_epochs, l
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
                             eps_ratio=eps / start["d2_mean"] if eps_scale != "fixed" else None, start=start,
                             loss_unit=start["d2_mean"] if eps_scale == "relative" else 1.0, pairs=lc_pairs,
+                            truth=str(Path(truth).resolve()) if truth else None,
                             lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
                             mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
@@ -178,8 +187,9 @@ def make_trainer(config, data, state, student, teacher, optimizer, device, procs
                   lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"],
                   lc_loss_unit=lc.get("loss_unit", 1.0),  # 1: a run from before the unit-free relative loss
                   lc_pairs=lc.get("pairs", "all"))
+    pairs_truth = true_classes(data, lc.get("truth")) if stage.lc_pairs == "true-class" else None
     return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
-                   procs, reference_spread=reference_spread)
+                   procs, reference_spread=reference_spread, true_classes=pairs_truth)
 
 
 def run(trainer, out, start_epoch):

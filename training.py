@@ -94,7 +94,7 @@ class Stage:
     lc_eps_scale: str = "fixed"  # the LC form: fixed (the paper's), relative or normalized (neighbours.lc_term)
     lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
     lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
-    lc_pairs: str = "all"       # all (the paper's) or same-prediction: pairs whose classes agree (labels, teacher's)
+    lc_pairs: str = "all"       # all (the paper's), same-prediction (labels, the teacher's classes) or true-class
 
 
 class TrainingFailed(click.ClickException):
@@ -123,8 +123,11 @@ class Trainer:
     takes its 1/world share of the configured (global) labeled and unlabeled batches."""
 
     def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None,
-                 reference_spread=None):
+                 reference_spread=None, true_classes=None):
         procs = procs or Processes()
+        # lc_pairs true-class: every training image's true class (data.true_classes), a measurement of
+        # what perfect neighbours would give; nothing else reads it.
+        self.true_classes = true_classes.to(device) if true_classes is not None else None
         self.student, self.teacher, self.optimizer = student, teacher, optimizer
         self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
         self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
@@ -181,8 +184,11 @@ class Trainer:
             stage = self.stage
             # same-prediction: a labeled image's class is its label, an unlabeled image's the teacher's
             # prediction on this step's view, so LC never pulls together images the teacher tells apart.
-            classes = (torch.cat([labels, teacher_logits[self.batches.n_lab:].argmax(1)])
-                       if stage.lc_pairs == "same-prediction" else None)
+            classes = None
+            if stage.lc_pairs == "same-prediction":
+                classes = torch.cat([labels, teacher_logits[self.batches.n_lab:].argmax(1)])
+            elif stage.lc_pairs == "true-class":
+                classes = self.true_classes[self.batches.indices(step)]
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
                 if classes is not None:  # in z's order: every rank's labeled images, then every rank's unlabeled

@@ -20,7 +20,6 @@ all LC pairs whose classes differ (what neighbours drawn at random would give).
 
 Prints one JSON object per checkpoint (means over the batches).
 """
-import csv
 import json
 import statistics
 
@@ -28,31 +27,16 @@ import click
 import torch
 import torch.nn.functional as F
 
-from data import Batches, restore_data
+from data import Batches, restore_data, true_classes
 from neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2
 from presets import preset
 from runs import checkpoint_split, load_checkpoint, restore_models
 
 
-def true_classes(data, truth_csv):
-    """Every training image's class: the dataset's labels, and for a folder's unlabeled/ the truth file's."""
-    truth = data.train_y.clone()
-    if (truth < 0).any():
-        if truth_csv is None:
-            raise click.UsageError("this folder's unlabeled images have no labels: give --truth")
-        with open(truth_csv, newline="") as f:
-            rows = {r["path"]: r["class"] for r in csv.DictReader(f)}
-        for i, name in enumerate(data.files["train"]):
-            if truth[i] < 0:
-                truth[i] = data.classes.index(rows[name])
-    return truth
-
-
 def pair_classes(batches, truth):
     """The true classes of each distance step's batch (labeled rows first), in lc_features' order."""
     for step in distance_steps(batches):
-        lab_pos, unl_pos = batches.stream.batch(step)
-        yield truth[torch.cat([batches.lab_idx[lab_pos], batches.unl_idx[unl_pos]])]
+        yield truth[batches.indices(step)]
 
 
 def cross_class_shares(z_labeled, z_unlabeled, classes, eps):

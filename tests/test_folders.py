@@ -313,3 +313,50 @@ def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
 def test_augmentation_shift_scales_with_image_size():
     from data import max_shift
     assert (max_shift(32), max_shift(64), max_shift(96), max_shift(16)) == (2, 4, 6, 1)
+
+
+def write_truth(path, classes=("cat", "dog", "owl"), n_unlabeled=30, dirs=("", "a", "a/b"), skip=()):
+    """The truth file of write_own_folder's unlabeled images (u<i> is of class i mod 3), rows in `skip` left out."""
+    lines = ["path,class"] + [f"unlabeled/{dirs[i % len(dirs)] + '/' if dirs[i % len(dirs)] else ''}u{i:04d}.png,"
+                              f"{classes[i % len(classes)]}" for i in range(n_unlabeled) if i not in skip]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def test_true_classes_of_a_folder_come_from_the_truth_file(tmp_path):
+    from data import true_classes
+    write_own_folder(tmp_path / "d")
+    data = load_dataset("folder", tmp_path / "d", echo=lambda *a, **k: None)
+    with pytest.raises(UserError, match="30 unlabeled images of this folder have no known classes"):
+        true_classes(data)
+    write_truth(tmp_path / "truth.csv")
+    y = true_classes(data, tmp_path / "truth.csv")
+    names = data.files["train"]
+    assert (y >= 0).all() and torch.equal(y[data.train_y >= 0], data.train_y[data.train_y >= 0])
+    assert all(data.classes[y[i]] == ("cat", "dog", "owl")[int(n.split("/u")[-1][:4]) % 3]
+               for i, n in enumerate(names) if n.startswith("unlabeled/"))
+    assert (data.train_y[[i for i, n in enumerate(names) if n.startswith("unlabeled/")]] == -1).all()  # untouched
+    write_truth(tmp_path / "partial.csv", skip=(4, 7))
+    with pytest.raises(UserError, match="no known class for 2 unlabeled images"):
+        true_classes(data, tmp_path / "partial.csv")
+
+
+def test_true_class_pairs_and_pool_error_on_a_folder(tmp_path):
+    """LC on pairs of one true class (a measurement): refused without the truth, run with it; the
+    error on the unlabeled images from the same file."""
+    data = tmp_path / "d"
+    write_own_folder(data)
+    write_truth(tmp_path / "truth.csv")
+    out = tmp_path / "run"
+    assert run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out).returncode == 0
+    lc = ["finetune_lc.py", "--ckpt", out / "mt.pt", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu",
+          "--lc-pairs", "true-class"]
+    res = run(*lc)
+    assert res.returncode == 2 and "give --truth" in res.stderr and not (out / "lc.pt").exists()
+    res = run(*lc, "--truth", tmp_path / "truth.csv")
+    assert res.returncode == 0, res.stderr
+    assert torch.load(out / "lc.pt", weights_only=True)["config"]["lc"]["pairs"] == "true-class"
+    ev = run("evaluate.py", "--ckpt", out / "lc.pt", "--json", "--pool-error", "--truth", tmp_path / "truth.csv")
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout.splitlines()[-1])
+    assert result["n_pool"] == 30 and 0 <= result["teacher_pool_error"] <= 100
+    assert run("evaluate.py", "--ckpt", out / "lc.pt", "--pool-error").returncode == 2

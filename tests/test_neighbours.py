@@ -208,6 +208,38 @@ def test_trainer_divides_the_relative_loss_by_its_unit():
     assert first_step_lc(4.0) == pytest.approx(first_step_lc(1.0) / 4, rel=1e-6)
 
 
+@pytest.mark.parametrize("pairs", ["all", "same-prediction", "true-class"])
+def test_trainer_hands_the_loss_the_classes_of_its_pairs(pairs, monkeypatch):
+    """all: no class ids; same-prediction: the labels, then the teacher's predicted classes; true-class:
+    the true classes of the step's images in batch order."""
+    import neighbours
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,
+                  eval_every=1, first_step=0, lc_eps=1.0, lc_weight=2.0, lc_rampup=0, lc_eps_scale="relative",
+                  lc_eps_ratio=0.4, lc_pairs=pairs)
+    trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), stage)
+    if pairs == "true-class":
+        trainer.true_classes = data.train_y.clone()
+    seen = []
+
+    def recording(z_labeled, z_unlabeled, eps, **kwargs):
+        seen.append(kwargs.get("classes"))
+        return lc_loss(z_labeled, z_unlabeled, eps, **kwargs)
+    monkeypatch.setattr(neighbours, "lc_loss", recording)
+    teacher, teacher_outputs = trainer.teacher_forward, []
+    trainer.teacher_forward = lambda x: teacher_outputs.append(teacher(x)) or teacher_outputs[-1]
+    student_view, teacher_view, labels = trainer.batches.views(5)
+    trainer.train_step(5, student_view, teacher_view, labels)
+    (classes,) = seen
+    if pairs == "all":
+        assert classes is None
+    elif pairs == "same-prediction":
+        assert torch.equal(classes, torch.cat([labels, teacher_outputs[0][1][16:].argmax(1)]))
+    else:
+        assert torch.equal(classes, data.train_y[trainer.batches.indices(5)])
+
+
 def test_normalized_lc_loss_is_the_loss_of_the_rescaled_features():
     """Its value is L_lc of z / sqrt(s) at eps = ratio, and its gradient, scale included in the graph,
     matches finite differences."""
