@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from images import cache_dir, describe_bad, find_images, is_image_name, load_images
+from images import cache_dir, describe_bad, describe_hidden, find_images, is_hidden, is_image_name, load_images
 from presets import DATASETS
 from runs import UserError, checkpoint_split
 
@@ -140,26 +140,33 @@ def load_digits(image_size=32):
 
 
 def class_images(root, required=True):
-    """{class name: [image paths]} of root/<class>/** (sorted; any nesting inside a class folder).
-    Exit 2 naming the folder for a missing root (when required), no class folders, a class folder
-    without images, or images lying outside the class folders."""
+    """({class name: [image paths]} of root/<class>/** (sorted; any nesting inside a class folder),
+    the number of hidden files and folders left out). A hidden folder is never a class. Exit 2 naming
+    the folder for a missing root (when required), no class folders, a class folder without images,
+    or images lying outside the class folders."""
     if not root.is_dir():
         if required:
             raise UserError(f"{root} is missing (expected {root}/<class>/<image>)")
-        return {}
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    loose = [p.name for p in root.iterdir() if p.is_file() and is_image_name(p)]
+        return {}, 0
+    entries = list(root.iterdir())
+    hidden = sum(is_hidden(p.name) for p in entries)
+    entries = [p for p in entries if not is_hidden(p.name)]
+    classes = sorted(p.name for p in entries if p.is_dir())
+    loose = [p.name for p in entries if p.is_file() and is_image_name(p)]
     if loose:
         raise UserError(f"{root} holds images outside class folders ({', '.join(sorted(loose)[:3])}"
                         f"{', ...' if len(loose) > 3 else ''}): put each in {root}/<class>/")
     if not classes:
         raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
-    groups = {c: find_images(root / c)[0] for c in classes}
+    groups = {}
+    for c in classes:
+        groups[c], _, hidden_inside = find_images(root / c)
+        hidden += hidden_inside
     empty = [c for c, paths in groups.items() if not paths]
     if empty:
         raise UserError(f"{root / empty[0]} holds no images" + (f" (nor do {len(empty) - 1} other class folders)"
                                                                  if len(empty) > 1 else ""))
-    return groups
+    return groups, hidden
 
 
 class Part(NamedTuple):
@@ -216,16 +223,20 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
         raise UserError(f"{data_dir} holds neither labeled/ (your own images: labeled/<class>/*, unlabeled/*, "
                         f"optionally test/<class>/*) nor train/<class>/* with test/<class>/*")
     if own:
-        train_groups = class_images(data_dir / "labeled")
-        unlabeled, _ = find_images(data_dir / "unlabeled") if (data_dir / "unlabeled").is_dir() else ([], 0)
+        train_groups, hidden = class_images(data_dir / "labeled")
+        unlabeled, _, hidden_unlabeled = (find_images(data_dir / "unlabeled") if (data_dir / "unlabeled").is_dir()
+                                          else ([], 0, 0))
+        hidden += hidden_unlabeled
         if not unlabeled:
             raise UserError(f"{data_dir / 'unlabeled'} holds no images (put the images without labels there, "
                             f"any nesting)" if (data_dir / "unlabeled").is_dir() else
                             f"{data_dir / 'unlabeled'} is missing (put the images without labels there, any nesting)")
-        test_groups = class_images(data_dir / "test", required=False)
+        test_groups, hidden_test = class_images(data_dir / "test", required=False)
     else:
-        train_groups, unlabeled = class_images(data_dir / "train"), []
-        test_groups = class_images(data_dir / "test")
+        (train_groups, hidden), unlabeled = class_images(data_dir / "train"), []
+        test_groups, hidden_test = class_images(data_dir / "test")
+    if hidden + hidden_test:
+        echo(describe_hidden(hidden + hidden_test, data_dir))
     classes = sorted(train_groups)
     where = data_dir / ("labeled" if own else "train")
     if len(classes) < 2:

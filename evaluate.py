@@ -22,6 +22,7 @@ import torch
 from data import Batches, normalize, restore_data, true_classes
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
+from images import describe_hidden
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
 from predictions import image_paths, predict_files, write_rows
 from training import predict_classes, test_error
@@ -386,7 +387,9 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device):
     student, teacher = restore_models(state, device)
     model = teacher if model_name == "teacher" else student
     mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
-    paths, others = image_paths(targets)
+    paths, others, hidden = image_paths(targets)
+    if hidden:
+        click.echo(describe_hidden(hidden, ", ".join(map(str, targets))), err=True)
     if not paths:
         raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
                         + (f" ({others} other files)" if others else ""))

@@ -17,7 +17,7 @@ import click
 from presets import preset, preset_help, ramp_epochs
 from data import Batches, restore_data, true_classes
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
-                  resume_checkpoint, stop_on_signals)
+                  resume_checkpoint, run_folder, stop_on_signals)
 from devices import processes, resolve_precision
 from neighbours import neighbourhood_at_start
 from training import Stage, Trainer, describe_errors, fit, report_benchmark, restore_training, speed_options
@@ -97,7 +97,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
     outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out) if out is not None else Path(ckpt).parent
-    with processes(device) as (procs, device):
+    with processes(device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
         if resume:
             state = resume_checkpoint(out, "lc", write=procs.main)
             data = restore_data(state, data_dir)

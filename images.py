@@ -2,6 +2,7 @@
 for prediction or all at once for training, the decode cache, and the list of files that could
 not be read.
 """
+import errno
 import hashlib
 import json
 import os
@@ -10,17 +11,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
-from runs import UserError, atomic_write
+from runs import UserError, WriteFailed, atomic_write
 
 Image.init()
 # Every extension of a format PIL can open (not only save), lower case.
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
 
-# Bumped when the cache's contents would change for the same files (e.g. another resize).
-CACHE_VERSION = 1
+# Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
+# orientation, 16/32-bit and float images by their range, transparency on white.
+CACHE_VERSION = 2
+# What transparent pixels are composited on: white, as a document viewer or a web page shows them.
+BACKGROUND = (255, 255, 255)
 CACHE_DIR_NAME = "mtlc-cache"
+
+
+# A cache that cannot be written for these reasons ends the run (the next write would fail too);
+# for others (no permission) training goes on without it.
+OUT_OF_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 class BadImage(Exception):
@@ -31,10 +40,18 @@ def is_image_name(path):
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
 
+def is_hidden(name):
+    """Hidden files and folders (a leading '.': macOS's ._* AppleDouble files and .DS_Store, Jupyter's
+    .ipynb_checkpoints, .git) and the __MACOSX folder of zip files made on a Mac: never images,
+    never classes."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
 def find_images(root):
-    """The image files under root (by extension, any nesting), sorted; symbolic links are followed,
-    a folder reached twice (a link loop) is walked once. Returns (paths, number of other files)."""
-    found, others, seen = [], 0, set()
+    """The image files under root (by extension, any nesting), sorted; hidden files and folders
+    (is_hidden) are left out; symbolic links are followed, a folder reached twice (a link loop) is
+    walked once. Returns (paths, number of other files, number of hidden files and folders left out)."""
+    found, others, hidden, seen = [], 0, 0, set()
     for folder, dirs, files in os.walk(root, followlinks=True):
         try:
             st = os.stat(folder)
@@ -44,18 +61,65 @@ def find_images(root):
             dirs[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirs.sort()  # a folder reached by two names is listed under the same one on every run
-        for name in files:
-            if is_image_name(name):
+        hidden += sum(map(is_hidden, dirs))
+        dirs[:] = sorted(d for d in dirs if not is_hidden(d))  # sorted: a folder reached by two names is
+        for name in files:                                     # listed under the same one on every run
+            if is_hidden(name):
+                hidden += 1
+            elif is_image_name(name):
                 found.append(Path(folder) / name)
-            elif not name.startswith("."):
+            else:
                 others += 1
-    return sorted(found), others
+    return sorted(found), others, hidden
+
+
+def describe_hidden(count, where):
+    """The one line that says how many hidden files and folders were left out, or '' for none."""
+    if not count:
+        return ""
+    return (f"left out {count:,} hidden file{'s' * (count != 1)} and folder{'s' * (count != 1)} in {where} "
+            f"(names starting with '.', such as macOS's ._* and .DS_Store or .ipynb_checkpoints, and __MACOSX)")
+
+
+def eight_bit(img):
+    """A 16- or 32-bit integer or a float image (PIL modes I;16*, I, F) as 8-bit grayscale, scaled by
+    its range, not clipped: integers by the smallest of 0-255 and 0-65535 that holds them (a 16-bit
+    export looks as its 8-bit copy does), floats within [0, 1] by 255, anything else from its own
+    minimum to its maximum."""
+    x = np.asarray(img, dtype=np.float64)
+    low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if img.mode == "F" and 0 <= low and high <= 1:
+        scale, offset = 255.0, 0.0
+    elif img.mode != "F" and 0 <= low and high <= 255:
+        scale, offset = 1.0, 0.0
+    elif img.mode != "F" and 0 <= low and high <= 65535:
+        scale, offset = 255.0 / 65535.0, 0.0
+    else:
+        scale, offset = 255.0 / (high - low) if high > low else 0.0, low
+    return Image.fromarray(np.clip((x - offset) * scale, 0, 255).round().astype(np.uint8), "L")
+
+
+def as_seen(img):
+    """An opened image as 8-bit RGB, the way a viewer shows it: its first frame (animated GIF and
+    WebP, multi-page TIFF: PIL opens that one), turned upright by its EXIF orientation (phone
+    photos), 16/32-bit and float images scaled to 8 bits by their range, transparent pixels
+    composited on BACKGROUND, palette, CMYK and other modes converted."""
+    try:
+        img = ImageOps.exif_transpose(img)
+    except Exception:  # a broken EXIF block: the pixels as stored
+        pass
+    if img.mode.startswith("I") or img.mode == "F":
+        img = eight_bit(img)
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+        background = Image.new("RGBA", img.size, BACKGROUND + (255,))
+        img = Image.alpha_composite(background, img.convert("RGBA"))
+    return img.convert("RGB")
 
 
 def decode(path, size):
-    """One image file as a uint8 (3, size, size) tensor: RGB, resized (bilinear) to size x size.
-    Raises BadImage for anything that cannot be read, an image over PIL's decompression-bomb limit
+    """One image file as a uint8 (3, size, size) tensor: as_seen, then resized (bilinear) to size x
+    size. Training, the decode cache and predictions all read images through it. Raises BadImage for
+    anything that cannot be read, an image over PIL's decompression-bomb limit
     (Image.MAX_IMAGE_PIXELS, checked from the header before decoding) included."""
     try:
         with Image.open(path) as img:
@@ -63,7 +127,7 @@ def decode(path, size):
                 raise BadImage(f"too large to decode safely ({img.width} x {img.height} pixels, over PIL's "
                                f"limit of {Image.MAX_IMAGE_PIXELS:,})")
             img.draft("RGB", (size, size))  # JPEG: decode at a reduced scale still >= size (faster)
-            img = img.convert("RGB").resize((size, size), Image.BILINEAR)
+            img = as_seen(img).resize((size, size), Image.BILINEAR)
     except BadImage:
         raise
     except Image.DecompressionBombError as exc:
@@ -175,9 +239,12 @@ class DecodeCache:
             state = dict(version=CACHE_VERSION, size=self.size, entries=self.entries, images=x,
                          bad=[list(b) for b in bad])
             atomic_write(self.path, lambda f: torch.save(state, f))
-        except OSError as exc:
-            self.echo(f"note: cannot write the decode cache in {self.folder} ({exc.strerror or exc}); "
-                      f"the images will be decoded again next time (set MTLC_CACHE_DIR to cache elsewhere)")
+        except (OSError, WriteFailed) as exc:
+            if exc.errno in OUT_OF_SPACE:
+                raise (WriteFailed(self.path, exc) if isinstance(exc, OSError) else exc) from None
+            reason = exc.strerror if isinstance(exc, OSError) else exc.message
+            self.echo(f"note: cannot write the decode cache in {self.folder} ({reason}); the images will be "
+                      f"decoded again next time (set MTLC_CACHE_DIR to cache elsewhere)")
             return 0
         for old in self.folder.glob(f"{self.group}-{self.size}px-*.pt"):
             if old != self.path:

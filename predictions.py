@@ -16,19 +16,21 @@ CSV_HEADER = ("path", "prediction", "confidence", "runner_up")
 
 def image_paths(targets):
     """The files to predict, in the order given: a file as it is, a folder's images (searched
-    recursively, by extension) sorted. A path that does not exist exits 2 before any work."""
+    recursively, by extension, hidden files and folders left out) sorted. A path that does not exist
+    exits 2 before any work. Returns (paths, number of other files, number of hidden ones left out)."""
     missing = [t for t in targets if not Path(t).exists()]
     if missing:
         raise UserError(f"--predict: {', '.join(map(str, missing))} does not exist")
-    paths, others = [], 0
+    paths, others, hidden = [], 0, 0
     for target in map(Path, targets):
         if target.is_dir():
-            found, skipped = find_images(target)
+            found, other, hidden_inside = find_images(target)
             paths += found
-            others += skipped
+            others += other
+            hidden += hidden_inside
         else:
             paths.append(target)
-    return paths, others
+    return paths, others, hidden
 
 
 @torch.no_grad()

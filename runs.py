@@ -2,11 +2,14 @@
 RNG states, resume, signals, and the user-error type (exit code 2).
 """
 import contextlib
+import fcntl
 import json
 import os
 import random
 import signal
+import socket
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -21,22 +24,51 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+class WriteFailed(click.ClickException):
+    """A file could not be written (a full disk, a file-size or quota limit, no permission): one line
+    naming the file and the OS's reason, exit code 1. Nothing of the file is left behind, and the
+    files written before it are whole."""
+    exit_code = 1
+
+    def __init__(self, path, error):
+        self.errno = error.errno
+        super().__init__(f"cannot write {path}: {error.strerror or error} (nothing of it was left behind; "
+                         f"the files written before it are complete)")
+
+
+def os_error_in(exc):
+    """The OSError that caused exc, if any: torch's zip writer, for one, reports a failed write as a
+    RuntimeError ('unexpected pos') whose context is the OSError."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def atomic_write(path, write):
     """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
-    never leaves a truncated file behind."""
+    never leaves a truncated file behind. A write the OS refuses raises WriteFailed."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give, not mkstemp's 0600
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        error = os_error_in(exc)
+        if error is not None and not isinstance(exc, click.ClickException):
+            raise WriteFailed(path, error) from None
         raise
 
 
@@ -119,6 +151,49 @@ def stop_on_signals():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+# The lock file a run holds in its output folder (runs.run_folder); hidden, so that no image search
+# ever sees it.
+LOCK_NAME = ".mtlc-run.lock"
+
+
+@contextlib.contextmanager
+def run_folder(out, script, hold=True):
+    """While the block runs, this process is the only run writing `out` (created if need be): a
+    second run on the same folder exits 2 at once, naming this one. The lock is the OS's (flock on
+    LOCK_NAME): it ends with the process however it ends, so a killed run's folder is free again and
+    a lock is never stale. A folder this call created and left empty is removed on failure. hold=False
+    (a process that writes nothing, a benchmark without --out) does nothing."""
+    if not hold:
+        yield
+        return
+    out = Path(out)
+    created = not out.exists()
+    path = out / LOCK_NAME
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "a process that has not said which"
+            raise UserError(f"{out} is being written by another run ({holder}): let it finish or stop it, or "
+                            f"choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{script}, pid {os.getpid()} on {socket.gethostname()}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        yield
+    except BaseException:
+        if created and os.listdir(out) == [LOCK_NAME]:
+            path.unlink()
+            out.rmdir()
+        raise
+    finally:
+        os.close(fd)
 
 
 def checkpoint_state(student, teacher, optimizer, stage, epoch, step, config, split, reference_spread, metrics):

@@ -19,7 +19,8 @@ from model import build_models
 from data import (augment, balanced_split, channel_stats, hold_out, is_own_layout, load_dataset, max_shift,
                   own_split, restore_data)
 from images import check_image_size
-from runs import UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, stop_on_signals
+from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, run_folder,
+                  stop_on_signals)
 from devices import processes, resolve_precision
 from training import Stage, Trainer, describe_errors, fit, make_optimizer, report_benchmark, restore_training, speed_options
 
@@ -92,7 +93,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
     outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out or ".")
-    with processes(device) as (procs, device):
+    with processes(device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if resume:
             state = resume_checkpoint(out, "mt", write=procs.main)
             config, data = state["config"], restore_data(state)

@@ -260,7 +260,7 @@ def test_linked_folders_are_followed(tmp_path):
     write_own_folder(tmp_path / "d")
     write_own_folder(tmp_path / "elsewhere", n_unlabeled=5)
     (tmp_path / "d" / "unlabeled" / "ext").symlink_to(tmp_path / "elsewhere" / "unlabeled", target_is_directory=True)
-    found, _ = find_images(tmp_path / "d" / "unlabeled")
+    found, *_ = find_images(tmp_path / "d" / "unlabeled")
     assert len(found) == 35 and sum("/ext/" in str(p) for p in found) == 5
 
 
@@ -272,7 +272,7 @@ def test_a_folder_linked_twice_is_listed_under_its_first_name(tmp_path):
     unlabeled = tmp_path / "d" / "unlabeled"
     for name in "qkfca":
         (unlabeled / name).symlink_to(unlabeled / "real", target_is_directory=True)
-    found, _ = find_images(unlabeled)
+    found, *_ = find_images(unlabeled)
     assert len(found) == 4 and all(p.parent.name == "a" for p in found), found
 
 
@@ -280,7 +280,7 @@ def test_symbolic_link_loop_does_not_hang(tmp_path):
     write_own_folder(tmp_path)
     (tmp_path / "unlabeled" / "a" / "loop").symlink_to(tmp_path / "unlabeled", target_is_directory=True)
     (tmp_path / "unlabeled" / "self.png").symlink_to(tmp_path / "unlabeled" / "self.png")  # a file link loop
-    found, _ = find_images(tmp_path / "unlabeled")
+    found, *_ = find_images(tmp_path / "unlabeled")
     assert len(found) == 31  # the 30 images once each, and the looping link
     with pytest.raises(UserError, match=r"self.png \("):
         load_dataset("folder", tmp_path, echo=quiet)
@@ -360,3 +360,47 @@ def test_true_class_pairs_and_pool_error_on_a_folder(tmp_path):
     result = json.loads(ev.stdout.splitlines()[-1])
     assert result["n_pool"] == 30 and 0 <= result["teacher_pool_error"] <= 100
     assert run("evaluate.py", "--ckpt", out / "lc.pt", "--pool-error").returncode == 2
+
+
+def add_mac_and_notebook_leftovers(root):
+    """What a folder copied from a Mac or used in Jupyter holds beside the images: an AppleDouble
+    ._name beside every image (not an image, though its name says so), .DS_Store, a __MACOSX folder,
+    .ipynb_checkpoints inside a class folder (copies) and directly under labeled/ (no class). Returns
+    how many hidden entries were added where the walk meets them."""
+    added = 0
+    for path in sorted(Path(root).rglob("*.png")):
+        (path.parent / f"._{path.name}").write_bytes(b"\x00\x05\x16\x07AppleDouble junk")
+        added += 1
+    for folder in ("labeled", "unlabeled", "test", "labeled/cat"):
+        (Path(root) / folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+        added += 1
+    for folder in ("labeled/cat/.ipynb_checkpoints", "labeled/.ipynb_checkpoints/cat", "unlabeled/__MACOSX/a"):
+        (Path(root) / folder).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(Path(root) / folder / "copy.png")
+    return added + 3
+
+
+def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
+    data = tmp_path / "d"
+    write_own_folder(data)
+    hidden = add_mac_and_notebook_leftovers(data)
+    out = tmp_path / "run"
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert f"left out {hidden} hidden files and folders in {data}" in res.stdout
+    assert "18 labeled / 30 unlabeled / 0 validation / 9 test" in res.stdout
+    state = torch.load(out / "mt.pt", weights_only=True)
+    assert state["config"]["classes"] == ["cat", "dog", "owl"]  # .ipynb_checkpoints is no class
+    assert not any("/." in name or "__MACOSX" in name for name in state["config"]["files"]["train"])
+    pred = run("evaluate.py", "--ckpt", out / "mt_final.pt", "--predict", data / "unlabeled")
+    assert pred.returncode == 0, pred.stderr
+    assert len(rows(pred.stdout)) == 30 and "left out 32 hidden files and folders" in pred.stderr  # 30 ._ + .DS_Store + __MACOSX
+
+
+def test_a_hidden_folder_alone_is_no_class(tmp_path):
+    data = tmp_path / "d"
+    write_own_folder(data, classes=("cat",))
+    (data / "labeled" / ".ipynb_checkpoints").mkdir()
+    Image.new("RGB", (8, 8)).save(data / "labeled" / ".ipynb_checkpoints" / "x.png")
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", tmp_path / "run")
+    assert res.returncode == 2 and "holds one class folder (cat)" in res.stderr

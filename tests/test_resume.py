@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import finetune_lc
 import runs
 import train_mt
-from runs import Interrupted, atomic_write, read_metrics
+from runs import Interrupted, WriteFailed, atomic_write, read_metrics
 
 TINY = ["--width", "0.0625", "--unlabeled-batch", "512", "--seed", "2", "--device", "cpu", "--precision", "fp32"]
 MT_ARGS = [*TINY, "--epochs", "2", "--decay-epochs", "1"]  # milestones: mt.pt after epoch 2, mt_final.pt after 3
@@ -90,16 +90,19 @@ def test_lc_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     assert_same_run(straight / "lc", tmp_path, LC_FILES)
 
 
-@pytest.mark.parametrize("failure", [OSError("disk full"), Interrupted(signal.SIGTERM)])
-def test_a_failed_write_leaves_the_previous_file(tmp_path, failure):
+@pytest.mark.parametrize("failure, raised", [(OSError(28, "No space left on device"), WriteFailed),
+                                             (Interrupted(signal.SIGTERM), Interrupted)])
+def test_a_failed_write_leaves_the_previous_file(tmp_path, failure, raised):
     path = tmp_path / "state.pt"
     atomic_write(path, lambda f: f.write(b"the previous run"))
 
     def fail_half_way(f):
         f.write(b"the new run, cut")
         raise failure
-    with pytest.raises(type(failure)):
+    with pytest.raises(raised) as caught:
         atomic_write(path, fail_half_way)
+    if raised is WriteFailed:  # one line naming the file and the OS's reason, exit code 1
+        assert caught.value.exit_code == 1 and f"cannot write {path}: No space left on device" in caught.value.message
     assert path.read_bytes() == b"the previous run"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
 

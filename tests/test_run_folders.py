@@ -1,0 +1,171 @@
+"""Real machines: one writer per run folder (a live run's folder is refused, a killed run's is not),
+and a write the OS refuses (a full disk, a file-size limit) is one line naming the file and the
+reason, exit code 1, no partial file, the earlier files whole, and the rerun completes. The limits are
+real: `ulimit -f` in the child's shell, so Python gets EFBIG ('File too large') as on a full disk it
+gets ENOSPC."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fakedata import write_own_folder
+from runs import LOCK_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
+
+
+def run(*args, limit_kb=None):
+    """A script in a child process; limit_kb: the largest file it may write (ulimit -f, KiB)."""
+    command = [sys.executable, *map(str, args)]
+    if limit_kb is not None:
+        command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_lock(folder, proc, seconds=120):
+    """Until the run in proc says in its lock file that it holds folder."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        lock = Path(folder) / LOCK_NAME
+        if lock.exists() and f"pid {proc.pid}" in lock.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run did not take {folder}: {proc.communicate()}")
+
+
+def no_temp_files(folder):
+    return not [p for p in Path(folder).rglob("*.tmp")]
+
+
+def test_second_run_on_a_live_folder_exits_at_once_naming_the_first(tmp_path):
+    first = start("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "30", "--decay-epochs", "0",
+                  "--out", tmp_path)
+    try:
+        wait_for_lock(tmp_path, first)
+        t0 = time.time()
+        second = run("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "1", "--decay-epochs", "0",
+                     "--overwrite", "--out", tmp_path)
+        assert second.returncode == 2 and time.time() - t0 < 30
+        assert f"{tmp_path} is being written by another run (train_mt.py, pid {first.pid} on" in second.stderr
+        assert "Traceback" not in second.stderr
+        lc = run("finetune_lc.py", "--ckpt", tmp_path / "mt.pt", "--device", "cpu")  # its default --out: the same folder
+        assert lc.returncode == 2 and "being written by another run (train_mt.py" in lc.stderr
+    finally:
+        first.kill()
+        first.communicate()
+
+
+def test_a_killed_runs_lock_does_not_block_the_next(tmp_path):
+    """SIGKILL leaves the lock file, and its pid, behind; the lock itself went with the process."""
+    first = start("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "30", "--decay-epochs", "0",
+                  "--out", tmp_path)
+    wait_for_lock(tmp_path, first)
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    assert f"pid {first.pid}" in (tmp_path / LOCK_NAME).read_text()
+    again = run("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "1", "--decay-epochs", "0", "--overwrite",
+                "--out", tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "mt_final.pt").exists() and no_temp_files(tmp_path)
+
+
+def test_a_run_that_fails_on_its_input_leaves_no_folder(tmp_path):
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "new" / "mt.pt", "--device", "cpu")
+    assert res.returncode == 2 and not (tmp_path / "new").exists()
+
+
+def test_checkpoint_write_refused_then_the_rerun_completes(tmp_path):
+    """digits writes no decode cache, so the first file is a checkpoint: larger than 64 KiB at this width."""
+    args = ["train_mt.py", "--dataset", "digits", *TINY, "--epochs", "1", "--decay-epochs", "1", "--out", tmp_path]
+    res = run(*args, limit_kb=64)
+    assert res.returncode == 1, res.stderr
+    assert f"cannot write {tmp_path}/mt.pt: File too large" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "mt.pt").exists() and no_temp_files(tmp_path)
+    res = run(*args)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "mt_final.pt").exists()
+
+
+def test_metrics_write_refused_leaves_the_previous_file(tmp_path):
+    """The metrics file is rewritten whole after every epoch; a refused rewrite leaves the last good one."""
+    code = ("import sys; from runs import write_metrics; "
+            "write_metrics(sys.argv[1], [{'epoch': i, 'pad': 'x' * 100} for i in range(2000)])")
+    path = tmp_path / "mt_metrics.jsonl"
+    path.write_text('{"epoch": 1}\n')
+    res = run("-c", f"{code}", path, limit_kb=16)
+    assert res.returncode == 1 and f"cannot write {path}: File too large" in res.stderr, res.stderr
+    assert path.read_text() == '{"epoch": 1}\n' and no_temp_files(tmp_path)
+
+
+def test_decode_cache_write_refused_ends_the_run(tmp_path):
+    """The caches of a folder's images are written before any checkpoint: here labeled/ (18 images of
+    64 x 64 pixels, 221 KB) fits the 256 KiB limit, unlabeled/ (30, 369 KB) does not."""
+    data = tmp_path / "d"
+    write_own_folder(data)
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--image-size", "64", "--width", "0.0625",
+              "--epochs", "1", "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path / "run", limit_kb=256)
+    assert res.returncode == 1, res.stderr
+    assert f"cannot write {data}/mtlc-cache/unlabeled-64px-" in res.stderr and "File too large" in res.stderr
+    assert no_temp_files(data) and not list((data / "mtlc-cache").glob("unlabeled-*"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("own")
+    write_own_folder(folder / "d")
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder / "d", "--width", "0.0625", "--labeled-batch",
+              "6", "--unlabeled-batch", "12", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu",
+              "--out", folder / "run")
+    assert res.returncode == 0, res.stderr
+    return folder
+
+
+@pytest.mark.parametrize("output, args", [
+    ("labels.csv", ["--predict", "{d}/unlabeled", "--csv"]),
+    ("confusion.png", ["--confusion"]),
+])
+def test_evaluate_outputs_refused_leave_the_previous_file(trained, output, args):
+    """A predictions CSV (here 30 rows) and a figure larger than the 1 KiB limit; the earlier file stays."""
+    target = trained / output
+    target.write_bytes(b"the previous file")
+    args = [a.format(d=trained / "d") for a in args]
+    res = run("evaluate.py", "--ckpt", trained / "run" / "mt_final.pt", *args, target, limit_kb=1)
+    assert res.returncode == 1, res.stderr
+    assert f"cannot write {target}: File too large" in res.stderr and "Traceback" not in res.stderr
+    assert target.read_bytes() == b"the previous file" and no_temp_files(trained)
+
+
+def test_readers_of_a_live_folder_see_only_complete_files(tmp_path):
+    """While a run rewrites its checkpoints and metrics every epoch, every file another process finds
+    there loads whole, and stage 2 may start from its mt.pt into another folder."""
+    import json
+
+    import torch
+    first = start("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "40", "--decay-epochs", "0",
+                  "--lc-start-epoch", "1", "--out", tmp_path / "mt")
+    try:
+        loads, deadline = 0, time.time() + 120
+        while first.poll() is None and time.time() < deadline and loads < 60:
+            for path in sorted((tmp_path / "mt").glob("*")):
+                if path.suffix == ".pt":
+                    torch.load(path, weights_only=True)
+                    loads += 1
+                elif path.suffix == ".jsonl":
+                    [json.loads(line) for line in path.read_text().splitlines()]
+        assert loads >= 20, (loads, first.poll())
+        lc = run("finetune_lc.py", "--ckpt", tmp_path / "mt" / "mt.pt", "--epochs", "1", "--decay-epochs", "0",
+                 "--device", "cpu", "--out", tmp_path / "lc")
+        assert lc.returncode == 0, lc.stderr
+    finally:
+        first.kill()
+        first.communicate()
