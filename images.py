@@ -25,8 +25,6 @@ CACHE_VERSION = 2
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
 CACHE_DIR_NAME = "mtlc-cache"
-
-
 # A cache that cannot be written for these reasons ends the run (the next write would fail too);
 # for others (no permission) training goes on without it.
 OUT_OF_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -62,8 +60,9 @@ def find_images(root):
             continue
         seen.add((st.st_dev, st.st_ino))
         hidden += sum(map(is_hidden, dirs))
-        dirs[:] = sorted(d for d in dirs if not is_hidden(d))  # sorted: a folder reached by two names is
-        for name in files:                                     # listed under the same one on every run
+        # Sorted: a folder reached by two names is listed under the same one on every run.
+        dirs[:] = sorted(d for d in dirs if not is_hidden(d))
+        for name in files:
             if is_hidden(name):
                 hidden += 1
             elif is_image_name(name):
