@@ -493,6 +493,15 @@ def restore_data(state, data_dir=None, echo=click.echo):
     return data
 
 
+def held_out(state, data):
+    """The labeled images a checkpoint never trained on: (uint8 images, classes, which): its test
+    images ("test"), else its --val hold-out ("validation"); none where it has neither."""
+    if len(data.test_y):
+        return data.test_x, data.test_y, "test"
+    val_idx = state.get("val_idx", torch.zeros(0, dtype=torch.long))
+    return data.train_x[val_idx], data.train_y[val_idx], "validation"
+
+
 def check_same_files(then, now, where):
     """Exit 2 if the image files of a folder differ from those a checkpoint was trained on."""
     for part in ("train", "test"):

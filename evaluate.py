@@ -1,9 +1,11 @@
-"""Test errors of checkpoints, predictions for image files, the paper's results table, error
-curves and t-SNE pictures.
+"""Test errors of checkpoints, predictions for image files (calibrated, with which to accept and
+which to label next), the paper's results table, error curves and t-SNE pictures.
 
     python evaluate.py --ckpt lc.pt                                   # student and teacher test error
     python evaluate.py --ckpt lc.pt --json                            # one JSON object, per-class errors too
     python evaluate.py --ckpt lc.pt --predict photos/ --csv preds.csv  # a class for every image under photos/
+    python evaluate.py --ckpt lc.pt --predict unlabeled/ --max-error 5 --csv preds.csv  # ... and which to accept
+    python evaluate.py --ckpt lc.pt --predict unlabeled/ --suggest 100 --csv next.csv   # which to label next
     python evaluate.py --ckpt lc.pt --confusion confusion.png          # the test set's confusion matrix
     python evaluate.py --ckpt runs/mt*/mt_final.pt runs/lc*/lc.pt --table results.md    # Table 1
     python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
@@ -24,7 +26,8 @@ from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, rea
 from devices import pick_device
 from images import describe_hidden
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
-from predictions import image_paths, predict_files, write_rows
+from calibration import plot_coverage
+from predictions import held_out_calibration, image_paths, is_accepted, predict_files, suggest_rows, write_rows
 from training import predict_classes, test_error
 
 
@@ -333,9 +336,10 @@ def plot_confusion(y, predicted, classes, title, out):
     plt.close(fig)
 
 
-def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None):
-    """The result of one checkpoint: test errors of both models, per class, how LC went and, given the
-    true classes of its unlabeled images (pool_y), the error on them."""
+def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None, model_name="teacher"):
+    """The result of one checkpoint: test errors of both models, per class, the calibration of one
+    model's confidences, how LC went and, given the true classes of its unlabeled images (pool_y),
+    the error on them."""
     config = state["config"]
     mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
     if pool_y is not None:
@@ -352,6 +356,9 @@ def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None
         for cls, r in per_class_errors(y, predicted, data.classes).items():
             per_class.setdefault(cls, dict(count=r["count"]))[f"{name}_error"] = r["error"]
     result["per_class"] = per_class
+    cal = held_out_calibration(state, data, teacher if model_name == "teacher" else student, device)
+    if cal:
+        result["calibration"] = dict(model=model_name, **cal.summary())
     if pool_y is not None:
         result["n_pool"] = len(pool_y)
         for name, model in (("student", student), ("teacher", teacher)):
@@ -374,14 +381,40 @@ def describe_result(result, state):
     if "n_pool" in result:
         lines.append(f"  error on the {result['n_pool']} unlabeled training images (labels never used): student "
                      f"{result['student_pool_error']:.2f}% teacher {result['teacher_pool_error']:.2f}%")
+    if "calibration" in result:
+        lines.append("  " + describe_calibration(result["calibration"]))
     if "d2_ratio_start" in result:
         lines.append(describe_lc(result))
     return lines
 
 
-def predict(path, state, targets, model_name, csv_path, batch_size, device):
-    """--predict: one CSV row per image file under targets, to csv_path or stdout. Returns the
-    number of files that could not be read."""
+def describe_calibration(summary):
+    errors = summary["error_at_coverage"]
+    return (f"confidences of the {summary['model']} calibrated on {summary['n_held_out']:,} held-out "
+            f"{summary['held_out']} images: temperature {summary['temperature']:.3f}, expected calibration error "
+            f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted); error of the most "
+            f"confident 10% / 50% / all: {errors['10']:.1f}% / {errors['50']:.1f}% / {errors['100']:.1f}%")
+
+
+def calibrate(path, state, data_dir, model, model_name, device, echo):
+    """The Calibration of the model on the checkpoint's held-out images, or None (said once) where
+    there are none or its folder can no longer be read as it was trained."""
+    try:
+        data = restore_data(state, data_dir, echo=echo)
+    except UserError as e:
+        echo(f"confidences are uncalibrated (the raw softmax): the checkpoint's held-out images cannot be read: {e}")
+        return None, None
+    cal = held_out_calibration(state, data, model, device)
+    echo(describe_calibration(dict(model=model_name, **cal.summary())) if cal else
+         f"confidences are uncalibrated (the raw softmax): {path} has no held-out images (a test/ folder, or "
+         "train_mt.py --val N)")
+    return cal, data
+
+
+def predict(path, state, targets, model_name, csv_path, batch_size, device, data_dir, max_error, coverage, suggest_n,
+            seed, as_json):
+    """--predict: one CSV row per image file under targets (or, with --suggest, one per image to label
+    next), to csv_path or stdout. Returns the number of files that could not be read."""
     from tqdm import tqdm
     config = state["config"]
     student, teacher = restore_models(state, device)
@@ -393,30 +426,73 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device):
     if not paths:
         raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
                         + (f" ({others} other files)" if others else ""))
-    rows = predict_files(model, paths, config["classes"], config.get("image_size", 32), mean, std, device, batch_size)
+    cal, data = calibrate(path, state, data_dir, model, model_name, device, lambda m: click.echo(m, err=True))
+    if cal is None and (max_error is not None or coverage):
+        raise UserError("--max-error and --coverage need held-out labeled images: a test/ folder beside labeled/ "
+                        "and unlabeled/, or train_mt.py --val N")
+    if data is None and suggest_n:
+        raise UserError("--suggest needs the checkpoint's labeled images, which cannot be read (see above)")
+    threshold = None
+    if max_error is not None:
+        found = cal.threshold(max_error)
+        threshold = found.confidence if found else float("inf")
+    summary = dict(checkpoint=str(path), model=model_name, **(cal.summary() if cal else dict(temperature=None)))
+    if coverage:
+        plot_coverage(cal, max_error, found if max_error is not None else None, coverage,
+                      f"{config['dataset']}, {method_name(state)} {model_name}: held-out {cal.source} images")
+        click.echo(f"wrote {coverage}", err=True)
+    rows = predict_files(model, paths, config["classes"], config.get("image_size", 32), mean, std, device, batch_size,
+                         cal.temperature if cal else 1.0)
     rows = tqdm(rows, total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
 
     def on_bad(p, reason):
         rows.write(f"cannot read {p}: {reason}", file=sys.stderr)
 
+    extra = None
+    if suggest_n:  # every prediction first: the choice needs all their features
+        predicted = list(rows)
+        for r in predicted:
+            if r.label is None:
+                on_bad(r.path, r.confidence)
+        n, failed = len(predicted), sum(r.label is None for r in predicted)
+        accepted = sum(threshold is not None and is_accepted(r, threshold) for r in predicted)
+        rows, clusters = suggest_rows(predicted, state, data, model, device, suggest_n, seed)
+        extra = [("cluster", clusters)]
     counts = []
 
     def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
         text = io.TextIOWrapper(binary_file, encoding="utf-8", newline="")
-        counts.extend(write_rows(text, rows, on_bad))
+        counts.extend(write_rows(text, rows, on_bad, threshold, extra))
         text.flush()
         text.detach()  # leave the file to atomic_write
 
     if csv_path:
         atomic_write(csv_path, write_csv)
     else:
-        counts.extend(write_rows(sys.stdout, rows, on_bad))
-    n, failed = counts
+        counts.extend(write_rows(sys.stdout, rows, on_bad, threshold, extra))
+    if not suggest_n:
+        n, failed, accepted = counts
     click.echo(f"predicted {n - failed:,} of {n:,} images with the {model_name} of {path}"
                + (f" ({others} files that are not images ignored)" if others else "")
                + (f"; {failed} could not be read (empty prediction)" if failed else "")
+               + (f"; the {len(rows):,} to label next, best first" if suggest_n else "")
                + (f"; wrote {csv_path}" if csv_path else ""), err=True)
+    if max_error is not None:
+        click.echo(describe_acceptance(accepted, n - failed, max_error, found, cal), err=True)
+        summary.update(max_error=max_error, accepted=accepted, predicted=n - failed,
+                       threshold=found.confidence if found else None)
+    if as_json:
+        click.echo(json.dumps(summary))
     return failed
+
+
+def describe_acceptance(n_accepted, n, max_error, found, cal):
+    if found is None:
+        return (f"0 of {n:,} accepted: no confidence threshold keeps the error of the held-out images above it at "
+                f"most {max_error:g}% with 95% confidence (from {cal.n:,} held-out {cal.source} images)")
+    return (f"{n_accepted:,} of {n:,} accepted at an expected error of at most {max_error:g}% (threshold "
+            f"{found.confidence:.4f}, from {cal.n:,} held-out {cal.source} images: {found.held_out:,} of them at or "
+            f"above it, {found.error:.1f}% wrong, at most {found.bound:.1f}% with 95% confidence)")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -435,7 +511,20 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device):
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="With --predict: write the rows to this file instead of stdout.")
 @click.option("--model", "model_name", type=click.Choice(["teacher", "student"]), default="teacher",
-              help="The model that predicts (--predict) and whose confusion matrix is drawn (--confusion).")
+              help="The model that predicts (--predict), whose confidences are calibrated and whose confusion matrix is "
+                   "drawn (--confusion).")
+@click.option("--max-error", type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=None,
+              help="With --predict: add a column `accepted` (1/0): 1 where the calibrated confidence is at least the "
+                   "lowest threshold at which the checkpoint's held-out images above it are at most this % wrong "
+                   "(a one-sided 95% upper bound, so that a few lucky images cannot set it). Prints how many "
+                   "were accepted. Needs held-out images (test/, or train_mt.py --val N).")
+@click.option("--coverage", type=click.Path(dir_okay=False), default=None,
+              help="With --predict: draw the held-out images' error against coverage (most confident first) to "
+                   "this PNG, with the --max-error threshold.")
+@click.option("--suggest", "suggest_n", type=click.IntRange(min=1), default=None,
+              help="With --predict: instead of a row per image, the N images to label next, best first (TypiClust: "
+                   "the most typical image of each feature cluster that holds no label yet; docs/label-the-rest.md), "
+                   "with a column `cluster`.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256,
               help="Images decoded and classified at a time by --predict (its memory bound).")
 @click.option("--confusion", type=click.Path(dir_okay=False), default=None,
@@ -464,10 +553,11 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device):
               help="With --pool-error on a folder: a CSV with columns path,class for its unlabeled/ images "
                    "(paths as unlabeled/NAME; examples/own_images.py writes one beside the folders it builds).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")
-@click.option("--seed", type=int, default=0, help="Seed of the t-SNE and its subsample (the errors are deterministic).")
+@click.option("--seed", type=int, default=0,
+              help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_size, confusion, table, curves, plot,
-         tsne, tsne_points, distances, pool_error, truth, data_dir, seed, device):
+def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, batch_size,
+         confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
     if predict_paths:
@@ -480,9 +570,13 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
         raise UserError(f"--table must end in .md or .csv, got {table}")
     if csv_path and not predict_paths:
         raise UserError("--csv goes with --predict")
-    if predict_paths and (len(ckpts) != 1 or as_json or table or curves or tsne or distances or confusion or pool_error):
-        raise UserError("--predict takes exactly one --ckpt and no other output (--json, --table, --curves, --tsne, "
+    if predict_paths and (len(ckpts) != 1 or table or curves or tsne or distances or confusion or pool_error):
+        raise UserError("--predict takes exactly one --ckpt and no other output (--table, --curves, --tsne, "
                         "--distances, --confusion, --pool-error): run evaluate.py again for those")
+    if predict_paths and as_json and not csv_path:
+        raise UserError("--predict with --json needs --csv: the JSON summary goes to stdout, the rows to the file")
+    if (max_error is not None or coverage or suggest_n) and not predict_paths:
+        raise UserError("--max-error, --coverage and --suggest go with --predict")
     if (table or tsne or distances or confusion) and not ckpts:
         raise UserError("--table, --tsne, --distances and --confusion need at least one --ckpt")
     if truth and not pool_error:
@@ -493,7 +587,8 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
     device = pick_device(device)
     states = [load_checkpoint(path) for path in ckpts]  # every file checked before any work
     if predict_paths:
-        failed = predict(ckpts[0], states[0], predict_paths, model_name, csv_path, batch_size, device)
+        failed = predict(ckpts[0], states[0], predict_paths, model_name, csv_path, batch_size, device, data_dir,
+                         max_error, coverage, suggest_n, seed, as_json)
         sys.exit(1 if failed else 0)
     results = []
     for path, state in zip(ckpts, states):
@@ -501,7 +596,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, batch_
         data = restore_data(state, data_dir)
         student, teacher = restore_models(state, device)
         pool_y = true_classes(data, truth)[state["unlabeled_idx"]] if pool_error else None
-        result = evaluate_checkpoint(path, state, data, student, teacher, device, pool_y)
+        result = evaluate_checkpoint(path, state, data, student, teacher, device, pool_y, model_name)
         results.append(result)
         click.echo(json.dumps(result) if as_json else "\n".join(describe_result(result, state)))
         first = len(results) == 1

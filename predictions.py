@@ -1,15 +1,19 @@
 """Predictions of a trained model for image files: the files under the given paths, read as in
 training (the checkpoint's image size and normalization), classified a batch at a time so that
-memory stays bounded however many there are, one CSV row per file.
+memory stays bounded however many there are, one CSV row per file; their confidences calibrated on
+the checkpoint's held-out images, and the images to label next.
 """
 import csv
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import torch
 
-from data import normalize
+from calibration import Calibration, confidences
+from data import held_out, normalize
 from images import decode_batches, find_images
 from runs import UserError
+from selection import suggest
 
 CSV_HEADER = ("path", "prediction", "confidence", "runner_up")
 
@@ -34,40 +38,85 @@ def image_paths(targets):
 
 
 @torch.no_grad()
-def class_probabilities(model, x, mean, std):
-    """Softmax over the classes of the model (eval mode) for uint8 images x: (n, classes), float32."""
+def model_outputs(model, x, mean, std):
+    """(pooled features, logits) of the model (eval mode) for uint8 images x, float32."""
     model.eval()
-    _, logits = model(normalize(x, mean, std))
-    return torch.softmax(logits.float(), 1)
+    features, logits = model(normalize(x, mean, std))
+    return features.float(), logits.float()
 
 
-def predict_files(model, paths, classes, image_size, mean, std, device, batch_size):
-    """For each path in order: (path, predicted class name, its probability, the runner-up class
-    name), or (path, None, reason, None) for a file that cannot be read. One batch of decoded images
-    is held at a time."""
+def outputs_of(model, x, mean, std, device, batch_size=500):
+    """model_outputs for many images, a batch at a time, on the CPU."""
+    outputs = [model_outputs(model, x[i:i + batch_size].to(device), mean, std) for i in range(0, len(x), batch_size)]
+    return tuple(torch.cat([o[k].cpu() for o in outputs]) for k in (0, 1))
+
+
+class Prediction(NamedTuple):
+    path: Path
+    label: Optional[str]         # None: the file could not be read
+    confidence: object           # the label's probability (rounded as written); the reason where unreadable
+    runner_up: Optional[str]
+    features: Optional[torch.Tensor]
+
+
+def predict_files(model, paths, classes, image_size, mean, std, device, batch_size, temperature=1.0):
+    """A Prediction for each path in order: the class, its probability with the logits divided by
+    the temperature (calibration.py), the runner-up class and the pooled features. One batch of
+    decoded images is held at a time."""
     for chunk, x, failed in decode_batches(paths, image_size, batch_size):
-        probs = class_probabilities(model, x.to(device), mean, std).cpu()
-        top = probs.topk(min(2, probs.shape[1]), dim=1)
+        features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
+        predicted, confidence = confidences(logits, temperature)
+        runner_up = logits.topk(min(2, logits.shape[1]), dim=1).indices[:, -1]
         for i, path in enumerate(chunk):
             if i in failed:
-                yield path, None, failed[i], None
+                yield Prediction(path, None, failed[i], None, None)
             else:
-                idx = top.indices[i].tolist()
-                yield path, classes[idx[0]], top.values[i, 0].item(), classes[idx[-1]]
+                yield Prediction(path, classes[predicted[i]], float(confidence[i]), classes[runner_up[i]], features[i])
 
 
-def write_rows(text_file, rows, on_bad):
+def write_rows(text_file, rows, on_bad, threshold=None, extra=None):
     """Write the CSV header and one row per prediction; a failed file gets a row with an empty
-    prediction and `on_bad(path, reason)`. Returns (rows written, files that failed)."""
+    prediction and `on_bad(path, reason)`. With a threshold, a column `accepted`: 1 where the
+    confidence is at least the threshold. extra: (column name, value per row) columns after those.
+    Returns (rows written, files that failed, rows accepted)."""
     writer = csv.writer(text_file, lineterminator="\n")
-    writer.writerow(CSV_HEADER)
-    n = failed = 0
-    for path, prediction, confidence, runner_up in rows:
+    extra = extra or ()
+    writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + tuple(name for name, _ in extra))
+    n = failed = accepted = 0
+    for i, row in enumerate(rows):
         n += 1
-        if prediction is None:
+        if row.label is None:
             failed += 1
-            on_bad(path, confidence)
-            writer.writerow((str(path), "", "", ""))
+            on_bad(row.path, row.confidence)
+            cells = [str(row.path), "", "", ""]
         else:
-            writer.writerow((str(path), prediction, f"{confidence:.4f}", runner_up))
-    return n, failed
+            cells = [str(row.path), row.label, f"{row.confidence:.4f}", row.runner_up]
+        if threshold is not None:
+            cells.append(int(is_accepted(row, threshold)))
+            accepted += cells[-1]
+        writer.writerow(cells + [values[i] for _, values in extra])
+    return n, failed, accepted
+
+
+def is_accepted(row, threshold):
+    return row.label is not None and row.confidence >= threshold
+
+
+def held_out_calibration(state, data, model, device):
+    """The calibration of the model's confidences on the checkpoint's held-out labeled images (the
+    test images, else the --val hold-out), or None where it has none."""
+    x, y, source = held_out(state, data)
+    if not len(y):
+        return None
+    mean, std = (torch.tensor(state["config"][k], device=device) for k in ("mean", "std"))
+    return Calibration.fit(outputs_of(model, x, mean, std, device)[1].numpy(), y.numpy(), source)
+
+
+def suggest_rows(rows, state, data, model, device, n, seed):
+    """The n predictions (readable files only) whose images TypiClust (selection.py) would label next,
+    best first, and the cluster of each."""
+    readable = [r for r in rows if r.label is not None]
+    mean, std = (torch.tensor(state["config"][k], device=device) for k in ("mean", "std"))
+    labeled = outputs_of(model, data.train_x[state["labeled_idx"]], mean, std, device)[0]
+    picks, clusters = suggest(torch.stack([r.features for r in readable]).numpy(), labeled.numpy(), n, seed)
+    return [readable[i] for i in picks], clusters.tolist()

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import evaluate
 import images
 import predictions
+from calibration import fit_temperature
 from images import decode
 from runs import load_checkpoint, restore_models
 from fakedata import write_own_folder
@@ -31,10 +32,17 @@ def invoke(args):
     return CliRunner().invoke(evaluate.main, [str(a) for a in args])
 
 
-def read_rows(text):
+def read_rows(text, more=()):
     reader = csv.DictReader(io.StringIO(text))
-    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up"]
+    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up", *more]
     return list(reader)
+
+
+CLASSES = ["cat", "dog", "owl"]
+
+
+def classes_of(path):
+    return CLASSES.index(Path(path).parent.name)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +92,11 @@ def test_teacher_and_student_predict_with_their_own_weights(trained, tmp_path):
     paths = sorted((data / "test").rglob("*.png"))
     x = torch.stack([decode(p, 32) for p in paths])
     confidences = {}
+    test_logits = {name: predictions.outputs_of(model, x, mean, std, "cpu")[1] for name, model in
+                   (("teacher", teacher), ("student", student))}  # the held-out images are the test images here
     for name, model in (("teacher", teacher), ("student", student)):
-        probs = predictions.class_probabilities(model, x, mean, std)
+        temperature = fit_temperature(test_logits[name].numpy(), [classes_of(p) for p in paths])
+        probs = torch.softmax(predictions.model_outputs(model, x, mean, std)[1] / temperature, 1)
         result = invoke(["--ckpt", ckpt, "--predict", data / "test", "--model", name])
         assert result.exit_code == 0, result.output
         rows = read_rows(result.stdout)
@@ -133,7 +144,7 @@ def test_predicting_holds_one_batch_of_decoded_images(trained, monkeypatch):
     (or a prefetch of more) would fail this."""
     data, ckpt = trained
     counts = dict(decoded=0, classified=0, most=0)
-    real_decode, real_classify = images.decode, predictions.class_probabilities
+    real_decode, real_classify = images.decode, predictions.model_outputs
 
     def counting_decode(path, size):
         counts["decoded"] += 1
@@ -141,10 +152,11 @@ def test_predicting_holds_one_batch_of_decoded_images(trained, monkeypatch):
         return real_decode(path, size)
 
     def counting_classify(model, x, mean, std):
-        counts["classified"] += len(x)
+        if counts["decoded"]:  # the files' stream (the held-out images before it come from the cache)
+            counts["classified"] += len(x)
         return real_classify(model, x, mean, std)
     monkeypatch.setattr(images, "decode", counting_decode)
-    monkeypatch.setattr(predictions, "class_probabilities", counting_classify)
+    monkeypatch.setattr(predictions, "model_outputs", counting_classify)
     result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5"])
     assert result.exit_code == 0, result.output
     assert counts["decoded"] == counts["classified"] == 24
@@ -157,23 +169,28 @@ def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, mon
     data, ckpt = trained
     csv_path = tmp_path / "labels.csv"
     csv_path.write_text("the previous run's labels\n")
-    real_classify, calls = predictions.class_probabilities, []
+    real_classify, calls = predictions.model_outputs, []
 
     def dies_on_the_second_batch(model, x, mean, std):
         calls.append(len(x))
-        if len(calls) == 2:
+        if len(calls) == 3:  # the 24 held-out test images (calibration), then the files' batches
             raise RuntimeError("killed")
         return real_classify(model, x, mean, std)
-    monkeypatch.setattr(predictions, "class_probabilities", dies_on_the_second_batch)
+    monkeypatch.setattr(predictions, "model_outputs", dies_on_the_second_batch)
     result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path])
-    assert isinstance(result.exception, RuntimeError) and calls == [5, 5]
+    assert isinstance(result.exception, RuntimeError) and calls == [24, 5, 5]
     assert csv_path.read_text() == "the previous run's labels\n" and list(tmp_path.iterdir()) == [csv_path]
 
 
 @pytest.mark.parametrize("args, message", [
     (["--predict", "/nonexistent/x"], "does not exist"),
     (["--csv", "p.csv"], "--csv goes with --predict"),
-    (["--predict", ".", "--json"], "--predict takes exactly one --ckpt"),
+    (["--predict", ".", "--json"], "--predict with --json needs --csv"),
+    (["--predict", ".", "--table", "t.md"], "--predict takes exactly one --ckpt"),
+    (["--max-error", "5"], "--max-error, --coverage and --suggest go with --predict"),
+    (["--suggest", "5"], "--max-error, --coverage and --suggest go with --predict"),
+    (["--predict", ".", "--max-error", "100"], "--max-error"),
+    (["--predict", ".", "--suggest", "0"], "--suggest"),
 ])
 def test_predict_bad_input(trained, tmp_path, args, message):
     _, ckpt = trained
@@ -211,3 +228,90 @@ def test_the_readme_snippet_runs(trained, capsys):
     torch.testing.assert_close(namespace["logits"], logits)
     printed = capsys.readouterr().out
     assert printed.strip() == str([state["config"]["classes"][i] for i in logits.argmax(1)])
+
+
+def test_confidences_are_calibrated_on_the_held_out_images(trained, tmp_path):
+    data, ckpt = trained
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "p.csv", "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    state = load_checkpoint(ckpt)
+    _, teacher = restore_models(state, torch.device("cpu"))
+    mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+    paths = sorted((data / "test").rglob("*.png"))
+    logits = predictions.outputs_of(teacher, torch.stack([decode(p, 32) for p in paths]), mean, std, "cpu")[1]
+    assert summary["temperature"] == pytest.approx(fit_temperature(logits.numpy(), [classes_of(p) for p in paths]))
+    assert summary["held_out"] == "test" and summary["n_held_out"] == 24
+    assert set(summary) >= {"ece_before", "ece_after"} and list(summary["error_at_coverage"]) == [
+        str(c) for c in range(10, 101, 10)]
+    assert res.stderr.count("calibrated on 24 held-out test images") == 1
+    result = json.loads(invoke(["--ckpt", ckpt, "--json"]).stdout.strip().splitlines()[-1])
+    assert result["calibration"]["temperature"] == pytest.approx(summary["temperature"])
+
+
+def test_accepted_is_exactly_the_rows_at_or_above_the_threshold(trained, tmp_path):
+    data, ckpt = trained
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "p.csv",
+              "--max-error", "60", "--coverage", tmp_path / "coverage.png")
+    assert res.returncode == 0, res.stderr
+    found = re.search(r"(\d+) of 24 accepted at an expected error of at most 60% \(threshold ([0-9.]+), from 24 "
+                      r"held-out test images", res.stderr)
+    assert found, res.stderr
+    rows = read_rows((tmp_path / "p.csv").read_text(), ["accepted"])
+    threshold = float(found.group(2))
+    assert [r["accepted"] for r in rows] == [str(int(float(r["confidence"]) >= threshold)) for r in rows]
+    assert sum(r["accepted"] == "1" for r in rows) == int(found.group(1)) > 0
+    assert (tmp_path / "coverage.png").read_bytes()[:4] == b"\x89PNG"
+    plain = read_rows(run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled").stdout)
+    assert [{k: r[k] for k in plain[0]} for r in rows] == plain  # the first four columns as they were
+
+    strict = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "s.csv",
+                 "--max-error", "1")  # 24 held-out images cannot vouch for 1%: 0 wrong of 24 is up to 11.7%
+    assert strict.returncode == 0 and "0 of 24 accepted: no confidence threshold" in strict.stderr
+    assert {r["accepted"] for r in read_rows((tmp_path / "s.csv").read_text(), ["accepted"])} == {"0"}
+
+
+def test_suggest_lists_n_distinct_unlabeled_images(trained, tmp_path):
+    data, ckpt = trained
+    outputs = []
+    for name in ("a.csv", "b.csv"):
+        res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--suggest", "5", "--csv",
+                  tmp_path / name, "--max-error", "60")
+        assert res.returncode == 0, res.stderr
+        assert "predicted 24 of 24 images" in res.stderr and "the 5 to label next, best first" in res.stderr
+        outputs.append((tmp_path / name).read_text())
+    rows = read_rows(outputs[0], ["accepted", "cluster"])
+    assert len({r["path"] for r in rows}) == 5 and outputs[0] == outputs[1]
+    assert all(Path(r["path"]).is_relative_to(data / "unlabeled") for r in rows)
+    assert len({r["cluster"] for r in rows}) == 5
+
+
+@pytest.fixture(scope="module")
+def no_held_out(tmp_path_factory):
+    """A checkpoint whose folder has no test/ and no --val hold-out."""
+    root = tmp_path_factory.mktemp("nohold")
+    write_own_folder(root / "d", n_labeled=6, n_unlabeled=12, n_test=0)
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125", "--labeled-batch",
+              "6", "--unlabeled-batch", "6", "--epochs", "1", "--decay-epochs", "1", "--device", "cpu",
+              "--out", root / "run")
+    assert res.returncode == 0, res.stderr
+    return root / "d", root / "run" / "mt_final.pt"
+
+
+def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_held_out, tmp_path):
+    data, ckpt = no_held_out
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "p.csv", "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("uncalibrated") == 1 and json.loads(res.stdout)["temperature"] is None
+    state = load_checkpoint(ckpt)
+    _, teacher = restore_models(state, torch.device("cpu"))
+    mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+    rows = read_rows((tmp_path / "p.csv").read_text())
+    x = torch.stack([decode(r["path"], 32) for r in rows])
+    raw = torch.softmax(predictions.model_outputs(teacher, x, mean, std)[1], 1).max(1).values
+    assert [float(r["confidence"]) for r in rows] == pytest.approx(raw.tolist(), abs=1e-4)
+    refused = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--max-error", "10")
+    assert refused.returncode == 2 and "need held-out labeled images" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    suggested = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--suggest", "3")
+    assert suggested.returncode == 0 and len(read_rows(suggested.stdout, ["cluster"])) == 3

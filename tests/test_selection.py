@@ -1,0 +1,45 @@
+"""--suggest's choice (TypiClust) on synthetic features where the answer is known."""
+import numpy as np
+
+from selection import suggest
+
+CENTRES = [(1, 0, 0), (0, 1, 0), (0, 0, 1), (-1, 0, 0), (0, -1, 0), (0, 0, -1)]
+
+
+def blobs(per_blob=40, spread=0.05, seed=0):
+    rng = np.random.default_rng(seed)
+    points = np.concatenate([np.array(c) + rng.normal(0, spread, (per_blob, 3)) for c in CENTRES])
+    return points, np.repeat(np.arange(len(CENTRES)), per_blob)
+
+
+def test_clusters_without_labels_come_first_and_their_most_typical_image():
+    points, blob = blobs()
+    labeled = np.array([CENTRES[0], CENTRES[2], CENTRES[4]], float)  # blobs 1, 3 and 5 hold no label
+    picks, clusters = suggest(points, labeled, 3)
+    assert sorted(blob[picks]) == [1, 3, 5] and len(set(clusters)) == 3
+    directions = points / np.linalg.norm(points, axis=1, keepdims=True)  # what the clustering sees
+    for p in picks:  # the most typical: in the dense middle of its blob
+        mine = directions[blob == blob[p]]
+        centre_distance = np.linalg.norm(mine - mine.mean(0), axis=1)
+        assert np.linalg.norm(directions[p] - mine.mean(0)) <= np.median(centre_distance)
+
+
+def test_n_distinct_images_stable_under_a_seed():
+    points, _ = blobs(per_blob=30, spread=0.3, seed=1)
+    labeled = points[:5] + 0.01
+    first, _ = suggest(points, labeled, 25, seed=4)
+    again, _ = suggest(points, labeled, 25, seed=4)
+    assert len(set(first.tolist())) == 25 and np.array_equal(first, again)
+    assert all(0 <= p < len(points) for p in first)
+
+
+def test_more_asked_than_there_are():
+    points, _ = blobs(per_blob=3)
+    picks, _ = suggest(points, points[:2] + 0.01, 100)
+    assert sorted(picks.tolist()) == list(range(len(points)))
+
+
+def test_no_labeled_images_yet():
+    points, blob = blobs()
+    picks, _ = suggest(points, np.zeros((0, 3)), 6)
+    assert sorted(blob[picks]) == list(range(6))  # one from each blob
