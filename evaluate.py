@@ -593,7 +593,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     results = []
     for path, state in zip(ckpts, states):
         config = state["config"]
-        data = restore_data(state, data_dir)
+        data = restore_data(state, data_dir, echo=lambda m: click.echo(m, err=as_json))  # --json: stdout is JSON only
         student, teacher = restore_models(state, device)
         pool_y = true_classes(data, truth)[state["unlabeled_idx"]] if pool_error else None
         result = evaluate_checkpoint(path, state, data, student, teacher, device, pool_y, model_name)

@@ -4,13 +4,16 @@ own needs none of this.
 
     python examples/own_images.py cifar10 --archive ../shared/data/cifar10-jpeg.tar.xz --out data/own-cifar
     python examples/own_images.py digits --out data/own-digits
-    python examples/own_images.py score --truth data/own-cifar-truth.csv --predictions preds.csv
+    python examples/own_images.py score --truth data/own-cifar-truth.csv --predictions preds.csv [--accepted]
+    python examples/own_images.py label --data-dir data/own-cifar --truth data/own-cifar-truth.csv \
+        --pick next.csv --n 250 --out data/own-cifar-next   # (or --seed S: n at random) labeled "by hand"
 
 The folder gets labeled/<class>/* (--per-class images each), unlabeled/* (flat, shuffled, named
 u00000.<ext>... so that no name says the class) and test/<class>/*. The true classes of the
 unlabeled images go to <out>-truth.csv beside the folder, never inside it.
 """
 import csv
+import os
 import random
 import shutil
 import tarfile
@@ -180,21 +183,62 @@ def letters(out, per_class, unlabeled_per_class, test_per_class, seed):
                      {c: p[2] for c, p in parts.items()}, seed)
 
 
+def key(path):
+    return "/".join(Path(path).parts[-2:])
+
+
+def read_truth(truth):
+    with open(truth, newline="") as f:
+        return {key(r["path"]): r["class"] for r in csv.DictReader(f)}
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False), required=True, help="The folder to copy.")
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The true classes of its unlabeled images (<folder>-truth.csv).")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--pick", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A CSV with a path column (e.g. evaluate.py --suggest's): label its first --n rows.")
+@click.option("--n", type=click.IntRange(min=1), required=True, help="How many unlabeled images to label.")
+@click.option("--seed", type=int, default=0, help="Without --pick: the seed of the random draw.")
+def label(data_dir, truth, out, pick, n, seed):
+    """A copy of an own-images folder (hard links, its cache left behind) in which n of its unlabeled
+    images are labeled from the truth file, as a user labeling them by hand would: the first n rows
+    of --pick, or n drawn at random."""
+    data_dir, out, classes = Path(data_dir), Path(out), read_truth(truth)
+    if out.exists():
+        raise click.UsageError(f"{out} exists; choose a new --out")
+    unlabeled = sorted(p.relative_to(data_dir).as_posix() for p in (data_dir / "unlabeled").rglob("*") if p.is_file())
+    if pick:
+        with open(pick, newline="") as f:
+            chosen = [Path(r["path"]).resolve().relative_to(data_dir.resolve()).as_posix() for r in csv.DictReader(f)][:n]
+    else:
+        chosen = random.Random(seed).sample(unlabeled, n)
+    moved = {path: f"labeled/{classes[key(path)]}/{Path(path).name}" for path in chosen}
+    for source in data_dir.rglob("*"):
+        relative = source.relative_to(data_dir).as_posix()
+        if source.is_file() and not relative.startswith("mtlc-cache/"):
+            target = out / moved.get(relative, relative)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, target)
+    click.echo(f"wrote {out}: {len(moved)} of its {len(unlabeled)} unlabeled images labeled "
+               f"({'the first of ' + str(pick) if pick else f'at random, seed {seed}'})")
+
+
 @main.command()
 @click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True,
               help="The <folder>-truth.csv written with the folder.")
 @click.option("--predictions", type=click.Path(exists=True, dir_okay=False), required=True,
               help="The CSV of `evaluate.py --predict <folder>/unlabeled --csv FILE`.")
-def score(truth, predictions):
+@click.option("--accepted", "accepted_only", is_flag=True,
+              help="Score only the rows accepted by evaluate.py --max-error (column accepted = 1).")
+def score(truth, predictions, accepted_only):
     """Accuracy of predictions against the classes kept aside (paths matched by their last two parts)."""
-    def key(path):
-        return "/".join(Path(path).parts[-2:])
-    with open(truth, newline="") as f:
-        classes = {key(r["path"]): r["class"] for r in csv.DictReader(f)}
+    classes = read_truth(truth)
     with open(predictions, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if key(r["path"]) in classes]
+        rows = [r for r in csv.DictReader(f) if key(r["path"]) in classes and (not accepted_only or r["accepted"] == "1")]
     if not rows:
-        raise click.UsageError(f"no path of {predictions} is in {truth}")
+        raise click.UsageError(f"no {'accepted ' if accepted_only else ''}path of {predictions} is in {truth}")
     right = sum(r["prediction"] == classes[key(r["path"])] for r in rows)
     click.echo(f"{right}/{len(rows)} predictions right: accuracy {100 * right / len(rows):.2f}%, "
                f"error {100 - 100 * right / len(rows):.2f}% ({len(classes) - len(rows)} of the truth file not predicted)")

@@ -3,6 +3,7 @@ the README's snippet that loads a checkpoint in your own code."""
 import csv
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -315,3 +316,13 @@ def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_h
     assert "Traceback" not in refused.stderr
     suggested = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--suggest", "3")
     assert suggested.returncode == 0 and len(read_rows(suggested.stdout, ["cluster"])) == 3
+
+
+def test_json_output_is_json_only_even_while_decoding(trained, tmp_path):
+    _, ckpt = trained
+    env = dict(os.environ, MTLC_CACHE_DIR=str(tmp_path / "fresh-cache"))  # no cache: the folder is decoded
+    res = subprocess.run([sys.executable, "evaluate.py", "--ckpt", str(ckpt), str(ckpt), "--json"], cwd=ROOT,
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and "cached the decoded images" in res.stderr  # said, on stderr
+    lines = [json.loads(line) for line in res.stdout.splitlines()]  # every line of stdout is JSON
+    assert len(lines) == 3 and "teacher_error" in lines[0] and lines[2]["runs"] == 2
