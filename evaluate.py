@@ -6,6 +6,7 @@ which to label next), the paper's results table, error curves and t-SNE pictures
     python evaluate.py --ckpt lc.pt --predict photos/ --csv preds.csv  # a class for every image under photos/
     python evaluate.py --ckpt lc.pt --predict unlabeled/ --max-error 5 --csv preds.csv  # ... and which to accept
     python evaluate.py --ckpt lc.pt --predict unlabeled/ --suggest 100 --csv next.csv   # which to label next
+    python evaluate.py --ckpt lc.pt --predict unlabeled/ --max-error 5 --review review.html  # look, correct, save
     python evaluate.py --ckpt lc.pt --confusion confusion.png          # the test set's confusion matrix
     python evaluate.py --ckpt runs/mt*/mt_final.pt runs/lc*/lc.pt --table results.md    # Table 1
     python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
@@ -27,6 +28,7 @@ from devices import pick_device
 from images import describe_hidden
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
 from calibration import plot_coverage
+from review import DEFAULT_PER_CLASS, write_review
 from predictions import held_out_calibration, image_paths, is_accepted, predict_files, suggest_rows, write_rows
 from training import predict_classes, test_error
 
@@ -412,7 +414,7 @@ def calibrate(path, state, data_dir, model, model_name, device, echo):
 
 
 def predict(path, state, targets, model_name, csv_path, batch_size, device, data_dir, max_error, coverage, suggest_n,
-            seed, as_json):
+            seed, as_json, review, review_per_class):
     """--predict: one CSV row per image file under targets (or, with --suggest, one per image to label
     next), to csv_path or stdout. Returns the number of files that could not be read."""
     from tqdm import tqdm
@@ -448,35 +450,48 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device, data
     def on_bad(p, reason):
         rows.write(f"cannot read {p}: {reason}", file=sys.stderr)
 
+    def reported(p, reason):  # the unreadable files were named as the predictions were collected
+        pass
+
     extra = None
-    if suggest_n:  # every prediction first: the choice needs all their features
-        predicted = list(rows)
+    if suggest_n or review:  # every prediction first: the choice and the page need them all
+        predicted = [r if suggest_n else r._replace(features=None) for r in rows]
         for r in predicted:
             if r.label is None:
                 on_bad(r.path, r.confidence)
         n, failed = len(predicted), sum(r.label is None for r in predicted)
         accepted = sum(threshold is not None and is_accepted(r, threshold) for r in predicted)
+        rows = predicted
+    if suggest_n:
         rows, clusters = suggest_rows(predicted, state, data, model, device, suggest_n, seed)
         extra = [("cluster", clusters)]
     counts = []
 
     def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
         text = io.TextIOWrapper(binary_file, encoding="utf-8", newline="")
-        counts.extend(write_rows(text, rows, on_bad, threshold, extra))
+        counts.extend(write_rows(text, rows, reported if suggest_n or review else on_bad, threshold, extra))
         text.flush()
         text.detach()  # leave the file to atomic_write
 
     if csv_path:
         atomic_write(csv_path, write_csv)
-    else:
+    elif not review:  # with --review and no --csv, the page is the output
         counts.extend(write_rows(sys.stdout, rows, on_bad, threshold, extra))
-    if not suggest_n:
+    if not (suggest_n or review):
         n, failed, accepted = counts
     click.echo(f"predicted {n - failed:,} of {n:,} images with the {model_name} of {path}"
                + (f" ({others} files that are not images ignored)" if others else "")
                + (f"; {failed} could not be read (empty prediction)" if failed else "")
                + (f"; the {len(rows):,} to label next, best first" if suggest_n else "")
                + (f"; wrote {csv_path}" if csv_path else ""), err=True)
+    if review:
+        shown, _ = write_review(review, predicted, config["classes"], review_per_class,
+                                threshold if max_error is not None and threshold != float("inf") else None, max_error,
+                                title=f"Review: {', '.join(map(str, targets))}",
+                                summary=f"{n - failed:,} images predicted by the {model_name} of {path}"
+                                        + (f"; {cal.source} images calibrated its confidences (temperature "
+                                           f"{cal.temperature:.2f})" if cal else "; confidences uncalibrated"))
+        click.echo(f"wrote {review}: {shown:,} images shown", err=True)
     if max_error is not None:
         click.echo(describe_acceptance(accepted, n - failed, max_error, found, cal), err=True)
         summary.update(max_error=max_error, accepted=accepted, predicted=n - failed,
@@ -525,6 +540,12 @@ def describe_acceptance(n_accepted, n, max_error, found, cal):
               help="With --predict: instead of a row per image, the N images to label next, best first (TypiClust: "
                    "the most typical image of each feature cluster that holds no label yet; docs/label-the-rest.md), "
                    "with a column `cluster`.")
+@click.option("--review", type=click.Path(dir_okay=False), default=None,
+              help="With --predict: write a review page (one self-contained HTML file that opens in any browser): "
+                   "thumbnails grouped by predicted class, least confident first, a class chooser for each and a "
+                   "Save button that downloads labels.csv for label.py. Without --csv, no CSV is written.")
+@click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
+              help="With --review: at most this many images per predicted class on the page, the least confident.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256,
               help="Images decoded and classified at a time by --predict (its memory bound).")
 @click.option("--confusion", type=click.Path(dir_okay=False), default=None,
@@ -556,8 +577,9 @@ def describe_acceptance(n_accepted, n, max_error, found, cal):
 @click.option("--seed", type=int, default=0,
               help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, batch_size,
-         confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth, data_dir, seed, device):
+def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, review,
+         review_per_class, batch_size, confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth,
+         data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
     if predict_paths:
@@ -575,8 +597,8 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
                         "--distances, --confusion, --pool-error): run evaluate.py again for those")
     if predict_paths and as_json and not csv_path:
         raise UserError("--predict with --json needs --csv: the JSON summary goes to stdout, the rows to the file")
-    if (max_error is not None or coverage or suggest_n) and not predict_paths:
-        raise UserError("--max-error, --coverage and --suggest go with --predict")
+    if (max_error is not None or coverage or suggest_n or review) and not predict_paths:
+        raise UserError("--max-error, --coverage, --suggest and --review go with --predict")
     if (table or tsne or distances or confusion) and not ckpts:
         raise UserError("--table, --tsne, --distances and --confusion need at least one --ckpt")
     if truth and not pool_error:
@@ -588,7 +610,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     states = [load_checkpoint(path) for path in ckpts]  # every file checked before any work
     if predict_paths:
         failed = predict(ckpts[0], states[0], predict_paths, model_name, csv_path, batch_size, device, data_dir,
-                         max_error, coverage, suggest_n, seed, as_json)
+                         max_error, coverage, suggest_n, seed, as_json, review, review_per_class)
         sys.exit(1 if failed else 0)
     results = []
     for path, state in zip(ckpts, states):

@@ -4,6 +4,7 @@ not be read.
 """
 import errno
 import hashlib
+import io
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -134,6 +135,23 @@ def decode(path, size):
     except Exception as exc:  # PIL raises many types for broken files: all are a bad file here
         raise BadImage(f"{type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else 'unreadable'}") from None
     return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def thumbnail_jpeg(path, size, quality=70):
+    """A small JPEG of an image file as a viewer shows it (as_seen, its aspect ratio kept, at most
+    size x size), for the review page; None where the file cannot be read."""
+    try:
+        with Image.open(path) as img:
+            if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
+                return None
+            img.draft("RGB", (size, size))
+            img = as_seen(img)
+            img.thumbnail((size, size), Image.BILINEAR)
+            out = io.BytesIO()
+            img.save(out, format="JPEG", quality=quality)
+            return out.getvalue()
+    except Exception:  # the page lists the file among those that could not be read
+        return None
 
 
 def _decode_or_reason(path, size):

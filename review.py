@@ -1,0 +1,54 @@
+"""The review page: one self-contained HTML file (no server, no internet: it opens from disk in any
+browser) showing predictions as thumbnails grouped by predicted class, least confident first, with
+a class chooser per image and a Save button that downloads labels.csv (path,label) of what the user
+confirmed or corrected, for label.py. The page's HTML, CSS and script live in review_page/; this
+module fills them with the predictions and embedded thumbnails.
+"""
+import base64
+import hashlib
+import html
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from images import thumbnail_jpeg
+from runs import atomic_write
+
+ASSETS = Path(__file__).resolve().parent / "review_page"
+THUMBNAIL_SIZE = 96  # pixels, the longer side; about 2-4 kB each as JPEG
+DEFAULT_PER_CLASS = 1000  # images shown per predicted class: 10 classes stay under about 40 MB
+
+
+def shown_items(predictions, classes, per_class):
+    """The readable predictions to show, per predicted class the per_class least confident (the
+    ones most worth a look), least confident first; and {class: (shown, total)}."""
+    groups = {c: sorted((p for p in predictions if p.label == c), key=lambda p: (p.confidence, str(p.path)))
+              for c in classes}
+    return ([p for c in classes for p in groups[c][:per_class]],
+            {c: (min(per_class, len(groups[c])), len(groups[c])) for c in classes})
+
+
+def write_review(out, predictions, classes, per_class=DEFAULT_PER_CLASS, threshold=None, max_error=None,
+                 title="Review the predictions", summary=""):
+    """Write the page for these predictions (the Prediction rows of predictions.py; unreadable
+    files are listed apart). Returns (images shown, images whose thumbnail failed)."""
+    readable = [p for p in predictions if p.label is not None]
+    items, shown = shown_items(readable, classes, per_class)
+    with ThreadPoolExecutor(8) as pool:  # PIL releases the GIL while decoding
+        thumbnails = list(pool.map(lambda p: thumbnail_jpeg(p.path, THUMBNAIL_SIZE), items))
+    failed = [dict(path=str(p.path), reason=str(p.confidence)) for p in predictions if p.label is None]
+    failed += [dict(path=str(p.path), reason="no thumbnail could be made") for p, t in zip(items, thumbnails) if t is None]
+    data = dict(
+        classes=list(classes), threshold=threshold, max_error=max_error, summary=summary, shown=shown, failed=failed,
+        storage_key=hashlib.sha256("\n".join(str(p.path) for p in predictions).encode()).hexdigest()[:16],
+        items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
+                    runner_up=p.runner_up, accepted=None if threshold is None else p.confidence >= threshold,
+                    thumb="data:image/jpeg;base64," + base64.b64encode(t).decode())
+               for p, t in zip(items, thumbnails) if t is not None])
+    page = (ASSETS / "page.html").read_text()
+    for key, value in (("__CSS__", (ASSETS / "page.css").read_text()), ("__SCRIPT__", (ASSETS / "page.js").read_text()),
+                       ("__TITLE__", html.escape(title)),
+                       ("__DATA__", json.dumps(data).replace("</", "<\\/"))):  # no "</script>" inside the data
+        page = page.replace(key, value)
+    atomic_write(out, lambda f: f.write(page.encode("utf-8")))
+    return len(data["items"]), sum(t is None for t in thumbnails)

@@ -1,0 +1,130 @@
+"""The review page: filled by review.py, checked as data without a browser, then used as a person
+would in headless Chromium (Debian's chromium and chromium-driver, driven by selenium): the
+thumbnails and groups are there, one label is corrected and one confirmed, Save downloads
+labels.csv, and label.py applies it."""
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from predictions import Prediction
+from review import write_review
+from test_predict import ROOT, read_rows, run, trained  # noqa: F401 (a fixture)
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def page_data(page):
+    found = re.search(r'<script type="application/json" id="review-data">(.*?)</script>', page, re.S)
+    return json.loads(found.group(1))
+
+
+def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
+    from PIL import Image
+    rows = []
+    (tmp_path / "<").mkdir()
+    for i in range(7):
+        path = tmp_path / "<" / f"script>{i}.png"  # .../</script>0.png would end the data block if not escaped
+        assert "</script>" in str(path)
+        Image.new("RGB", (60, 30), (30 * i, 0, 0)).save(path)
+        rows.append(Prediction(path, "ab"[i % 2], round(0.5 + i / 20, 4), "ba"[i % 2], None))
+    rows.append(Prediction(tmp_path / "broken.png", None, "OSError: truncated", None, None))
+    shown, failed = write_review(tmp_path / "r.html", rows, ["a", "b"], per_class=2, threshold=0.7, max_error=5)
+    page = (tmp_path / "r.html").read_text()
+    data = page_data(page)
+    assert shown == 4 and failed == 0 and data["shown"] == {"a": [2, 4], "b": [2, 3]}
+    assert [(d["label"], d["confidence"]) for d in data["items"]] == [("a", 0.5), ("a", 0.6), ("b", 0.55), ("b", 0.65)]
+    assert all(d["thumb"].startswith("data:image/jpeg;base64,") for d in data["items"])
+    assert [d["accepted"] for d in data["items"]] == [False, False, False, False]
+    assert data["failed"] == [{"path": str(tmp_path / "broken.png"), "reason": "OSError: truncated"}]
+    assert not re.search(r'(src|href)=["\']?(https?:)?//|url\(\s*["\']?https?:', page)  # opens offline
+
+
+def browser_missing():
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package")
+    return missing
+
+
+@pytest.fixture
+def browser(tmp_path):
+    missing = browser_missing()
+    if missing:
+        if os.environ.get("MTLC_REQUIRE_BROWSER"):  # CI installs the browser: there it must run
+            pytest.fail(f"MTLC_REQUIRE_BROWSER is set but {', '.join(missing)} is missing")
+        pytest.skip(f"no browser to test the page in: {', '.join(missing)} missing (apt-get install chromium "
+                    "chromium-driver; pip install selenium)")
+    os.environ["SE_AVOID_STATS"] = "true"  # or Selenium Manager tries the internet
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(arg)
+    options.binary_location = CHROMIUM
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                              "download.prompt_for_download": False})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver, downloads
+    driver.quit()
+
+
+def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+    driver, downloads = browser
+    data, ckpt = trained
+    folder = tmp_path / "d"
+    shutil.copytree(data, folder, ignore=shutil.ignore_patterns("mtlc-cache"))
+    res = run("evaluate.py", "--ckpt", ckpt, "--data-dir", data, "--predict", folder / "unlabeled", "--max-error", "60",
+              "--review", tmp_path / "review.html", "--csv", tmp_path / "p.csv")
+    assert res.returncode == 0, res.stderr
+    rows = {r["path"]: r for r in read_rows((tmp_path / "p.csv").read_text(), ["accepted"])}
+    driver.get((tmp_path / "review.html").as_uri())
+    cards = driver.find_elements(By.CSS_SELECTOR, ".card")
+    assert len(cards) == 24 and all(c.find_element(By.TAG_NAME, "img").get_property("naturalWidth") > 0 for c in cards)
+    groups = {g.get_attribute("data-label") for g in driver.find_elements(By.CSS_SELECTOR, "section.group")}
+    assert groups == {r["prediction"] for r in rows.values()}
+    for card in cards:  # accepted and uncertain told apart as the CSV says
+        accepted = rows[card.get_attribute("data-path")]["accepted"] == "1"
+        assert ("accepted" in card.get_attribute("class").split()) == accepted
+        assert ("uncertain" in card.get_attribute("class").split()) == (not accepted)
+
+    first, second = cards[0], cards[5]
+    first_path, second_path = first.get_attribute("data-path"), second.get_attribute("data-path")
+    other = next(c for c in ("cat", "dog", "owl") if c != rows[first_path]["prediction"])
+    Select(first.find_element(By.TAG_NAME, "select")).select_by_value(other)  # corrected with the chooser
+    second.find_element(By.TAG_NAME, "img").click()
+    driver.find_element(By.TAG_NAME, "body").send_keys("y")  # confirmed with the keyboard
+    assert "2 decided (1 confirmed, 1 corrected)" in driver.find_element(By.ID, "decided").text
+    Select(driver.find_element(By.ID, "class-filter")).select_by_value(other)
+    assert all(c.is_displayed() == (rows[c.get_attribute("data-path")]["prediction"] == other)
+               for c in driver.find_elements(By.CSS_SELECTOR, ".card"))
+    driver.find_element(By.ID, "save").click()
+    saved = downloads / "labels.csv"
+    for _ in range(100):
+        if saved.exists() and saved.stat().st_size:
+            break
+        time.sleep(0.1)
+    labels = list(csv.DictReader(io.StringIO(saved.read_text())))
+    assert sorted((r["path"], r["label"]) for r in labels) == sorted(
+        [(first_path, other), (second_path, rows[second_path]["prediction"])])
+    driver.save_screenshot(str(tmp_path / "page.png"))
+
+    applied = subprocess.run([sys.executable, "label.py", "--data-dir", str(folder), "--apply", str(saved)],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    assert (folder / "labeled" / other / Path(first_path).name).is_file() and not Path(first_path).exists()
