@@ -7,6 +7,7 @@ own needs none of this.
     python examples/own_images.py score --truth data/own-cifar-truth.csv --predictions preds.csv [--accepted]
     python examples/own_images.py label --data-dir data/own-cifar --truth data/own-cifar-truth.csv \
         --pick next.csv --n 250 --out data/own-cifar-next   # (or --seed S: n at random) labeled "by hand"
+    python examples/own_images.py answer --truth data/own-cifar-truth.csv --pick next.csv --n 200 --out labels.csv
 
 The folder gets labeled/<class>/* (--per-class images each), unlabeled/* (flat, shuffled, named
 u00000.<ext>... so that no name says the class) and test/<class>/*. The true classes of the
@@ -223,6 +224,26 @@ def label(data_dir, truth, out, pick, n, seed):
             os.link(source, target)
     click.echo(f"wrote {out}: {len(moved)} of its {len(unlabeled)} unlabeled images labeled "
                f"({'the first of ' + str(pick) if pick else f'at random, seed {seed}'})")
+
+
+@main.command()
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The true classes of the folder's unlabeled images (<folder>-truth.csv).")
+@click.option("--pick", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="A CSV with a path column (evaluate.py --predict or --suggest): label its first --n rows.")
+@click.option("--n", type=click.IntRange(min=1), required=True, help="How many rows to label.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="The labels.csv to write (path,label).")
+def answer(truth, pick, n, out):
+    """Stand in for a person on the review page: labels.csv (path,label) with the true class of the
+    first n images of --pick, for label.py --apply."""
+    classes = read_truth(truth)
+    with open(pick, newline="") as f:
+        paths = [r["path"] for r in csv.DictReader(f)][:n]
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(("path", "label"))
+        writer.writerows((p, classes[key(p)]) for p in paths)
+    click.echo(f"wrote {out}: the true classes of {len(paths)} images of {pick}")
 
 
 @main.command()
