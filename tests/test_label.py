@@ -142,3 +142,14 @@ def test_a_run_cut_short_leaves_each_file_in_one_place(folder, tmp_path, monkeyp
     result = invoke("--data-dir", folder, "--apply", labels)  # the rerun finishes the batch
     assert result.exit_code == 0 and "moved 1 images" in result.output and "2 applied before" in result.output
     assert all(f"labeled/cat/{Path(s).name}" in snapshot(folder)[0] for s, _ in rows)
+
+
+def test_paths_with_spaces_accents_commas_and_quotes(folder, tmp_path):
+    odd = folder / "unlabeled" / "a" / 'my photo, été "1".png'
+    (folder / "unlabeled" / "u0000.png").rename(odd)
+    labels = write_labels(tmp_path / "l.csv", [(odd, "owl"), ('unlabeled/u0003.png', "cat")])
+    assert '"' in labels.read_text()  # quoted as CSV quotes it
+    result = invoke("--data-dir", folder, "--apply", labels)
+    assert result.exit_code == 0, result.output
+    assert (folder / "labeled" / "owl" / odd.name).is_file() and not odd.exists()
+    assert invoke("--data-dir", folder, "--undo").exit_code == 0 and odd.is_file()

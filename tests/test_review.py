@@ -89,6 +89,8 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
     data, ckpt = trained
     folder = tmp_path / "d"
     shutil.copytree(data, folder, ignore=shutil.ignore_patterns("mtlc-cache"))
+    odd = folder / "unlabeled" / 'a b, été "q".png'  # saved by the page, read by label.py: CSV quoting both ways
+    (folder / "unlabeled" / "u0000.png").rename(odd)
     res = run("evaluate.py", "--ckpt", ckpt, "--data-dir", data, "--predict", folder / "unlabeled", "--max-error", "60",
               "--review", tmp_path / "review.html", "--csv", tmp_path / "p.csv")
     assert res.returncode == 0, res.stderr
@@ -103,7 +105,8 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
         assert ("accepted" in card.get_attribute("class").split()) == accepted
         assert ("uncertain" in card.get_attribute("class").split()) == (not accepted)
 
-    first, second = cards[0], cards[5]
+    first = next(c for c in cards if c.get_attribute("data-path") == str(odd))
+    second = next(c for c in cards if c is not first)
     first_path, second_path = first.get_attribute("data-path"), second.get_attribute("data-path")
     other = next(c for c in ("cat", "dog", "owl") if c != rows[first_path]["prediction"])
     Select(first.find_element(By.TAG_NAME, "select")).select_by_value(other)  # corrected with the chooser
