@@ -19,7 +19,7 @@ from data import Batches, restore_data, true_classes
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
                   resume_checkpoint, run_folder, stop_on_signals)
 from devices import processes, resolve_precision
-from neighbours import neighbourhood_at_start
+from neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
 from training import Stage, Trainer, describe_errors, fit, report_benchmark, restore_training, speed_options
 
 OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
@@ -144,7 +144,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
                          else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
         config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
                             eps_ratio=eps / start["d2_mean"] if eps_scale != "fixed" else None, start=start,
-                            loss_unit=start["d2_mean"] if eps_scale == "relative" else 1.0, pairs=lc_pairs,
+                            loss_unit=max(start["d2_mean"], MIN_LOSS_UNIT) if eps_scale == "relative" else 1.0, pairs=lc_pairs,
                             truth=str(Path(truth).resolve()) if truth else None,
                             lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
                             lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,

@@ -58,6 +58,13 @@ def normalized_lc_loss(z_labeled, z_unlabeled, ratio, classes=None):
     return lc_loss(z_labeled / root, z_unlabeled / root, ratio, return_fraction=True, classes=classes)
 
 
+# The relative loss is divided by the features' mean d2 at LC's start, but by no less than this: the
+# features of a barely trained network (mean d2 0.26 on digits after 3 epochs of MT) would magnify
+# LC's pull by 1/unit, and lambda2 20 then collapsed the space to NaN within 10 steps. Trained
+# networks measured 0.7 (a 4-class grayscale folder) to 12.4 (docs/lc-control.md).
+MIN_LOSS_UNIT = 1.0
+
+
 def lc_term(z_labeled, z_unlabeled, eps, eps_scale, eps_ratio=None, unit=1.0, classes=None):
     """(L_lc, neighbour fraction) in one of the three forms of --eps-scale: fixed (the paper's: eps and
     the loss in the features' units), relative (eps = eps_ratio x the batch's mean d2, detached; the

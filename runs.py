@@ -163,7 +163,8 @@ def run_folder(out, script, hold=True):
     """While the block runs, this process is the only run writing `out` (created if need be): a
     second run on the same folder exits 2 at once, naming this one. The lock is the OS's (flock on
     LOCK_NAME): it ends with the process however it ends, so a killed run's folder is free again and
-    a lock is never stale. A folder this call created and left empty is removed on failure. hold=False
+    a lock is never stale. On failure, a folder this call created and left empty is removed, and so is
+a lock file it created in a folder that was there. hold=False
     (a process that writes nothing, a benchmark without --out) does nothing."""
     if not hold:
         yield
@@ -171,15 +172,18 @@ def run_folder(out, script, hold=True):
     out = Path(out)
     created = not out.exists()
     path = out / LOCK_NAME
+    lock_created = not path.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
         raise WriteFailed(path, exc) from None
+    locked_by_other = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            locked_by_other = True
             holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "a process that has not said which"
             raise UserError(f"{out} is being written by another run ({holder}): let it finish or stop it, or "
                             f"choose another --out") from None
@@ -191,6 +195,8 @@ def run_folder(out, script, hold=True):
         if created and os.listdir(out) == [LOCK_NAME]:
             path.unlink()
             out.rmdir()
+        elif lock_created and not locked_by_other:  # a refused start leaves the folder as it was
+            path.unlink(missing_ok=True)
         raise
     finally:
         os.close(fd)

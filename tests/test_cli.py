@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from data import balanced_split, hold_out, load_digits
+from neighbours import MIN_LOSS_UNIT
 from runs import CHECKPOINT_KEYS
 from training import Stage, fit
 import evaluate
@@ -296,7 +297,8 @@ def test_eps_auto_is_chosen_printed_and_stored(mt_run, tmp_path):
     lc = torch.load(tmp_path / "lc.pt", weights_only=True)["config"]["lc"]
     assert lc["eps_auto"] is True and lc["eps_scale"] == "relative" and lc["eps"] > 0
     assert lc["eps_ratio"] == pytest.approx(lc["eps"] / lc["start"]["d2_mean"])
-    assert lc["loss_unit"] == lc["start"]["d2_mean"]  # the relative loss is unit-free
+    # the relative loss is unit-free, but never divided by less than MIN_LOSS_UNIT (a barely trained net)
+    assert lc["loss_unit"] == max(lc["start"]["d2_mean"], MIN_LOSS_UNIT)
     start = lc["start"]
     assert start["eps"] == lc["eps"] and 0 < start["neighbour_fraction"] <= 1
     assert f"eps {lc['eps']:.4g} (auto, relative" in res.stdout

@@ -82,6 +82,9 @@ def test_a_killed_runs_lock_does_not_block_the_next(tmp_path):
 def test_a_run_that_fails_on_its_input_leaves_no_folder(tmp_path):
     res = run("finetune_lc.py", "--ckpt", tmp_path / "new" / "mt.pt", "--device", "cpu")
     assert res.returncode == 2 and not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a folder that was there: left as it was, no lock file in it
+    res = run("train_mt.py", "--dataset", "digits", "--resume", "--out", tmp_path / "mine")
+    assert res.returncode == 2 and list((tmp_path / "mine").iterdir()) == []
 
 
 def test_checkpoint_write_refused_then_the_rerun_completes(tmp_path):
