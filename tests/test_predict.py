@@ -46,21 +46,6 @@ def classes_of(path):
     return CLASSES.index(Path(path).parent.name)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny own-images folder (3 classes, 8 test images each) and an MT checkpoint trained on it."""
-    root = tmp_path_factory.mktemp("predict")
-    write_own_folder(root / "d", n_labeled=8, n_unlabeled=24, n_test=8)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125", "--labeled-batch",
-              "12", "--unlabeled-batch", "12", "--lr", "0.02", "--cons-weight", "10", "--epochs", "4",
-              "--decay-epochs", "2", "--device", "cpu", "--out", root / "run")
-    assert res.returncode == 0, res.stderr
-    result = json.loads(run("evaluate.py", "--ckpt", root / "run" / "mt_final.pt", "--json").stdout.splitlines()[-1])
-    assert result["student_error"] != result["teacher_error"]  # half trained: the two models differ
-    assert len({r["teacher_error"] for r in result["per_class"].values()}) > 1  # and so do the classes
-    return root / "d", root / "run" / "mt_final.pt"
-
-
 def test_predictions_agree_with_the_test_error(trained, tmp_path):
     data, ckpt = trained
     for model in ("teacher", "student"):

@@ -17,7 +17,7 @@ import pytest
 
 from predictions import Prediction
 from review import write_review
-from test_predict import ROOT, read_rows, run, trained  # noqa: F401 (a fixture)
+from test_predict import ROOT, read_rows, run
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
