@@ -506,8 +506,9 @@ def describe_acceptance(n_accepted, n, max_error, found, cal):
         return (f"0 of {n:,} accepted: no confidence threshold keeps the error of the held-out images above it at "
                 f"most {max_error:g}% with 95% confidence (from {cal.n:,} held-out {cal.source} images)")
     return (f"{n_accepted:,} of {n:,} accepted at an expected error of at most {max_error:g}% (threshold "
-            f"{found.confidence:.4f}, from {cal.n:,} held-out {cal.source} images: {found.held_out:,} of them at or "
-            f"above it, {found.error:.1f}% wrong, at most {found.bound:.1f}% with 95% confidence)")
+            f"{found.confidence:.4f}, from {cal.n:,} held-out images): {found.held_out:,} of the held-out "
+            f"{cal.source} images are at or above it, {found.error:.1f}% of them wrong, at most {found.bound:.1f}% "
+            "with 95% confidence")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

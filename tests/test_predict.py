@@ -241,7 +241,7 @@ def test_accepted_is_exactly_the_rows_at_or_above_the_threshold(trained, tmp_pat
               "--max-error", "60", "--coverage", tmp_path / "coverage.png")
     assert res.returncode == 0, res.stderr
     found = re.search(r"(\d+) of 24 accepted at an expected error of at most 60% \(threshold ([0-9.]+), from 24 "
-                      r"held-out test images", res.stderr)
+                      r"held-out images\)", res.stderr)
     assert found, res.stderr
     rows = read_rows((tmp_path / "p.csv").read_text(), ["accepted"])
     threshold = float(found.group(2))
