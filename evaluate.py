@@ -434,13 +434,13 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device, data
                         "and unlabeled/, or train_mt.py --val N")
     if data is None and suggest_n:
         raise UserError("--suggest needs the checkpoint's labeled images, which cannot be read (see above)")
-    threshold = None
+    threshold = found = None
     if max_error is not None:
         found = cal.threshold(max_error)
         threshold = found.confidence if found else float("inf")
     summary = dict(checkpoint=str(path), model=model_name, **(cal.summary() if cal else dict(temperature=None)))
     if coverage:
-        plot_coverage(cal, max_error, found if max_error is not None else None, coverage,
+        plot_coverage(cal, max_error, found, coverage,
                       f"{config['dataset']}, {method_name(state)} {model_name}: held-out {cal.source} images")
         click.echo(f"wrote {coverage}", err=True)
     rows = predict_files(model, paths, config["classes"], config.get("image_size", 32), mean, std, device, batch_size,
@@ -486,7 +486,7 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device, data
                + (f"; wrote {csv_path}" if csv_path else ""), err=True)
     if review:
         shown, _ = write_review(review, predicted, config["classes"], review_per_class,
-                                threshold if max_error is not None and threshold != float("inf") else None, max_error,
+                                found.confidence if found else None, max_error,
                                 title=f"Review: {', '.join(map(str, targets))}",
                                 summary=f"{n - failed:,} images predicted by the {model_name} of {path}"
                                         + (f"; {cal.source} images calibrated its confidences (temperature "

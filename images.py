@@ -116,18 +116,24 @@ def as_seen(img):
     return img.convert("RGB")
 
 
+def open_as_seen(path, size):
+    """An image file opened as_seen, decoded at a reduced scale still at least size x size where the
+    format allows it (JPEG: faster). BadImage for an image over PIL's decompression-bomb limit
+    (Image.MAX_IMAGE_PIXELS), checked from the header before decoding."""
+    with Image.open(path) as img:
+        if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
+            raise BadImage(f"too large to decode safely ({img.width} x {img.height} pixels, over PIL's "
+                           f"limit of {Image.MAX_IMAGE_PIXELS:,})")
+        img.draft("RGB", (size, size))
+        return as_seen(img)  # a converted copy: it outlives the file
+
+
 def decode(path, size):
-    """One image file as a uint8 (3, size, size) tensor: as_seen, then resized (bilinear) to size x
-    size. Training, the decode cache and predictions all read images through it. Raises BadImage for
-    anything that cannot be read, an image over PIL's decompression-bomb limit
-    (Image.MAX_IMAGE_PIXELS, checked from the header before decoding) included."""
+    """One image file as a uint8 (3, size, size) tensor: open_as_seen, then resized (bilinear) to size
+    x size. Training, the decode cache and predictions all read images through it. Raises BadImage
+    for anything that cannot be read, an image over PIL's decompression-bomb limit included."""
     try:
-        with Image.open(path) as img:
-            if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
-                raise BadImage(f"too large to decode safely ({img.width} x {img.height} pixels, over PIL's "
-                               f"limit of {Image.MAX_IMAGE_PIXELS:,})")
-            img.draft("RGB", (size, size))  # JPEG: decode at a reduced scale still >= size (faster)
-            img = as_seen(img).resize((size, size), Image.BILINEAR)
+        img = open_as_seen(path, size).resize((size, size), Image.BILINEAR)
     except BadImage:
         raise
     except Image.DecompressionBombError as exc:
@@ -141,15 +147,11 @@ def thumbnail_jpeg(path, size, quality=70):
     """A small JPEG of an image file as a viewer shows it (as_seen, its aspect ratio kept, at most
     size x size), for the review page; None where the file cannot be read."""
     try:
-        with Image.open(path) as img:
-            if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
-                return None
-            img.draft("RGB", (size, size))
-            img = as_seen(img)
-            img.thumbnail((size, size), Image.BILINEAR)
-            out = io.BytesIO()
-            img.save(out, format="JPEG", quality=quality)
-            return out.getvalue()
+        img = open_as_seen(path, size)
+        img.thumbnail((size, size), Image.BILINEAR)
+        out = io.BytesIO()
+        img.save(out, format="JPEG", quality=quality)
+        return out.getvalue()
     except Exception:  # the page lists the file among those that could not be read
         return None
 

@@ -31,7 +31,8 @@ def shown_items(predictions, classes, per_class):
 def write_review(out, predictions, classes, per_class=DEFAULT_PER_CLASS, threshold=None, max_error=None,
                  title="Review the predictions", summary=""):
     """Write the page for these predictions (the Prediction rows of predictions.py; unreadable
-    files are listed apart). Returns (images shown, images whose thumbnail failed)."""
+    files are listed apart). threshold: the --max-error threshold, None where no confidence reaches
+    it (nothing accepted) or max_error is None. Returns (images shown, images whose thumbnail failed)."""
     readable = [p for p in predictions if p.label is not None]
     items, shown = shown_items(readable, classes, per_class)
     with ThreadPoolExecutor(8) as pool:  # PIL releases the GIL while decoding
@@ -42,7 +43,8 @@ def write_review(out, predictions, classes, per_class=DEFAULT_PER_CLASS, thresho
         classes=list(classes), threshold=threshold, max_error=max_error, summary=summary, shown=shown, failed=failed,
         storage_key=hashlib.sha256("\n".join(str(p.path) for p in predictions).encode()).hexdigest()[:16],
         items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
-                    runner_up=p.runner_up, accepted=None if threshold is None else p.confidence >= threshold,
+                    runner_up=p.runner_up, accepted=None if max_error is None else (
+                        threshold is not None and p.confidence >= threshold),
                     thumb="data:image/jpeg;base64," + base64.b64encode(t).decode())
                for p, t in zip(items, thumbnails) if t is not None])
     page = (ASSETS / "page.html").read_text()

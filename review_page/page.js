@@ -86,7 +86,8 @@ function render() {
   const failed = document.getElementById("failed");
   for (const f of data.failed) { const li = document.createElement("li"); li.textContent = `${f.path}: ${f.reason}`; failed.append(li); }
   document.getElementById("failed-section").hidden = !data.failed.length;
-  document.getElementById("threshold").textContent = data.threshold === null ? "no --max-error given" :
+  document.getElementById("threshold").textContent = data.max_error === null ? "no --max-error given" :
+    data.threshold === null ? `none: no confidence keeps the error at most ${data.max_error}%` :
     `confidence at least ${data.threshold.toFixed(4)}, --max-error ${data.max_error}%`;
   document.getElementById("summary").textContent = data.summary;
 }

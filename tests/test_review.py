@@ -43,7 +43,11 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
     assert shown == 4 and failed == 0 and data["shown"] == {"a": [2, 4], "b": [2, 3]}
     assert [(d["label"], d["confidence"]) for d in data["items"]] == [("a", 0.5), ("a", 0.6), ("b", 0.55), ("b", 0.65)]
     assert all(d["thumb"].startswith("data:image/jpeg;base64,") for d in data["items"])
-    assert [d["accepted"] for d in data["items"]] == [False, False, False, False]
+    assert [d["accepted"] for d in data["items"]] == [False, False, False, False]  # all under 0.7
+    write_review(tmp_path / "none.html", rows, ["a", "b"], per_class=2, threshold=None, max_error=5)
+    assert {d["accepted"] for d in page_data((tmp_path / "none.html").read_text())["items"]} == {False}
+    write_review(tmp_path / "plain.html", rows, ["a", "b"], per_class=2)
+    assert {d["accepted"] for d in page_data((tmp_path / "plain.html").read_text())["items"]} == {None}
     assert data["failed"] == [{"path": str(tmp_path / "broken.png"), "reason": "OSError: truncated"}]
     assert not re.search(r'(src|href)=["\']?(https?:)?//|url\(\s*["\']?https?:', page)  # opens offline
 
