@@ -28,7 +28,8 @@ import torchvision.transforms as T
 from PIL import Image
 
 from model import Dropout, build_models
-from data import channel_stats, load_digits
+from batches import channel_stats
+from data import load_digits
 from devices import conv_rate, device_name, pick_device, sync
 from training import make_optimizer
 

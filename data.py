@@ -1,19 +1,20 @@
-"""The data: datasets decoded once into uint8 tensors (N, 3, S, S), the labeled / unlabeled /
-validation splits, the batch stream, augmentation and normalization, and the check of a dataset
-against a checkpoint's split.
+"""The datasets (SVHN, CIFAR-10, digits, image folders) as uint8 tensors (N, 3, S, S), memory-mapped
+from the decode cache for a folder; the labeled / unlabeled / validation splits; the true classes
+for measurements; and the check of a dataset against a checkpoint's split. The batch stream that
+reads them is batches.py.
 """
 import csv
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import click
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from images import cache_dir, describe_bad, describe_hidden, find_images, is_hidden, is_image_name, load_images
+from images import cache_dir, describe_bad, describe_hidden, is_hidden, is_image_name, load_images, scan_images
 from presets import DATASETS
 from runs import UserError, checkpoint_split
 
@@ -63,9 +64,9 @@ def _ensure_files(data_dir, files, download, what, or_else=""):
 def load_svhn(data_dir):
     """SVHN from torchvision's files (train_32x32.mat, test_32x32.mat), digit '0' stored as 10 -> 0."""
     import scipy.io
-    import torchvision
 
     def download():
+        import torchvision  # only to download: its import alone takes seconds
         for split in ("train", "test"):
             torchvision.datasets.SVHN(str(data_dir), split=split, download=True)
 
@@ -88,8 +89,6 @@ def load_cifar10(data_dir, echo=click.echo):
     """CIFAR-10 from its pickled python batches (cifar-10-batches-py/data_batch_1..5, test_batch) or,
     without them, the same images in data_dir/train/<class>/*, data_dir/test/<class>/* (any format
     PIL reads, e.g. the JPEG copy of ../shared/data), with CIFAR-10's class folders."""
-    import torchvision
-
     batches = all((data_dir / f).is_file() for f in CIFAR10_FILES)
     if not batches and (data_dir / "train").is_dir() and (data_dir / "test").is_dir():
         data = load_folder(data_dir, echo=echo)
@@ -99,6 +98,7 @@ def load_cifar10(data_dir, echo=click.echo):
         return data
 
     def download():
+        import torchvision  # only to download: its import alone takes seconds
         torchvision.datasets.CIFAR10(str(data_dir), train=True, download=True)
 
     _ensure_files(data_dir, CIFAR10_FILES, download, "CIFAR-10",
@@ -140,8 +140,9 @@ def load_digits(image_size=32):
 
 
 def class_images(root, required=True):
-    """({class name: [image paths]} of root/<class>/** (sorted; any nesting inside a class folder),
-    the number of hidden files and folders left out). A hidden folder is never a class. Exit 2 naming
+    """({class name: [(path relative to root's parent, size, modification time)]} of root/<class>/**
+    (images.scan_images: sorted, any nesting inside a class folder), the number of hidden files and
+    folders left out). A hidden folder is never a class. Exit 2 naming
     the folder for a missing root (when required), no class folders, a class folder without images,
     or images lying outside the class folders."""
     if not root.is_dir():
@@ -152,7 +153,7 @@ def class_images(root, required=True):
     hidden = sum(is_hidden(p.name) for p in entries)
     entries = [p for p in entries if not is_hidden(p.name)]
     classes = sorted(p.name for p in entries if p.is_dir())
-    loose = [p.name for p in entries if p.is_file() and is_image_name(p)]
+    loose = [p.name for p in entries if p.is_file() and is_image_name(p.name)]
     if loose:
         raise UserError(f"{root} holds images outside class folders ({', '.join(sorted(loose)[:3])}"
                         f"{', ...' if len(loose) > 3 else ''}): put each in {root}/<class>/")
@@ -160,7 +161,7 @@ def class_images(root, required=True):
         raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
     groups = {}
     for c in classes:
-        groups[c], _, hidden_inside = find_images(root / c)
+        groups[c], _, hidden_inside = in_part(root.name + "/" + c, scan_images(root / c))
         hidden += hidden_inside
     empty = [c for c, paths in groups.items() if not paths]
     if empty:
@@ -169,34 +170,35 @@ def class_images(root, required=True):
     return groups, hidden
 
 
-class Part(NamedTuple):
-    """One part of an image folder (train, labeled, unlabeled or test), decoded."""
-    x: torch.Tensor    # uint8 images of the readable files
-    y: torch.Tensor    # their labels; -1 in unlabeled/
-    names: list        # their paths relative to the folder
-    bad: list          # [(relative path, reason)] of the files that cannot be read
-    commit: Callable   # writes the decode cache (after a miss), once the folder has passed its checks
-
-    @classmethod
-    def empty(cls, size):
-        return cls(torch.zeros(0, 3, size, size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), [], [],
-                   lambda: 0)
+def in_part(part, scanned):
+    """scan_images of data_dir/part with the paths made relative to data_dir."""
+    entries, others, hidden = scanned
+    return [(f"{part}/{rel}", size, mtime) for rel, size, mtime in entries], others, hidden
 
 
-def read_part(data_dir, part, groups, classes, size, echo):
-    """Decode one part (train, labeled, test: groups {class: paths}; unlabeled: groups {None: paths})
-    through the cache."""
-    root = data_dir / part
-    paths = [p for ps in groups.values() for p in ps]
-    labels = torch.tensor([-1 if c is None else classes.index(c) for c, ps in groups.items() for _ in ps],
-                          dtype=torch.long)
-    x, bad, commit = load_images(root, paths, part, size, echo, data_dir)
-    names = [f"{part}/{p.relative_to(root).as_posix()}" for p in paths]
-    bad = [(f"{part}/{p}", reason) for p, reason in bad]
-    good = torch.tensor([n not in {b for b, _ in bad} for n in names], dtype=torch.bool) if bad else None
-    if good is not None:
-        labels, names = labels[good], [n for n, g in zip(names, good.tolist()) if g]
-    return Part(x, labels, names, bad, commit)
+class Files(NamedTuple):
+    """The image files of one or more parts of a folder, in order."""
+    entries: list        # [(path relative to the folder, size, modification time)] (images.scan_images)
+    labels: torch.Tensor  # their classes' indices; -1 in unlabeled/
+    names: list          # their paths relative to the folder (labeled/cat/1.jpg)
+
+
+def listed(groups, classes):
+    """Files of the groups [{class: entries}] (unlabeled/: {None: entries}), in order."""
+    pairs = [(e, -1 if c is None else classes.index(c)) for group in groups for c, es in group.items() for e in es]
+    entries = [e for e, _ in pairs]
+    return Files(entries, torch.tensor([c for _, c in pairs], dtype=torch.long), [e[0] for e in entries])
+
+
+def read_files(data_dir, files, group, size, echo):
+    """(uint8 images (memory-mapped), labels, names) of the readable files, through the decode
+    cache, [(name, reason)] of the others, bytes written to the cache."""
+    x, bad, written = load_images(data_dir, files.entries, group, size, echo)
+    if not bad:
+        return (x, files.labels, files.names), bad, written
+    unreadable = {name for name, _ in bad}
+    good = [i for i, name in enumerate(files.names) if name not in unreadable]
+    return (x, files.labels[good], [files.names[i] for i in good]), bad, written
 
 
 def is_own_layout(data_dir):
@@ -213,7 +215,8 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
     - the benchmark layout: data_dir/train/<class>/**, data_dir/test/<class>/** (--labels draws the
       labeled images from train, the rest are treated as unlabeled).
 
-    Images are RGB, resized to image_size, decoded on all cores once and cached (images.DecodeCache).
+    Images are RGB, resized to image_size, decoded on all cores once into the decode cache
+    (images.DecodeCache) and memory-mapped from it: the training images are one array, the test images another.
     Unreadable files end the run with one message listing them (exit 2) unless skip_bad."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -224,8 +227,8 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
                         f"optionally test/<class>/*) nor train/<class>/* with test/<class>/*")
     if own:
         train_groups, hidden = class_images(data_dir / "labeled")
-        unlabeled, _, hidden_unlabeled = (find_images(data_dir / "unlabeled") if (data_dir / "unlabeled").is_dir()
-                                          else ([], 0, 0))
+        unlabeled, _, hidden_unlabeled = (in_part("unlabeled", scan_images(data_dir / "unlabeled"))
+                                          if (data_dir / "unlabeled").is_dir() else ([], 0, 0))
         hidden += hidden_unlabeled
         if not unlabeled:
             raise UserError(f"{data_dir / 'unlabeled'} holds no images (put the images without labels there, "
@@ -248,25 +251,31 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
         raise UserError(f"train and test class folders differ in {data_dir}: "
                         f"{sorted(set(classes) ^ set(test_groups))}")
 
-    parts = [("labeled" if own else "train", train_groups)] + [("unlabeled", {None: unlabeled})] * own
-    train = [read_part(data_dir, part, groups, classes, image_size, echo) for part, groups in parts]
-    test = read_part(data_dir, "test", test_groups, classes, image_size, echo) if test_groups else Part.empty(image_size)
-    bad = [b for part in train + [test] for b in part.bad]
+    # One cache for the training images (labeled, then unlabeled), one for the test images: each a
+    # single memory-mapped array, so training indexes one array and holds only its batches.
+    groups = [train_groups] + [{None: unlabeled}] * own
+    (train_x, train_y, train_names), bad, written = read_files(data_dir, listed(groups, classes), "train",
+                                                               image_size, echo)
+    if test_groups:
+        (test_x, test_y, test_names), bad_test, written_test = read_files(
+            data_dir, listed([test_groups], classes), "test", image_size, echo)
+    else:
+        test_x, test_y, test_names, bad_test, written_test = (torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8),
+                                                              torch.zeros(0, dtype=torch.long), [], [], 0)
+    if written + written_test:
+        echo(f"cached the decoded images in {cache_dir(data_dir)} ({(written + written_test) / 2**20:.0f} MB; delete it "
+             f"at will: it is rebuilt when needed)")
+    bad += bad_test
     if bad and not skip_bad:
         raise UserError(describe_bad(bad, data_dir) + "; replace or remove them, or pass --skip-bad-images to "
-                        "train without them")
+                        "train without them (the decoded images are cached: a rerun with --skip-bad-images decodes nothing)")
     if bad:
         echo(f"skipped {describe_bad(bad, data_dir, shown=3)}")
-    train_x, train_y = torch.cat([p.x for p in train]), torch.cat([p.y for p in train])
     missing = [c for i, c in enumerate(classes) if not (train_y == i).any()]
     if missing:
         raise UserError(f"{where / missing[0]} holds no readable images")
-    written = sum(part.commit() for part in train + [test])
-    if written:
-        echo(f"cached the decoded images in {cache_dir(data_dir)} ({written / 2**20:.0f} MB; delete it at will: it is "
-             f"rebuilt when needed)")
-    files = dict(train=[n for p in train for n in p.names], test=test.names)
-    return ImageData(train_x, train_y, test.x, test.y, classes, files=files, skipped=bad)
+    return ImageData(train_x, train_y, test_x, test_y, classes, files=dict(train=train_names, test=test_names),
+                     skipped=bad)
 
 
 def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo):
@@ -332,122 +341,6 @@ def hold_out(unlabeled, n_val, seed):
         raise UserError(f"--val {n_val} must be >= 0 and leave unlabeled images ({len(unlabeled)} available)")
     order = torch.randperm(len(unlabeled), generator=torch.Generator().manual_seed(seed + 1))
     return unlabeled[order[n_val:]].sort().values, unlabeled[order[:n_val]].sort().values
-
-
-def channel_stats(x):
-    """Per-channel mean and std of uint8 images, in [0, 1] units."""
-    x = x.float().div(255)
-    return x.mean((0, 2, 3)), x.std((0, 2, 3))
-
-
-class BatchStream:
-    """The indices of every step's batches, a pure function of (seed, step): an epoch is one pass
-    over the unlabeled set in a fresh random order; the labeled set cycles in its own orders."""
-
-    def __init__(self, n_labeled, n_unlabeled, labeled_batch, unlabeled_batch, seed):
-        self.n_labeled, self.n_unlabeled = n_labeled, n_unlabeled
-        self.labeled_batch, self.unlabeled_batch, self.seed = labeled_batch, unlabeled_batch, seed
-        self.steps_per_epoch = max(1, n_unlabeled // unlabeled_batch)
-        self._perms = {}
-
-    def _perm(self, kind, k, n):
-        key = (kind, k)
-        if key not in self._perms:
-            if len(self._perms) > 8:
-                self._perms.clear()
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * k + kind)
-            self._perms[key] = torch.randperm(n, generator=gen)
-        return self._perms[key]
-
-    def batch(self, step):
-        """(positions in the labeled set, positions in the unlabeled set) for this step."""
-        epoch, i = divmod(step, self.steps_per_epoch)
-        u = self._perm(1, epoch, self.n_unlabeled)
-        u = u[torch.arange(i * self.unlabeled_batch, (i + 1) * self.unlabeled_batch) % self.n_unlabeled]
-        pos = torch.arange(step * self.labeled_batch, (step + 1) * self.labeled_batch)
-        cycles, offsets = pos // self.n_labeled, pos % self.n_labeled
-        lab = torch.empty_like(pos)
-        for cycle in cycles.unique().tolist():
-            sel = cycles == cycle
-            lab[sel] = self._perm(0, cycle, self.n_labeled)[offsets[sel]]
-        return lab, u
-
-
-def max_shift(image_size):
-    """The augmentation's translation in pixels: the paper's 2 at 32 x 32, in proportion at other sizes."""
-    return max(1, round(2 * image_size / 32))
-
-
-def augment(x, mean, std, flip, max_shift=2):
-    """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
-    CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
-    b, _, h, w = x.shape
-    padded = F.pad(x, (max_shift,) * 4)
-    dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
-    dx = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
-    rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]
-    cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]
-    out = padded[torch.arange(b, device=x.device)[:, None, None, None],
-                 torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
-    if flip:
-        flipped = torch.rand(b, device=x.device) < 0.5
-        out = torch.where(flipped[:, None, None, None], out.flip(3), out)
-    return normalize(out, mean, std)
-
-
-def normalize(x, mean, std):
-    return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
-
-
-def seed_step(seed, step, rank=0):
-    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
-    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
-
-
-class Batches:
-    """One process's share of every step's batch, on the training device: the student's and the
-    teacher's independently augmented views (labeled images first) and the labels of the labeled
-    images. With `world` processes each takes its 1/world share of the configured (global) labeled
-    and unlabeled batches."""
-
-    def __init__(self, data, split, config, device, rank=0, world=1):
-        for key in ("labeled_batch", "unlabeled_batch"):
-            if config[key] % world:
-                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
-                                f"{world} processes")
-        self.device, self.seed, self.rank = device, config["seed"], rank
-        self.n_lab, self.n_unl = config["labeled_batch"] // world, config["unlabeled_batch"] // world
-        self.lab_idx, self.unl_idx, self.val_idx = (split[k].to(device) for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
-        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
-                                  config["unlabeled_batch"], config["seed"])
-        self.train_x, self.train_y = data.train_x.to(device), data.train_y.to(device)
-        self.mean, self.std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
-        self.flip = config["dataset"] == "cifar10"
-        self.max_shift = max_shift(config.get("image_size", 32))
-
-    def indices(self, step):
-        """The training-set indices of this process's share of the step's images, labeled ones first."""
-        lab_pos, unl_pos = self.stream.batch(step)
-        r = self.rank
-        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
-        return torch.cat([self.lab_idx[lab_pos.to(self.device)], self.unl_idx[unl_pos.to(self.device)]])
-
-    def views(self, step):
-        """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
-        seed_step(self.seed, step, self.rank)
-        idx = self.indices(step)
-        images = self.train_x[idx]
-        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip, self.max_shift)
-                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
-        return student_view, teacher_view, self.train_y[idx[:self.n_lab]]
-
-    def training_images(self, n, batch_size=500):
-        """A fixed sample of up to n training images (labeled and unlabeled, never the validation
-        hold-out), normalized and not augmented, in batches: what the BN statistics are computed on."""
-        pool = torch.cat([self.lab_idx, self.unl_idx])
-        pick = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[:n].to(self.device)]
-        for i in range(0, len(pick), batch_size):
-            yield normalize(self.train_x[pick[i:i + batch_size]], self.mean, self.std)
 
 
 def true_classes(data, truth_csv=None, option="--truth"):

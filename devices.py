@@ -53,6 +53,32 @@ class Processes:
         if self.main:
             click.echo(message)
 
+    def main_first(self, work):
+        """work() on the main process, then on the others: the main process decodes an image folder
+        into the cache, the others then map that file (one copy in the page cache, no second decode).
+        Where the main process fails, the others exit with its exit code (it says why) instead of
+        waiting for it forever."""
+        if self.world == 1:
+            return work()
+        if not self.main:
+            code = self.from_main(None)
+            if code:
+                raise SystemExit(code)
+            return work()
+        code = 1
+        try:
+            result = work()
+            code = 0
+            return result
+        except click.ClickException as exc:
+            code = exc.exit_code
+            raise
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) and exc.code else 1
+            raise
+        finally:
+            self.from_main(code)
+
     def from_main(self, value):
         """The main process's value (any picklable object) on every process."""
         if self.world == 1:

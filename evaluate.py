@@ -22,7 +22,8 @@ from pathlib import Path
 import click
 import torch
 
-from data import Batches, normalize, restore_data, true_classes
+from batches import Batches, image_batches, normalize
+from data import restore_data, true_classes
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
 from images import describe_hidden
@@ -214,10 +215,10 @@ def plot_curves(paths, out):
 
 
 @torch.no_grad()
-def features(model, x, mean, std, batch_size=500):
+def features(model, x, mean, std, device):
     model.eval()
-    return torch.cat([model(normalize(x[i:i + batch_size], mean, std))[0].float().cpu()
-                      for i in range(0, len(x), batch_size)])
+    return torch.cat([model(normalize(batch.to(device), mean, std))[0].float().cpu()
+                      for batch in image_batches(x, batch_size=500)])
 
 
 def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
@@ -239,7 +240,7 @@ def plot_tsne(state, data, teacher, device, out, seed, max_points=2000):
     for ax, x, colour, title in (
             (axes[0], data.train_x[train_pick], labeled[train_pick], "training data: labeled (blue), unlabeled (red)"),
             (axes[1], data.test_x[test_pick], data.test_y[test_pick], "test data, coloured by class")):
-        z = features(teacher, x.to(device), mean, std)
+        z = features(teacher, x, mean, std, device)
         xy = TSNE(n_components=2, init="pca", random_state=seed, perplexity=min(30, len(z) - 1)).fit_transform(z.numpy())
         if title.startswith("training"):
             for flag, c, name in ((False, "tab:red", "unlabeled"), (True, "tab:blue", "labeled")):
@@ -344,9 +345,7 @@ def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None
     the error on them."""
     config = state["config"]
     mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
-    if pool_y is not None:
-        pool_x = data.train_x[state["unlabeled_idx"]].to(device)
-    x, y = data.test_x.to(device), data.test_y.to(device)
+    x, y = data.test_x, data.test_y
     result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"], method=method_name(state),
                   stage=state["stage"], epoch=state["epoch"], n_test=len(y))
     if state["stage"] == "lc":
@@ -364,7 +363,7 @@ def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None
     if pool_y is not None:
         result["n_pool"] = len(pool_y)
         for name, model in (("student", student), ("teacher", teacher)):
-            result[f"{name}_pool_error"] = test_error(model, pool_x, pool_y.to(device), mean, std)
+            result[f"{name}_pool_error"] = test_error(model, data.train_x, pool_y, mean, std, state["unlabeled_idx"])
     return dict(result, **lc_diagnostics(state))
 
 
@@ -628,7 +627,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
                 raise UserError("--confusion needs test images; the checkpoint's folder has no test/")
             model = teacher if model_name == "teacher" else student
             mean, std = (torch.tensor(config[k], device=device) for k in ("mean", "std"))
-            predicted = predict_classes(model, data.test_x.to(device), mean, std)
+            predicted = predict_classes(model, data.test_x, mean, std)
             title = (f"{config['dataset']}, {config['labels']} labels, {result['method']} {model_name} "
                      f"({state['stage']} epoch {state['epoch']}): test error {result[model_name + '_error']:.2f}%")
             plot_confusion(data.test_y, predicted, data.classes, title, confusion)

@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 
 from presets import preset, preset_help, ramp_epochs
-from data import Batches, restore_data, true_classes
+from batches import Batches
+from data import restore_data, true_classes
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
                   resume_checkpoint, run_folder, stop_on_signals)
 from devices import processes, resolve_precision
@@ -100,7 +101,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
     with processes(device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
         if resume:
             state = resume_checkpoint(out, "lc", write=procs.main)
-            data = restore_data(state, data_dir)
+            data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
             student, teacher, optimizer = restore_training(state, device)
             procs.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
             trainer = make_trainer(state["config"], data, state, student, teacher, optimizer, device, procs,
@@ -127,7 +128,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
             raise UserError(f"--lam must be finite and >= 0, got {lam}")
         existing = existing_outputs(out, outputs, overwrite)
 
-        data = restore_data(state, data_dir)
+        data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
         if lc_pairs == "true-class":
             true_classes(data, truth)  # every unlabeled image's class known, before any work
         student, teacher, optimizer = restore_training(state, device)

@@ -1,12 +1,17 @@
-"""Image files on disk: finding them, decoding them to uint8 tensors (3, S, S), in bounded batches
-for prediction or all at once for training, the decode cache, and the list of files that could
-not be read.
+"""Image files on disk: finding them, decoding them to uint8 tensors (3, S, S) a bounded batch at a
+time, the memory-mapped decode cache that training reads them from, and the list of files that
+could not be read.
 """
+import contextlib
 import errno
 import hashlib
 import io
 import json
+import mmap
 import os
+import tempfile
+import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,8 +26,13 @@ Image.init()
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
-# orientation, 16/32-bit and float images by their range, transparency on white.
-CACHE_VERSION = 2
+# orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped
+# array of a folder's training (labeled, then unlabeled) or test images.
+CACHE_VERSION = 3
+# The .u8 cache file's header: its key, padded to one alignment-friendly block.
+HEADER_BYTES = 128
+# Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.
+DECODE_BATCH = 1024
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
 CACHE_DIR_NAME = "mtlc-cache"
@@ -36,7 +46,7 @@ class BadImage(Exception):
 
 
 def is_image_name(path):
-    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+    return os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS
 
 
 def is_hidden(name):
@@ -46,31 +56,60 @@ def is_hidden(name):
     return name.startswith(".") or name == "__MACOSX"
 
 
-def find_images(root):
-    """The image files under root (by extension, any nesting), sorted; hidden files and folders
-    (is_hidden) are left out; symbolic links are followed, a folder reached twice (a link loop) is
-    walked once. Returns (paths, number of other files, number of hidden files and folders left out)."""
+def scan_images(root):
+    """The image files under root (by extension, any nesting) as [(path relative to root, size in
+    bytes, modification time in ns)]: what a decode cache is keyed by. Sorted as paths compare (part
+    by part); hidden files and folders (is_hidden) are left out; symbolic links are followed, a
+    folder reached twice (a link loop) is walked once, under its first name in sorted order; a file
+    that cannot be stat-ed (a broken link) gets size and time -1. One os.scandir per folder and one
+    stat per file, no Path objects: a second start-up on 60,000 files costs a fraction of a second.
+    Returns (entries, number of other files, number of hidden files and folders left out)."""
     found, others, hidden, seen = [], 0, 0, set()
-    for folder, dirs, files in os.walk(root, followlinks=True):
+    stack = [(os.fspath(root), "")]
+    while stack:  # depth first, folders in sorted order (os.walk's order, without its recursion limit)
+        folder, prefix = stack.pop()
         try:
             st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as listing:
+                entries = list(listing)
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) in seen:
-            dirs[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        hidden += sum(map(is_hidden, dirs))
-        # Sorted: a folder reached by two names is listed under the same one on every run.
-        dirs[:] = sorted(d for d in dirs if not is_hidden(d))
-        for name in files:
+        folders = []
+        for entry in entries:
+            name = entry.name
             if is_hidden(name):
                 hidden += 1
-            elif is_image_name(name):
-                found.append(Path(folder) / name)
-            else:
+            elif is_folder(entry):
+                folders.append(name)
+            elif not is_image_name(name):
                 others += 1
-    return sorted(found), others, hidden
+            else:
+                try:
+                    st = entry.stat()
+                    found.append((prefix + name, st.st_size, st.st_mtime_ns))
+                except OSError:
+                    found.append((prefix + name, -1, -1))
+        stack += [(os.path.join(folder, d), f"{prefix}{d}/") for d in sorted(folders, reverse=True)]
+    found.sort(key=lambda e: e[0].split("/"))
+    return found, others, hidden
+
+
+def is_folder(entry):
+    """Whether a scandir entry is a folder, links followed; a broken or looping link is not one."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def find_images(root):
+    """scan_images as paths: (sorted image paths under root, number of other files, number of hidden
+    files and folders left out)."""
+    entries, others, hidden = scan_images(root)
+    return [Path(root) / rel for rel, _, _ in entries], others, hidden
 
 
 def describe_hidden(count, where):
@@ -165,15 +204,19 @@ def _decode_or_reason(path, size):
 
 def decode_batches(paths, size, batch_size, workers=None):
     """Yield (paths, uint8 images (n, 3, size, size), {index in the batch: reason} for the files that
-    failed) for consecutive batches of paths; only one batch is decoded at a time. The images of
-    failed files are zeros."""
+    failed) for consecutive batches of paths. The next batch decodes on the pool's threads while the
+    caller works on this one: at most two batches are held. The images of failed files are zeros."""
     workers = workers or os.cpu_count()
+    chunks = [paths[start:start + batch_size] for start in range(0, len(paths), batch_size)]
     with ThreadPoolExecutor(workers) as pool:  # PIL releases the GIL while it decodes
-        for start in range(0, len(paths), batch_size):
-            chunk = paths[start:start + batch_size]
+        pending = pool.map(_decode_or_reason, chunks[0], [size] * len(chunks[0])) if chunks else None
+        for k, chunk in enumerate(chunks):
+            results = list(pending)
+            if k + 1 < len(chunks):
+                pending = pool.map(_decode_or_reason, chunks[k + 1], [size] * len(chunks[k + 1]))
             out = torch.zeros(len(chunk), 3, size, size, dtype=torch.uint8)
             failed = {}
-            for i, (img, reason) in enumerate(pool.map(_decode_or_reason, chunk, [size] * len(chunk))):
+            for i, (img, reason) in enumerate(results):
                 if reason is None:
                     out[i] = img
                 else:
@@ -181,114 +224,178 @@ def decode_batches(paths, size, batch_size, workers=None):
             yield chunk, out, failed
 
 
-def decode_all(paths, size, progress=None):
-    """All files as one uint8 tensor (N good, 3, size, size) and [(path, reason)] of those that
-    failed. `progress(n)` is called after each batch of n files."""
-    out = torch.empty(len(paths), 3, size, size, dtype=torch.uint8)
-    good, bad, done = torch.ones(len(paths), dtype=torch.bool), [], 0
-    for chunk, x, failed in decode_batches(paths, size, 1024):
-        out[done:done + len(chunk)] = x
-        for i, reason in failed.items():
-            good[done + i] = False
-            bad.append((chunk[i], reason))
-        done += len(chunk)
-        if progress:
-            progress(len(chunk))
-    return (out if not bad else out[good]), bad
-
-
-def file_list(root, paths):
-    """[(path relative to root, size in bytes, modification time in ns)]: what a cache is keyed by.
-    A file that cannot be stat-ed (a broken link) gets size and time -1."""
-    entries = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            entries.append((Path(p).relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
-        except OSError:
-            entries.append((Path(p).relative_to(root).as_posix(), -1, -1))
-    return entries
-
-
 def cache_dir(data_dir):
-    """Where the decoded images of data_dir are cached: $MTLC_CACHE_DIR if set, else
-    data_dir/mtlc-cache, else (data_dir not writable) ~/.cache/mtlc/<data_dir's hash>."""
-    if os.environ.get("MTLC_CACHE_DIR"):
-        return Path(os.environ["MTLC_CACHE_DIR"])
+    """Where the decoded images of data_dir are cached: data_dir/mtlc-cache, else (data_dir not
+    writable) ~/.cache/mtlc/<data_dir's hash>; with $MTLC_CACHE_DIR set, $MTLC_CACHE_DIR/<data_dir's
+    hash>: one folder per image folder, so that no folder's cache replaces another's as stale."""
     data_dir = Path(data_dir).resolve()
+    folder_key = hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+    if os.environ.get("MTLC_CACHE_DIR"):
+        return Path(os.environ["MTLC_CACHE_DIR"]) / folder_key
     if os.access(data_dir, os.W_OK):
         return data_dir / CACHE_DIR_NAME
-    return Path.home() / ".cache" / "mtlc" / hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+    return Path.home() / ".cache" / "mtlc" / folder_key
+
+
+# The memory maps behind mapped_images' tensors, by the address of their first image: what
+# release_pages needs. Weak: a map closes when the last tensor that reads it is gone.
+_MAPS = weakref.WeakValueDictionary()
+
+
+def mapped_images(file, count, size, offset=0):
+    """count uint8 images (3, size, size) stored one after another in file (a path or an open file)
+    from offset, as a tensor backed by a private, copy-on-write memory map: pages are read when a
+    batch touches them and the page cache holds one copy for every process that maps the file. The
+    map is advised random: a scattered batch reads its own pages, not megabytes of read-ahead each."""
+    if count == 0:
+        return torch.zeros(0, 3, size, size, dtype=torch.uint8)
+    with open(file, "rb") if isinstance(file, (str, Path)) else contextlib.nullcontext(file) as f:
+        length = offset + count * 3 * size * size
+        mm = mmap.mmap(f.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    mm.madvise(mmap.MADV_RANDOM)
+    x = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=length - offset, offset=offset)).view(count, 3, size, size)
+    _MAPS[x.untyped_storage().data_ptr()] = mm
+    return x
+
+
+def release_pages(x):
+    """Let go of the pages of a mapped_images tensor that this process has read (the page cache
+    keeps them for the next reader): its resident memory then holds the batch in use, not every
+    image read so far (a page fault maps a whole large folio of the page cache, up to 2 MB, for one
+    image of a few kB). A no-op for a tensor in memory."""
+    mm = _MAPS.get(x.untyped_storage().data_ptr())
+    if mm is not None:
+        mm.madvise(mmap.MADV_DONTNEED)
+
+
+@contextlib.contextmanager
+def in_order(x):
+    """A pass over every image of a mapped_images tensor in order: the map is advised sequential
+    (read ahead) for its duration, random again after."""
+    mm = _MAPS.get(x.untyped_storage().data_ptr())
+    if mm is None:
+        yield
+        return
+    mm.madvise(mmap.MADV_SEQUENTIAL)
+    try:
+        yield
+    finally:
+        mm.madvise(mmap.MADV_RANDOM)
+
+
+def write_decoded(f, paths, size, progress):
+    """Decode paths a batch at a time into the open binary file f, the readable images' rows one after
+    another; returns [(index in paths, reason)] of the files that failed."""
+    bad, done = [], 0
+    for chunk, x, failed in decode_batches(paths, size, DECODE_BATCH):
+        good = [i for i in range(len(chunk)) if i not in failed]
+        f.write(x[good].numpy().data if failed else x.numpy().data)
+        bad += [(done + i, reason) for i, reason in failed.items()]
+        done += len(chunk)
+        progress(len(chunk))
+    return bad
 
 
 class DecodeCache:
-    """Decoded images of one group of files (e.g. D/unlabeled at 32 px) in one file
-    `<group>-<size>px-<key>.pt`, keyed by the files' relative paths, sizes and modification times
-    and the image size. A cache is used only if the file list stored in it equals the current one
-    exactly; a stale one (the files changed) is replaced, an unreadable one rebuilt."""
+    """Decoded images of one group of files (a folder's training or test images at one size) in two
+    files named `<group>-<size>px-<key>`, keyed by the files' relative paths, sizes and modification
+    times and the image size: `.u8`, a header that holds the full key, then the readable images'
+    uint8 rows (3, size, size) one after another; `.json`, the counts and the unreadable files.
+
+    Written while decoding, a batch at a time, to a temporary file renamed into place once complete;
+    the .json comes last. A cache is used only if its .json and the .u8's header both hold the
+    current key and the .u8 has the size they imply: a run killed mid-write leaves only a hidden
+    temporary file, never a cache that looks valid. Read memory-mapped (mapped_images)."""
 
     def __init__(self, folder, group, size, entries, echo):
         self.folder, self.group, self.size, self.entries, self.echo = Path(folder), group, size, entries, echo
-        key = json.dumps([CACHE_VERSION, size, entries]).encode()
-        self.path = self.folder / f"{group}-{size}px-{hashlib.sha256(key).hexdigest()[:20]}.pt"
+        self.key = hashlib.sha256(json.dumps([CACHE_VERSION, size, entries]).encode()).hexdigest()
+        stem = f"{group}-{size}px-{self.key[:20]}"
+        self.path, self.meta = self.folder / f"{stem}.u8", self.folder / f"{stem}.json"
+        self.header = f"mtlc decode cache {CACHE_VERSION} {self.key}\n".encode().ljust(HEADER_BYTES)
 
     def load(self):
         """(images, bad files as [(relative path, reason)]) or None when there is no usable cache."""
-        if not self.path.exists():
+        if not self.meta.exists():
             return None
         try:
-            state = torch.load(self.path, map_location="cpu", weights_only=True)
-            if state["version"] != CACHE_VERSION or state["size"] != self.size:
-                raise ValueError("another version")
-            if [tuple(e) for e in state["entries"]] != self.entries:
+            meta = json.loads(self.meta.read_text())
+            if meta["version"] != CACHE_VERSION or meta["key"] != self.key:
                 raise ValueError("made from other files")
-            x, bad = state["images"], [tuple(b) for b in state["bad"]]
-            if x.dtype != torch.uint8 or tuple(x.shape) != (len(self.entries) - len(bad), 3, self.size, self.size):
-                raise ValueError("wrong shape")
+            bad, count = [tuple(b) for b in meta["bad"]], meta["images"]
+            with open(self.path, "rb") as f:
+                header, length = f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size
+            if header != self.header:
+                raise ValueError("its images were made from other files")
+            if count != len(self.entries) - len(bad) or length != HEADER_BYTES + count * 3 * self.size ** 2:
+                raise ValueError("wrong size")
+            return mapped_images(self.path, count, self.size, HEADER_BYTES), bad
         except Exception as exc:
-            self.echo(f"cache {self.path} is unusable ({type(exc).__name__}: {str(exc)[:100]}): decoding again")
+            self.echo(f"cache {self.meta} is unusable ({type(exc).__name__}: {str(exc)[:100]}): decoding again")
             return None
-        return x, bad
 
-    def save(self, x, bad):
-        """Write the cache and delete the stale ones of the same group and size; returns the bytes
-        written. A folder that cannot be written is said, not fatal (0 bytes)."""
+    def build(self, paths, progress):
+        """Decode paths into the cache; returns (images, bad, bytes written). Where the cache folder
+        cannot be written (no permission) the images go to an unnamed temporary file instead, said in
+        one line; a full disk or a file-size limit ends the run (WriteFailed)."""
+        def write(f):
+            f.write(self.header)
+            return write_decoded(f, paths, self.size, progress)
+
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            state = dict(version=CACHE_VERSION, size=self.size, entries=self.entries, images=x,
-                         bad=[list(b) for b in bad])
-            atomic_write(self.path, lambda f: torch.save(state, f))
+            failed = atomic_write(self.path, write)
+            bad = [(self.entries[i][0], reason) for i, reason in failed]
+            atomic_write(self.meta, lambda f: f.write(json.dumps(dict(
+                version=CACHE_VERSION, key=self.key, size=self.size, images=len(paths) - len(bad),
+                bad=[list(b) for b in bad])).encode()))
         except (OSError, WriteFailed) as exc:
             if exc.errno in OUT_OF_SPACE:
                 raise (WriteFailed(self.path, exc) if isinstance(exc, OSError) else exc) from None
             reason = exc.strerror if isinstance(exc, OSError) else exc.message
             self.echo(f"note: cannot write the decode cache in {self.folder} ({reason}); the images will be "
                       f"decoded again next time (set MTLC_CACHE_DIR to cache elsewhere)")
-            return 0
-        for old in self.folder.glob(f"{self.group}-{self.size}px-*.pt"):
-            if old != self.path:
+            return (*self.unnamed(paths, progress), 0)
+        self.remove_stale()
+        return mapped_images(self.path, len(paths) - len(bad), self.size, HEADER_BYTES), bad, self.path.stat().st_size
+
+    def unnamed(self, paths, progress):
+        """(images, bad) decoded into an unnamed temporary file, deleted when the run ends."""
+        try:
+            f = tempfile.TemporaryFile()
+            failed = write_decoded(f, paths, self.size, progress)
+            f.flush()
+        except OSError as exc:
+            raise WriteFailed(Path(tempfile.gettempdir()) / "<temporary file>", exc) from None
+        return mapped_images(f, len(paths) - len(failed), self.size), [(self.entries[i][0], r) for i, r in failed]
+
+    def remove_stale(self):
+        """Delete this group's caches of other files at this size, and temporary files that runs killed
+        mid-write left behind (untouched for an hour: a running decode writes every few seconds)."""
+        for old in self.folder.glob(f"{self.group}-{self.size}px-*"):
+            if old not in (self.path, self.meta):
                 old.unlink(missing_ok=True)
-        return self.path.stat().st_size
+        for tmp in self.folder.glob(f".{self.group}-{self.size}px-*.tmp"):
+            with contextlib.suppress(OSError):
+                if time.time() - tmp.stat().st_mtime > 3600:
+                    tmp.unlink()
 
 
-def load_images(root, paths, group, size, echo, data_dir=None):
-    """The files `paths` (under root) decoded to one uint8 tensor, through the decode cache of
-    data_dir (default root). Returns (images of the good files in order, [(relative path, reason)]
-    of the bad ones, commit): commit() writes the cache after a miss, once the caller has checked
-    the files (a run that ends on bad input writes nothing) and returns the bytes it wrote."""
+def load_images(root, entries, group, size, echo):
+    """The files of entries [(path relative to root, size, modification time)] (scan_images)
+    decoded to uint8 images, through root's decode cache (a memory map: the images are read when
+    used). Returns (images of the readable files in order, [(path relative to root, reason)] of the
+    others, bytes written to the cache: 0 on a hit)."""
     from tqdm import tqdm
-    entries = file_list(root, paths)
-    cache = DecodeCache(cache_dir(data_dir or root), group, size, entries, echo)
+    cache = DecodeCache(cache_dir(root), group, size, entries, echo)
     hit = cache.load()
     if hit is not None:
-        return (*hit, lambda: 0)
+        return (*hit, 0)
+    paths = [os.path.join(root, rel) for rel, _, _ in entries]
     if len(paths) > 1000:
         echo(f"decoding {len(paths):,} images of {root} (once: they are cached for the next runs)")
-    bar = tqdm(total=len(paths), desc=f"decoding {group}", unit="img", disable=None, leave=False)
-    x, bad = decode_all(paths, size, progress=bar.update)
-    bar.close()
-    bad = [(Path(p).relative_to(root).as_posix(), reason) for p, reason in bad]
-    return x, bad, lambda: cache.save(x, bad)
+    with tqdm(total=len(paths), desc=f"decoding {group}", unit="img", disable=None, leave=False) as bar:
+        return cache.build(paths, bar.update)
 
 
 def describe_bad(bad, root, shown=5):

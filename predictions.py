@@ -10,7 +10,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from calibration import Calibration, confidences
-from data import held_out, normalize
+from batches import image_batches, normalize
+from data import held_out
 from images import decode_batches, find_images
 from runs import UserError
 from selection import suggest
@@ -45,9 +46,9 @@ def model_outputs(model, x, mean, std):
     return features.float(), logits.float()
 
 
-def outputs_of(model, x, mean, std, device, batch_size=500):
-    """model_outputs for many images, a batch at a time, on the CPU."""
-    outputs = [model_outputs(model, x[i:i + batch_size].to(device), mean, std) for i in range(0, len(x), batch_size)]
+def outputs_of(model, x, mean, std, device, idx=None):
+    """model_outputs for many images (x, or its rows idx), a batch at a time, on the CPU."""
+    outputs = [model_outputs(model, batch.to(device), mean, std) for batch in image_batches(x, idx, batch_size=500)]
     return tuple(torch.cat([o[k].cpu() for o in outputs]) for k in (0, 1))
 
 
@@ -117,6 +118,6 @@ def suggest_rows(rows, state, data, model, device, n, seed):
     best first, and the cluster of each."""
     readable = [r for r in rows if r.label is not None]
     mean, std = (torch.tensor(state["config"][k], device=device) for k in ("mean", "std"))
-    labeled = outputs_of(model, data.train_x[state["labeled_idx"]], mean, std, device)[0]
+    labeled = outputs_of(model, data.train_x, mean, std, device, state["labeled_idx"])[0]
     picks, clusters = suggest(torch.stack([r.features for r in readable]).numpy(), labeled.numpy(), n, seed)
     return [readable[i] for i in picks], clusters.tolist()

@@ -50,7 +50,8 @@ def os_error_in(exc):
 
 def atomic_write(path, write):
     """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
-    never leaves a truncated file behind. A write the OS refuses raises WriteFailed."""
+    never leaves a truncated file behind. A write the OS refuses raises WriteFailed. Returns what
+    write(f) returns."""
     path = Path(path)
     tmp = None
     try:
@@ -59,10 +60,11 @@ def atomic_write(path, write):
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            result = write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        return result
     except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

@@ -16,8 +16,8 @@ import torch
 
 from presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
 from model import build_models
-from data import (augment, balanced_split, channel_stats, hold_out, is_own_layout, load_dataset, max_shift,
-                  own_split, restore_data)
+from batches import augment, channel_stats, max_shift
+from data import balanced_split, hold_out, is_own_layout, load_dataset, own_split, restore_data
 from images import check_image_size
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, run_folder,
                   stop_on_signals)
@@ -96,7 +96,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
     with processes(device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if resume:
             state = resume_checkpoint(out, "mt", write=procs.main)
-            config, data = state["config"], restore_data(state)
+            config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             student, teacher, optimizer = restore_training(state, device)
             procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
             trainer = make_trainer(config, data, checkpoint_split(state), student, teacher, optimizer,
@@ -115,7 +115,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         check_image_size(image_size)
         existing = existing_outputs(out, outputs, overwrite)
 
-        data = load_dataset(dataset, data_dir, image_size, skip_bad_images, procs.echo)
+        data = procs.main_first(lambda: load_dataset(dataset, data_dir, image_size, skip_bad_images, procs.echo))
         if own:
             labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, val, split_seed)
             labels = len(labeled_idx)

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from data import Batches, normalize
+from batches import Batches, image_batches, normalize
 from devices import PRECISIONS, Processes, average_buffers, device_name, sync
 from model import SplitForward, recompute_bn_means
 from neighbours import PairDistances, lc_features, lc_term
@@ -58,19 +58,21 @@ def consistency_loss(student_logits, teacher_logits):
 
 
 @torch.no_grad()
-def predict_classes(model, x, mean, std, batch_size=500):
-    """The class the model (in eval mode) gives each of the uint8 images x."""
+def predict_classes(model, x, mean, std, idx=None):
+    """The class the model (in eval mode) gives each of the uint8 images x (or its rows idx), on the
+    CPU: a batch at a time, each moved to the model's device."""
     was_training = model.training
     model.eval()
-    classes = torch.cat([model(normalize(x[i:i + batch_size], mean, std))[1].argmax(1)
-                         for i in range(0, len(x), batch_size)]) if len(x) else torch.zeros(0, dtype=torch.long)
+    device = next(model.parameters()).device
+    classes = [model(normalize(batch.to(device), mean, std))[1].argmax(1).cpu()
+               for batch in image_batches(x, idx, batch_size=500)]
     model.train(was_training)
-    return classes
+    return torch.cat(classes) if classes else torch.zeros(0, dtype=torch.long)
 
 
-def test_error(model, x, y, mean, std):
-    """Error (%) of the model in eval mode on uint8 images x with labels y."""
-    return 100.0 * (predict_classes(model, x, mean, std) != y).sum().item() / len(x)
+def test_error(model, x, y, mean, std, idx=None):
+    """Error (%) of the model in eval mode on uint8 images x (or its rows idx) with labels y."""
+    return 100.0 * (predict_classes(model, x, mean, std, idx) != y.cpu()).sum().item() / len(y)
 
 
 def make_optimizer(student, lr):
@@ -127,13 +129,13 @@ class Trainer:
         procs = procs or Processes()
         # lc_pairs true-class: every training image's true class (data.true_classes), a measurement of
         # what perfect neighbours would give; nothing else reads it.
-        self.true_classes = true_classes.to(device) if true_classes is not None else None
+        self.true_classes = true_classes
         self.student, self.teacher, self.optimizer = student, teacher, optimizer
         self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
         self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
         self.batches = Batches(data, split, config, device, procs.rank, procs.world)
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
-        self.test_x, self.test_y = data.test_x.to(device), data.test_y.to(device)
+        self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
         self.precision = config.get("precision", "fp32")
         self.all_neighbours_reported = False
         self.lc_global = config.get("lc", {}).get("scope", "local") == "global" and procs.world > 1
@@ -188,7 +190,7 @@ class Trainer:
             if stage.lc_pairs == "same-prediction":
                 classes = torch.cat([labels, teacher_logits[self.batches.n_lab:].argmax(1)])
             elif stage.lc_pairs == "true-class":
-                classes = self.true_classes[self.batches.indices(step)]
+                classes = self.true_classes[self.batches.indices(step)].to(self.device)
             if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
                 z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
                 if classes is not None:  # in z's order: every rank's labeled images, then every rank's unlabeled
@@ -246,13 +248,13 @@ class Trainer:
         """Errors (%) of student and teacher on the test set if there is one, on their own labeled
         images and on the validation hold-out if there is one."""
         b = self.batches
-        sets = dict(labeled_error=(b.train_x[b.lab_idx], b.train_y[b.lab_idx]))
+        sets = dict(labeled_error=(b.train_x, b.lab_idx, b.train_y[b.lab_idx]))
         if len(self.test_y):
-            sets["error"] = (self.test_x, self.test_y)
+            sets["error"] = (self.test_x, None, self.test_y)
         if len(b.val_idx):
-            sets["val_error"] = (b.train_x[b.val_idx], b.train_y[b.val_idx])
-        return {f"{name}_{key}": test_error(model, x, y, b.mean, b.std)
-                for key, (x, y) in sets.items() for name, model in (("student", self.student), ("teacher", self.teacher))}
+            sets["val_error"] = (b.train_x, b.val_idx, b.train_y[b.val_idx])
+        return {f"{name}_{key}": test_error(model, x, y, b.mean, b.std, idx)
+                for key, (x, idx, y) in sets.items() for name, model in (("student", self.student), ("teacher", self.teacher))}
 
     def distance_summary(self):
         """Pairwise-distance statistics of the student's features in the first batches of the stream

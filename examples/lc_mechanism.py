@@ -27,7 +27,8 @@ import click
 import torch
 import torch.nn.functional as F
 
-from data import Batches, restore_data, true_classes
+from batches import Batches
+from data import restore_data, true_classes
 from neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2
 from presets import preset
 from runs import checkpoint_split, load_checkpoint, restore_models

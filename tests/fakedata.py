@@ -57,7 +57,7 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None):
     import torch
 
     from model import build_models
-    from data import augment
+    from batches import augment
     from training import Trainer, make_optimizer
     torch.manual_seed(0)
     student, teacher = build_models(config, torch.device("cpu"))

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torchvision
 
-from data import CIFAR10_CLASSES, channel_stats, load_dataset, load_digits
+from batches import channel_stats
+from data import CIFAR10_CLASSES, load_dataset, load_digits
 from runs import UserError
 from fakedata import write_cifar10, write_folder, write_svhn
 

@@ -129,7 +129,8 @@ def no_decoding(monkeypatch):
 def test_cache_hit_skips_decoding(tmp_path, monkeypatch):
     write_own_folder(tmp_path)
     first = load_dataset("folder", tmp_path, echo=quiet)
-    assert sorted(p.name.split("-")[0] for p in (tmp_path / "mtlc-cache").iterdir()) == ["labeled", "test", "unlabeled"]
+    assert sorted(p.name.split("-")[0] + p.suffix for p in (tmp_path / "mtlc-cache").iterdir()) == [
+        "test.json", "test.u8", "train.json", "train.u8"]
     no_decoding(monkeypatch)
     second = load_dataset("folder", tmp_path, echo=quiet)
     assert torch.equal(first.train_x, second.train_x) and torch.equal(first.test_x, second.test_x)
@@ -143,38 +144,41 @@ def test_stale_cache_is_rebuilt(tmp_path):
     after = load_dataset("folder", tmp_path, echo=quiet)
     assert not torch.equal(before.train_x[0], after.train_x[0])
     assert (after.train_x[0, 0] == 255).all() and (after.train_x[0, 1:] == 0).all()
-    assert len(list((tmp_path / "mtlc-cache").glob("labeled-*"))) == 1  # the stale one is gone
+    assert len(list((tmp_path / "mtlc-cache").glob("train-*"))) == 2  # the stale .u8 and .json are gone
 
 
 def test_corrupted_cache_is_rebuilt(tmp_path):
     write_own_folder(tmp_path)
-    good = load_dataset("folder", tmp_path, echo=quiet)
-    for cache in (tmp_path / "mtlc-cache").iterdir():
-        cache.write_bytes(cache.read_bytes()[:100])
+    good = load_dataset("folder", tmp_path, echo=quiet).train_x.clone()  # a copy: the map reads the file
+    for cache in (tmp_path / "mtlc-cache").glob("*.u8"):
+        cache.write_bytes(cache.read_bytes()[:200])
     said = []
     again = load_dataset("folder", tmp_path, echo=said.append)
-    assert torch.equal(good.train_x, again.train_x)
-    assert sum("is unusable" in line for line in said) == 3
+    assert torch.equal(good, again.train_x)
+    assert sum("is unusable" in line for line in said) == 2
 
 
 def test_a_cache_of_other_files_is_never_used(tmp_path):
-    """Folder b's cache file replaced by folder a's (other pixels, same file names): b decodes again."""
+    """Folder b's cache files replaced by folder a's (other pixels, same file names), the images alone
+    or with their .json: b decodes again."""
     for name, seed in (("a", 1), ("b", 2)):
         write_own_folder(tmp_path / name, seed=seed)
-    a = load_dataset("folder", tmp_path / "a", echo=quiet)
-    b = load_dataset("folder", tmp_path / "b", echo=quiet)
-    for part in ("labeled", "unlabeled", "test"):
-        (b_cache,) = (tmp_path / "b" / "mtlc-cache").glob(f"{part}-*")
-        (a_cache,) = (tmp_path / "a" / "mtlc-cache").glob(f"{part}-*")
-        b_cache.write_bytes(a_cache.read_bytes())
-    again = load_dataset("folder", tmp_path / "b", echo=quiet)
-    assert torch.equal(again.train_x, b.train_x) and not torch.equal(again.train_x, a.train_x)
+    a, b = (load_dataset("folder", tmp_path / name, echo=quiet).train_x.clone() for name in ("a", "b"))
+    for suffixes in ((".u8",), (".u8", ".json")):
+        for part in ("train", "test"):
+            for suffix in suffixes:
+                (b_cache,) = (tmp_path / "b" / "mtlc-cache").glob(f"{part}-*{suffix}")
+                (a_cache,) = (tmp_path / "a" / "mtlc-cache").glob(f"{part}-*{suffix}")
+                b_cache.write_bytes(a_cache.read_bytes())
+        said = []
+        again = load_dataset("folder", tmp_path / "b", echo=said.append)
+        assert torch.equal(again.train_x, b) and not torch.equal(again.train_x, a)
+        assert sum("is unusable" in line for line in said) == 2
 
 
 def test_cache_key_covers_size_and_image_size(tmp_path):
     write_own_folder(tmp_path)
-    paths = find_images(tmp_path / "unlabeled")[0]
-    entries = images.file_list(tmp_path / "unlabeled", paths)
+    entries = images.scan_images(tmp_path / "unlabeled")[0]
     names = {DecodeCache(tmp_path, "unlabeled", s, entries, quiet).path.name for s in (32, 64)}
     changed = [(p, size + 1, t) for p, size, t in entries]
     names.add(DecodeCache(tmp_path, "unlabeled", 32, changed, quiet).path.name)
@@ -187,7 +191,8 @@ def test_cache_dir_falls_back_when_the_folder_is_read_only(tmp_path, monkeypatch
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     assert cache_dir(tmp_path).parent == Path.home() / ".cache" / "mtlc"
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert cache_dir(tmp_path) == tmp_path / "elsewhere"
+    assert cache_dir(tmp_path).parent == tmp_path / "elsewhere"
+    assert cache_dir(tmp_path / "a") != cache_dir(tmp_path / "b")  # one folder's cache never evicts another's
 
 
 # Bad files and folders ----------------------------------------------------------------------------
@@ -211,13 +216,16 @@ def spoil(folder, names):
      "class folders that"),
 ])
 def test_bad_folders_exit_2_and_write_nothing(tmp_path, prepare, message):
+    """Nothing is written, except the decode cache where files were decoded to find the bad ones:
+    that work is kept (test_a_rerun_skipping_bad_files_decodes_nothing)."""
     data = tmp_path / "d"
     write_own_folder(data)
     prepare(data)
     result = invoke(train_mt, ["--dataset", "folder", "--data-dir", data, *SMALL, "--out", tmp_path / "run"])
     assert result.exit_code == 2 and message in result.output, result.output
-    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
-    assert not (tmp_path / "run").exists() and not (data / "mtlc-cache").exists()
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3
+    assert not (tmp_path / "run").exists()
+    assert (data / "mtlc-cache").exists() == ("cannot be read" in message)
 
 
 def test_many_bad_files_are_named_then_counted(tmp_path):
@@ -227,6 +235,17 @@ def test_many_bad_files_are_named_then_counted(tmp_path):
     assert result.exit_code == 2
     assert "10 image files cannot be read" in result.output and "and 5 more" in result.output
     assert "u0000.png" in result.output and "--skip-bad-images" in result.output
+
+
+def test_a_rerun_skipping_bad_files_decodes_nothing(tmp_path, monkeypatch):
+    write_own_folder(tmp_path / "d")
+    spoil(tmp_path / "d" / "unlabeled", ["u0001.png"])
+    assert invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r"]).exit_code == 2
+    no_decoding(monkeypatch)
+    data = load_dataset("folder", tmp_path / "d", skip_bad=True, echo=quiet)
+    assert "unlabeled/u0001.png" not in data.files["train"]
+    assert len(data.train_y) == len(data.train_x) == len(data.files["train"]) == sum(len(find_images(tmp_path / "d" / part)[0]) for part in ("labeled", "unlabeled")) - 1
+    assert data.skipped[0][0] == "unlabeled/u0001.png"
 
 
 def test_skip_bad_images_trains_without_them(tmp_path):
@@ -262,6 +281,19 @@ def test_linked_folders_are_followed(tmp_path):
     (tmp_path / "d" / "unlabeled" / "ext").symlink_to(tmp_path / "elsewhere" / "unlabeled", target_is_directory=True)
     found, *_ = find_images(tmp_path / "d" / "unlabeled")
     assert len(found) == 35 and sum("/ext/" in str(p) for p in found) == 5
+
+
+def test_images_are_listed_in_the_order_paths_sort_in(tmp_path):
+    """The scan (strings, for speed) keeps the order of sorted Path objects, part by part: a checkpoint
+    made before it names its files in the same order."""
+    names = ["a.png", "b/x.png", "a-b/y.png", "B.png", "z.png", "a/c/q.png", "a/r.png", "A/s.jpg", "a b.png",
+             "a0.png", "a/c.png", "a.b/t.png"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    found, *_ = find_images(tmp_path)
+    assert found == sorted(tmp_path / name for name in names)
+    assert [rel for rel, _, _ in images.scan_images(tmp_path)[0]] == [p.relative_to(tmp_path).as_posix() for p in found]
 
 
 def test_a_folder_linked_twice_is_listed_under_its_first_name(tmp_path):
@@ -311,7 +343,7 @@ def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
 
 
 def test_augmentation_shift_scales_with_image_size():
-    from data import max_shift
+    from batches import max_shift
     assert (max_shift(32), max_shift(64), max_shift(96), max_shift(16)) == (2, 4, 6, 1)
 
 

@@ -111,15 +111,15 @@ def test_metrics_write_refused_leaves_the_previous_file(tmp_path):
 
 
 def test_decode_cache_write_refused_ends_the_run(tmp_path):
-    """The caches of a folder's images are written before any checkpoint: here labeled/ (18 images of
-    64 x 64 pixels, 221 KB) fits the 256 KiB limit, unlabeled/ (30, 369 KB) does not."""
+    """The caches of a folder's images are written before any checkpoint, a batch at a time: here the
+    training images (49 of 64 x 64 pixels, 602 KB) pass the 256 KiB limit while being written."""
     data = tmp_path / "d"
     write_own_folder(data)
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--image-size", "64", "--width", "0.0625",
               "--epochs", "1", "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path / "run", limit_kb=256)
     assert res.returncode == 1, res.stderr
-    assert f"cannot write {data}/mtlc-cache/unlabeled-64px-" in res.stderr and "File too large" in res.stderr
-    assert no_temp_files(data) and not list((data / "mtlc-cache").glob("unlabeled-*"))
+    assert f"cannot write {data}/mtlc-cache/train-64px-" in res.stderr and "File too large" in res.stderr
+    assert no_temp_files(data) and not list((data / "mtlc-cache").glob("train-*"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import torch
 
 from presets import PRESETS, preset
 from model import ConvLarge, Dropout, WeightNormMeanOnlyBN
-from data import BatchStream, augment, balanced_split
+from batches import BatchStream, augment
+from data import balanced_split
 from runs import UserError
 from training import Stage, consistency_loss, ema_update, learning_rate, sigmoid_rampup
 

@@ -1,0 +1,192 @@
+"""Scale benchmark: a synthetic folder of many small JPEGs (noise plus shapes, made with PIL) through
+the decode cache, a training step and prediction, each in its own process, with its time and peak
+memory. The numbers go into docs/scale.md; they are not a test.
+
+    python bench_scale.py --images 1000000 --image-size 32 --root /data/scale --out docs/scale-1m-32px.json
+
+Measured, in order (each a fresh `python` process; peak RSS from the kernel's accounting of that
+process, peak private memory (RssAnon) sampled every 0.1 s):
+  imports        python -c "import data, batches, training, model"
+  first decode   load_dataset on an empty cache (MTLC_CACHE_DIR points at a fresh folder)
+  second start   the same with the cache in place (start-up, imports excluded, printed by the child)
+  training       train_mt.py --benchmark N on the folder (stats over every image, then N steps)
+  decode alone   find and decode every unlabeled file, batch after batch, nothing else
+  predict        evaluate.py --predict <folder>/unlabeled --csv (a checkpoint trained for one epoch on
+                 a small companion folder of the same classes and size)
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import click
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+CLASSES = 10
+LABELED_PER_CLASS, TEST_PER_CLASS, PER_FOLDER = 20, 10, 1000
+
+
+def draw(args):
+    """JPEGs of noise plus a shape whose kind and colour follow the class, one folder's worth."""
+    from PIL import Image, ImageDraw
+    folder, names, classes, size, seed = args
+    rng = np.random.default_rng(seed)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, c in zip(names, classes):
+        img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+        pen = ImageDraw.Draw(img)
+        box = sorted(rng.integers(0, size, 2)) + sorted(rng.integers(0, size, 2))
+        box = [box[0], box[2], max(box[1], box[0] + 2), max(box[3], box[2] + 2)]
+        colour = tuple(int(v) for v in (40 + 20 * c, 255 - 20 * c, 128 + 12 * (c % 5)))
+        (pen.ellipse if c % 2 else pen.rectangle)(box, fill=colour)
+        img.save(Path(folder) / name, quality=90)
+
+
+def make_folder(folder, n_unlabeled, size):
+    """folder/labeled/c<k>/, folder/unlabeled/<shard of 1,000>/, folder/test/c<k>/ (skipped if there)."""
+    done = folder / "complete"
+    if done.exists():
+        return
+    jobs = []
+    for part, per_class in (("labeled", LABELED_PER_CLASS), ("test", TEST_PER_CLASS)):
+        for c in range(CLASSES):
+            jobs.append((folder / part / f"c{c}", [f"{i:04d}.jpg" for i in range(per_class)], [c] * per_class, size,
+                         hash((part, c)) % 2**32))
+    for start in range(0, n_unlabeled, PER_FOLDER):
+        count = min(PER_FOLDER, n_unlabeled - start)
+        jobs.append((folder / "unlabeled" / f"{start // PER_FOLDER:04d}", [f"{start + i:07d}.jpg" for i in range(count)],
+                     [(start + i) % CLASSES for i in range(count)], size, start))
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        for k, _ in enumerate(pool.map(draw, jobs)):
+            if k % 50 == 0:
+                print(f"  made {k}/{len(jobs)} folders of {folder}", file=sys.stderr, flush=True)
+    done.touch()
+
+
+def memory(pid):
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile") if k in fields}
+
+
+def measure(name, args, env=None):
+    """Run a command; its wall time, peak RSS (the kernel's ru_maxrss), peak RssAnon and RssFile
+    (sampled every 0.1 s) and the end of its stdout."""
+    start = time.perf_counter()
+    with open(os.devnull, "rb") as stdin, open("/tmp/bench_scale.out", "w+") as out, \
+            open("/tmp/bench_scale.err", "w+") as err:
+        proc = subprocess.Popen(args, cwd=ROOT, stdin=stdin, stdout=out, stderr=err, env=dict(os.environ, **(env or {})))
+        peaks, running = {"RssAnon": 0, "RssFile": 0}, [True]
+
+        def sample():
+            while running[0]:
+                try:
+                    for k, v in memory(proc.pid).items():
+                        peaks[k] = max(peaks[k], v)
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, which Popen.wait would not report
+        wall = time.perf_counter() - start
+        running[0] = False
+        sampler.join()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise click.ClickException(f"{name} failed ({os.waitstatus_to_exitcode(status)}): {stderr[-2000:]}")
+    record = dict(wall_s=round(wall, 2), peak_rss_mb=round(usage.ru_maxrss / 1024),
+                  peak_rss_anon_mb=round(peaks["RssAnon"] / 2**20), peak_rss_file_mb=round(peaks["RssFile"] / 2**20),
+                  stdout_tail=stdout.strip().splitlines()[-3:])
+    print(f"{name}: {json.dumps(record)}", file=sys.stderr, flush=True)
+    return record
+
+
+LOAD = """
+import sys, time, json, resource
+t = time.perf_counter()
+from data import load_dataset
+import batches, training, model
+imported = time.perf_counter()
+data = load_dataset("folder", sys.argv[1], image_size=int(sys.argv[2]), echo=lambda line: None)
+loaded = time.perf_counter()
+print(json.dumps(dict(imports_s=imported - t, load_s=loaded - imported, images=len(data.train_x) + len(data.test_x),
+                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+
+DECODE_ALONE = """
+import sys, time, json, resource
+from images import decode_batches, find_images
+t = time.perf_counter()
+paths = find_images(sys.argv[1])[0]
+n = sum(len(chunk) for chunk, _, _ in decode_batches(paths, int(sys.argv[2]), int(sys.argv[3])))
+print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n / (time.perf_counter() - t),
+                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+
+
+def last_json(record):
+    return json.loads(record["stdout_tail"][-1])
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--images", "n", type=click.IntRange(min=1000), default=200_000, help="Unlabeled images in the folder.")
+@click.option("--image-size", type=click.IntRange(min=16), default=64, help="Pixels square of the JPEGs and of training.")
+@click.option("--root", type=click.Path(file_okay=False), required=True,
+              help="Where the synthetic folders go (kept, and reused when there: making them takes minutes).")
+@click.option("--width", type=float, default=0.125, help="The network's width for the training step and predict.")
+@click.option("--steps", type=click.IntRange(min=1), default=20, help="Training steps timed (--benchmark).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="The JSON record written.")
+def main(n, image_size, root, width, steps, out):
+    """Make the folder, then time and weigh decoding, start-up, training and prediction on it."""
+    root = Path(root)
+    folder, small = root / f"{n}-{image_size}px", root / f"small-{image_size}px"
+    python = sys.executable
+    print(f"making {folder} (once)", file=sys.stderr)
+    make_folder(folder, n, image_size)
+    make_folder(small, 1000, image_size)
+    cache = root / f"cache-{n}-{image_size}px"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = dict(MTLC_CACHE_DIR=str(cache))
+    record = dict(images=n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS), unlabeled=n, image_size=image_size,
+                  decoded_gb=round((n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS)) * 3 * image_size ** 2 / 1e9, 2),
+                  width=width, cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
+                  .splitlines()[0].strip(), cores=os.cpu_count(),
+                  memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                  command=" ".join(sys.argv))
+    record["imports"] = measure("imports", [python, "-c", "import data, batches, training, model"])
+    record["first_decode"] = measure("first decode", [python, "-c", LOAD, folder, str(image_size)], env)
+    record["second_start"] = measure("second start", [python, "-c", LOAD, folder, str(image_size)], env)
+    record["training"] = measure("training", [python, "train_mt.py", "--dataset", "folder", "--data-dir", folder,
+                                              "--image-size", str(image_size), "--width", str(width), "--benchmark",
+                                              str(steps), "--device", "cpu"], env)
+    ckpt = root / f"ckpt-{image_size}px"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--data-dir", small, "--image-size",
+                           str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
+                           "--device", "cpu", "--out", ckpt], env)
+    record["decode_alone"] = measure("decode alone", [python, "-c", DECODE_ALONE, folder / "unlabeled",
+                                                      str(image_size), "256"])
+    csv = root / f"predictions-{n}-{image_size}px.csv"
+    record["predict"] = measure("predict", [python, "evaluate.py", "--ckpt", ckpt / "mt_final.pt", "--predict",
+                                            folder / "unlabeled", "--csv", csv, "--device", "cpu"], env)
+    record["predict"]["images_per_s"] = round(n / record["predict"]["wall_s"])
+    alone = last_json(record["decode_alone"])
+    record["decode_alone"]["images_per_s"] = round(n / record["decode_alone"]["wall_s"])
+    record["predict_vs_decode"] = round(record["decode_alone"]["wall_s"] / record["predict"]["wall_s"], 3)
+    record["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2**20)
+    assert alone["images"] == n
+    Path(out).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The memory-mapped decode cache at scale's rules, on small folders: the first decode holds one
+batch, not every image; a decode killed mid-write leaves no cache that looks valid; processes of a
+torchrun launch decode once and share the one mapped file; and training from the mapped images is
+bitwise training from the same images held in memory."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from PIL import Image
+
+import images
+import batches
+from batches import channel_stats
+from data import balanced_split, load_dataset
+from devices import Processes
+from fakedata import tiny_trainer, write_own_folder
+from training import Stage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quiet(line):
+    pass
+
+
+def write_tiny_pngs(folder, n, seed=0):
+    """n small PNGs (8 x 8, random colours) in folder/unlabeled, and a labeled/ with two classes."""
+    rng = np.random.default_rng(seed)
+    for part, count in (("unlabeled", n), ("labeled/a", 4), ("labeled/b", 4)):
+        (folder / part).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / part / f"{i:05d}.png")
+
+
+def run_python(code, *args, **kwargs):
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
+
+
+# Decodes n files (their content is never read: decode is replaced by one that returns a constant
+# image of size x size) in batches of 64 and prints the growth of the peak RSS in bytes.
+BOUNDED_DECODE = """
+import resource, sys, torch
+from pathlib import Path
+import images
+root, n, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+entries = images.scan_images(root)[0]
+images.DECODE_BATCH = 64
+images.decode = lambda path, s: torch.full((3, s, s), 7, dtype=torch.uint8)
+list(images.decode_batches([root / rel for rel, _, _ in entries[:128]], size, 64))  # warm the pool and the allocator
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+x, bad, written = images.load_images(root, entries, "train", size, lambda line: None)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+assert x.shape == (n, 3, size, size) and not bad and written > x.numel()
+print(after - before, x.numel())
+"""
+
+
+def test_the_first_decode_holds_one_batch_not_every_image(tmp_path):
+    """5,000 images of 3 x 200 x 200 are 600 MB decoded; decoding them in batches of 64 (7.7 MB) into
+    the cache must not raise the peak RSS by anything near that (measured: 36-132 MB, the allocator's
+    arenas and the pool's two batches in flight)."""
+    for i in range(5000):
+        (tmp_path / f"{i:05d}.png").touch()
+    res = run_python(BOUNDED_DECODE, tmp_path, 5000, 200)
+    assert res.returncode == 0, res.stderr
+    growth, total = map(int, res.stdout.split())
+    assert total == 5000 * 3 * 200 * 200
+    assert growth < total / 3, f"peak RSS grew by {growth / 2**20:.0f} MB decoding {total / 2**20:.0f} MB"
+
+
+# Decodes a folder slowly (each image waits 20 ms) until killed.
+SLOW_DECODE = """
+import sys, time
+import images
+from data import load_dataset
+images.DECODE_BATCH = 8
+original = images.decode
+images.decode = lambda path, size: time.sleep(0.02) or original(path, size)
+load_dataset("folder", sys.argv[1], echo=lambda line: None)
+"""
+
+
+def test_a_decode_killed_mid_write_leaves_no_cache_that_looks_valid(tmp_path):
+    write_tiny_pngs(tmp_path, 400)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, str(tmp_path)], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    cache = tmp_path / "mtlc-cache"
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(p.stat().st_size > 20 * 3072 for p in cache.glob(".train-*.tmp")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (partial,) = cache.glob(".train-*.tmp")  # the half-written images, under a hidden temporary name
+    assert partial.stat().st_size < 128 + 408 * 3072
+    assert not list(cache.glob("train-*"))  # no .u8, no .json: nothing that a later run could take for a cache
+    said = []
+    data = load_dataset("folder", tmp_path, echo=said.append)  # decodes again, in full
+    assert len(data.train_x) == 408 and any("cached the decoded images" in line for line in said)
+    expected = images.decode(tmp_path / "unlabeled" / "00399.png", 32)
+    assert torch.equal(data.train_x[-1], expected)
+
+
+def shared_worker(rank, world, init_file, folder, out_dir):
+    """One process of two: load the folder (rank 0 first), read every image, report memory."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        decoded = []
+        original = images.decode
+        images.decode = lambda path, size: decoded.append(path) or original(path, size)
+        batches.PASS_BYTES = 2 ** 22  # read in batches of 4 MiB
+
+        def status():
+            fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+            return {k: int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM")}
+
+        before = status()
+        data = Processes(rank, world).main_first(lambda: load_dataset("folder", folder, image_size=224, echo=quiet))
+        stats = batches.channel_stats(data.train_x)  # every image read, through the map
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(
+            decoded=len(decoded), nbytes=data.train_x.numel(), stats=[t.tolist() for t in stats],
+            peak_growth=status()["VmHWM"] - before["VmRSS"])))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_decode_once_and_share_one_mapped_copy(tmp_path):
+    """600 images at 224 px (90 MB): rank 0 decodes them into the cache; rank 1 decodes none, maps the
+    same file and reads every image (the same exact statistics) with its peak RSS growing by far
+    less than the images' size: it holds neither a copy nor, once read, their pages."""
+    folder = tmp_path / "d"
+    write_tiny_pngs(folder, 592)
+    mp.spawn(shared_worker, args=(2, tmp_path / "init", folder, tmp_path), nprocs=2)
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert first["nbytes"] == second["nbytes"] == 600 * 3 * 224 * 224
+    assert first["decoded"] == 600 and second["decoded"] == 0
+    assert first["stats"] == second["stats"]
+    assert second["peak_growth"] < second["nbytes"] / 3, second
+
+
+def test_training_from_the_mapped_images_is_bitwise_training_from_memory(tmp_path):
+    """The same steps (MT, then LC) from the memory-mapped cache and from a copy of its images in
+    memory: the same weights, bit for bit."""
+    write_own_folder(tmp_path, n_unlabeled=60)
+    mapped = load_dataset("folder", tmp_path, echo=quiet)
+    in_memory = load_dataset("folder", tmp_path, echo=quiet)
+    in_memory.train_x, in_memory.test_x = in_memory.train_x.clone(), in_memory.test_x.clone()
+    labeled, unlabeled = (mapped.train_y >= 0).nonzero().flatten(), (mapped.train_y < 0).nonzero().flatten()
+    mean, std = channel_stats(mapped.train_x)
+    config = dict(seed=1, labeled_batch=6, unlabeled_batch=12, dataset="folder", num_classes=3, width=0.0625,
+                  bn_momentum=0.02, mean=mean.tolist(), std=std.tolist(), precision="fp32")
+    weights = []
+    for data in (mapped, in_memory):
+        for name in ("mt", "lc"):
+            stage = Stage(name=name, epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
+                          eval_every=1, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0, lc_pairs="all")
+            trainer = tiny_trainer(data, labeled, unlabeled, config, stage)
+            for step in range(4):
+                trainer.train_step(step, *trainer.batches.views(step))
+            errors = trainer.errors()
+            weights.append((trainer.student.state_dict(), errors))
+    for (a, errors_a), (b, errors_b) in zip(weights[:2], weights[2:]):
+        assert errors_a == errors_b
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
