@@ -283,35 +283,59 @@ def in_order(x):
         mm.madvise(mmap.MADV_RANDOM)
 
 
-def write_decoded(f, paths, size, progress):
-    """Decode paths a batch at a time into the open binary file f, the readable images' rows one after
-    another; returns [(index in paths, reason)] of the files that failed."""
-    bad, done = [], 0
-    for chunk, x, failed in decode_batches(paths, size, DECODE_BATCH):
-        good = [i for i in range(len(chunk)) if i not in failed]
-        f.write(x[good].numpy().data if failed else x.numpy().data)
-        bad += [(done + i, reason) for i, reason in failed.items()]
-        done += len(chunk)
-        progress(len(chunk))
+def write_decoded(f, paths, size, progress, reused=None):
+    """The images of paths, decoded a batch at a time, written to the open binary file f, the readable
+    ones' rows one after another; returns [(index in paths, reason)] of the files that failed.
+    reused: (images, {index in paths: row of images}) of files an older cache already holds: copied,
+    not decoded."""
+    old, rows = reused or (None, {})
+    fresh = [i for i in range(len(paths)) if i not in rows]
+    stream = decode_batches([paths[i] for i in fresh], size, DECODE_BATCH)
+    decoded, taken = {}, 0  # images of the stream's current batch by index in paths (or the reason it failed)
+    bad, block, reported = [], [], 0
+    for i in range(len(paths)):
+        if i in rows:
+            image = old[rows[i]]
+        else:
+            if i not in decoded:
+                chunk, x, failed = next(stream)
+                decoded = {fresh[taken + k]: failed.get(k, x[k]) for k in range(len(chunk))}
+                taken += len(chunk)
+            image = decoded.pop(i)
+        if isinstance(image, str):
+            bad.append((i, image))
+        else:
+            block.append(image)
+        if len(block) == DECODE_BATCH or i == len(paths) - 1:
+            if block:
+                f.write(torch.stack(block).numpy().data)
+            progress(i + 1 - reported)
+            block, reported = [], i + 1
+            if old is not None:
+                release_pages(old)
     return bad
 
 
 class DecodeCache:
-    """Decoded images of one group of files (a folder's training or test images at one size) in two
-    files named `<group>-<size>px-<key>`, keyed by the files' relative paths, sizes and modification
-    times and the image size: `.u8`, a header that holds the full key, then the readable images'
-    uint8 rows (3, size, size) one after another; `.json`, the counts and the unreadable files.
+    """Decoded images of one group of files (a folder's training or test images at one size) in
+    three files named `<group>-<size>px-<key>`, keyed by the files' relative paths, sizes and
+    modification times and the image size: `.u8`, a header that holds the full key, then the
+    readable images' uint8 rows (3, size, size) one after another; `.files.json`, the file of each
+    row; `.json`, the counts and the unreadable files.
 
     Written while decoding, a batch at a time, to a temporary file renamed into place once complete;
     the .json comes last. A cache is used only if its .json and the .u8's header both hold the
     current key and the .u8 has the size they imply: a run killed mid-write leaves only a hidden
-    temporary file, never a cache that looks valid. Read memory-mapped (mapped_images)."""
+    temporary file, never a cache that looks valid. Read memory-mapped (mapped_images). When files
+    change (label.py moves some from unlabeled/ to labeled/), the new cache copies every image the
+    previous one holds for a file of the same name, size and modification time: only new or
+    changed files are decoded."""
 
     def __init__(self, folder, group, size, entries, echo):
         self.folder, self.group, self.size, self.entries, self.echo = Path(folder), group, size, entries, echo
         self.key = hashlib.sha256(json.dumps([CACHE_VERSION, size, entries]).encode()).hexdigest()
-        stem = f"{group}-{size}px-{self.key[:20]}"
-        self.path, self.meta = self.folder / f"{stem}.u8", self.folder / f"{stem}.json"
+        self.stem = f"{group}-{size}px-{self.key[:20]}"
+        self.path, self.meta = self.folder / f"{self.stem}.u8", self.folder / f"{self.stem}.json"
         self.header = f"mtlc decode cache {CACHE_VERSION} {self.key}\n".encode().ljust(HEADER_BYTES)
 
     def load(self):
@@ -319,33 +343,66 @@ class DecodeCache:
         if not self.meta.exists():
             return None
         try:
-            meta = json.loads(self.meta.read_text())
-            if meta["version"] != CACHE_VERSION or meta["key"] != self.key:
-                raise ValueError("made from other files")
-            bad, count = [tuple(b) for b in meta["bad"]], meta["images"]
-            with open(self.path, "rb") as f:
-                header, length = f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size
-            if header != self.header:
-                raise ValueError("its images were made from other files")
-            if count != len(self.entries) - len(bad) or length != HEADER_BYTES + count * 3 * self.size ** 2:
-                raise ValueError("wrong size")
-            return mapped_images(self.path, count, self.size, HEADER_BYTES), bad
+            return self.read(self.meta, self.entries)
         except Exception as exc:
             self.echo(f"cache {self.meta} is unusable ({type(exc).__name__}: {str(exc)[:100]}): decoding again")
             return None
 
-    def build(self, paths, progress):
+    def read(self, meta_path, entries=None):
+        """(images, bad) of the cache whose .json is meta_path, checked against its header and size
+        (and, given entries, against them: the current key)."""
+        meta = json.loads(meta_path.read_text())
+        if meta["version"] != CACHE_VERSION or (entries is not None and meta["key"] != self.key):
+            raise ValueError("made from other files")
+        bad, count = [tuple(b) for b in meta["bad"]], meta["images"]
+        path = meta_path.with_suffix(".u8")
+        with open(path, "rb") as f:
+            header, length = f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size
+        if header != f"mtlc decode cache {CACHE_VERSION} {meta['key']}\n".encode().ljust(HEADER_BYTES):
+            raise ValueError("its images were made from other files")
+        if (entries is not None and count != len(entries) - len(bad)) or length != HEADER_BYTES + count * 3 * self.size ** 2:
+            raise ValueError("wrong size")
+        return mapped_images(path, count, self.size, HEADER_BYTES), bad
+
+    def previous(self):
+        """(images, {index in paths: row}) of the files that this group's most recent other cache at
+        this size holds (same name, size and modification time), or None."""
+        metas = sorted((m for m in self.folder.glob(f"{self.group}-{self.size}px-*.json")
+                        if not m.name.endswith(".files.json") and m != self.meta), key=lambda m: m.stat().st_mtime)
+        if not metas:
+            return None
+        try:
+            old, _ = self.read(metas[-1])
+            held = json.loads(metas[-1].with_suffix(".files.json").read_text())
+            if len(held) != len(old):
+                return None
+        except Exception:  # any doubt about the old cache: decode everything
+            return None
+        rows = {(rel.rsplit("/", 1)[-1], size, mtime): r for r, (rel, size, mtime) in enumerate(held) if size >= 0}
+        found = {i: rows.get((rel.rsplit("/", 1)[-1], size, mtime)) for i, (rel, size, mtime) in enumerate(self.entries)}
+        return old, {i: r for i, r in found.items() if r is not None}
+
+    def build(self, root, paths, progress):
         """Decode paths into the cache; returns (images, bad, bytes written). Where the cache folder
         cannot be written (no permission) the images go to an unnamed temporary file instead, said in
         one line; a full disk or a file-size limit ends the run (WriteFailed)."""
+        reused = self.previous() if self.folder.is_dir() else None
+        n_reused = len(reused[1]) if reused else 0
+        if len(paths) - n_reused > 1000:
+            self.echo(f"decoding {len(paths) - n_reused:,} images of {root} (once: they are cached for the next runs)"
+                      + (f"; {n_reused:,} more are taken from the previous cache" if n_reused else ""))
+
         def write(f):
             f.write(self.header)
-            return write_decoded(f, paths, self.size, progress)
+            return write_decoded(f, paths, self.size, progress, reused)
 
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             failed = atomic_write(self.path, write)
             bad = [(self.entries[i][0], reason) for i, reason in failed]
+            unreadable = {i for i, _ in failed}
+            rows = [e for i, e in enumerate(self.entries) if i not in unreadable]
+            atomic_write(self.folder / f"{self.stem}.files.json", lambda f: f.write(json.dumps(rows).encode()))
             atomic_write(self.meta, lambda f: f.write(json.dumps(dict(
                 version=CACHE_VERSION, key=self.key, size=self.size, images=len(paths) - len(bad),
                 bad=[list(b) for b in bad])).encode()))
@@ -373,7 +430,7 @@ class DecodeCache:
         """Delete this group's caches of other files at this size, and temporary files that runs killed
         mid-write left behind (untouched for an hour: a running decode writes every few seconds)."""
         for old in self.folder.glob(f"{self.group}-{self.size}px-*"):
-            if old not in (self.path, self.meta):
+            if not old.name.startswith(self.stem + "."):
                 old.unlink(missing_ok=True)
         for tmp in self.folder.glob(f".{self.group}-{self.size}px-*.tmp"):
             with contextlib.suppress(OSError):
@@ -392,10 +449,8 @@ def load_images(root, entries, group, size, echo):
     if hit is not None:
         return (*hit, 0)
     paths = [os.path.join(root, rel) for rel, _, _ in entries]
-    if len(paths) > 1000:
-        echo(f"decoding {len(paths):,} images of {root} (once: they are cached for the next runs)")
     with tqdm(total=len(paths), desc=f"decoding {group}", unit="img", disable=None, leave=False) as bar:
-        return cache.build(paths, bar.update)
+        return cache.build(root, paths, bar.update)
 
 
 def describe_bad(bad, root, shown=5):

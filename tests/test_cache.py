@@ -171,3 +171,25 @@ def test_training_from_the_mapped_images_is_bitwise_training_from_memory(tmp_pat
         assert errors_a == errors_b
         for key in a:
             assert torch.equal(a[key], b[key]), key
+
+
+def test_after_label_moves_files_only_new_files_are_decoded(tmp_path, monkeypatch):
+    """label.py moves images from unlabeled/ to labeled/<class>/ (a rename: same name, size and
+    time): the next cache copies them from the previous one; only a new file is decoded, and the
+    images are bitwise those of a fresh decode."""
+    write_own_folder(tmp_path / "d")
+    load_dataset("folder", tmp_path / "d", echo=quiet)
+    for name in ("u0000.png", "u0003.png"):
+        os.rename(tmp_path / "d" / "unlabeled" / name, tmp_path / "d" / "labeled" / "cat" / name)
+    Image.new("RGB", (9, 7), (10, 200, 30)).save(tmp_path / "d" / "unlabeled" / "new.png")
+    decoded = []
+    original = images.decode
+    monkeypatch.setattr(images, "decode", lambda path, size: decoded.append(path) or original(path, size))
+    again = load_dataset("folder", tmp_path / "d", echo=quiet)
+    assert [Path(p).name for p in decoded] == ["new.png"]
+    assert sorted(p.name.split("-")[0] + "".join(p.suffixes[-2:]) for p in (tmp_path / "d" / "mtlc-cache").glob("train-*")) \
+        == ["train.files.json", "train.json", "train.u8"]  # the previous cache is gone
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "fresh"))
+    fresh = load_dataset("folder", tmp_path / "d", echo=quiet)
+    assert len(decoded) == 1 + len(fresh.train_x) + len(fresh.test_x)
+    assert again.files == fresh.files and torch.equal(again.train_x, fresh.train_x)

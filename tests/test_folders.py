@@ -129,8 +129,8 @@ def no_decoding(monkeypatch):
 def test_cache_hit_skips_decoding(tmp_path, monkeypatch):
     write_own_folder(tmp_path)
     first = load_dataset("folder", tmp_path, echo=quiet)
-    assert sorted(p.name.split("-")[0] + p.suffix for p in (tmp_path / "mtlc-cache").iterdir()) == [
-        "test.json", "test.u8", "train.json", "train.u8"]
+    assert sorted(p.name.split("-")[0] + "".join(p.suffixes[-2:]) for p in (tmp_path / "mtlc-cache").iterdir()) == [
+        "test.files.json", "test.json", "test.u8", "train.files.json", "train.json", "train.u8"]
     no_decoding(monkeypatch)
     second = load_dataset("folder", tmp_path, echo=quiet)
     assert torch.equal(first.train_x, second.train_x) and torch.equal(first.test_x, second.test_x)
@@ -144,7 +144,7 @@ def test_stale_cache_is_rebuilt(tmp_path):
     after = load_dataset("folder", tmp_path, echo=quiet)
     assert not torch.equal(before.train_x[0], after.train_x[0])
     assert (after.train_x[0, 0] == 255).all() and (after.train_x[0, 1:] == 0).all()
-    assert len(list((tmp_path / "mtlc-cache").glob("train-*"))) == 2  # the stale .u8 and .json are gone
+    assert len(list((tmp_path / "mtlc-cache").glob("train-*"))) == 3  # the stale .u8, .files.json and .json are gone
 
 
 def test_corrupted_cache_is_rebuilt(tmp_path):
@@ -167,8 +167,10 @@ def test_a_cache_of_other_files_is_never_used(tmp_path):
     for suffixes in ((".u8",), (".u8", ".json")):
         for part in ("train", "test"):
             for suffix in suffixes:
-                (b_cache,) = (tmp_path / "b" / "mtlc-cache").glob(f"{part}-*{suffix}")
-                (a_cache,) = (tmp_path / "a" / "mtlc-cache").glob(f"{part}-*{suffix}")
+                (b_cache,) = (p for p in (tmp_path / "b" / "mtlc-cache").glob(f"{part}-*") if p.suffixes[-1:] == [suffix]
+                              and not p.name.endswith(".files.json"))
+                (a_cache,) = (p for p in (tmp_path / "a" / "mtlc-cache").glob(f"{part}-*") if p.suffixes[-1:] == [suffix]
+                              and not p.name.endswith(".files.json"))
                 b_cache.write_bytes(a_cache.read_bytes())
         said = []
         again = load_dataset("folder", tmp_path / "b", echo=said.append)
