@@ -11,6 +11,7 @@ process, peak private memory (RssAnon) sampled every 0.1 s):
   second start   the same with the cache in place (start-up, imports excluded, printed by the child)
   training       train_mt.py --benchmark N on the folder (stats over every image, then N steps)
   decode alone   find and decode every unlabeled file, batch after batch, nothing else
+  model alone    the checkpoint's teacher over every image of the cache, nothing decoded
   predict        evaluate.py --predict <folder>/unlabeled --csv (a checkpoint trained for one epoch on
                  a small companion folder of the same classes and size)
 """
@@ -133,6 +134,23 @@ print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n 
 """
 
 
+MODEL_ALONE = """
+import sys, time, json, torch
+from data import load_dataset
+from predictions import outputs_of
+from runs import load_checkpoint, restore_models
+state = load_checkpoint(sys.argv[1])
+_, teacher = restore_models(state, torch.device("cpu"))
+data = load_dataset("folder", sys.argv[2], image_size=int(sys.argv[3]), echo=lambda line: None)
+mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+t = time.perf_counter()
+n = len(outputs_of(teacher, data.train_x[:int(sys.argv[4])], mean, std, torch.device("cpu"))[1])
+print(json.dumps(dict(images=n, images_per_s=n / (time.perf_counter() - t))))
+"""
+
+PARTS = ("imports", "first_decode", "second_start", "training", "decode_alone", "model_alone", "predict")
+
+
 def last_json(record):
     return json.loads(record["stdout_tail"][-1])
 
@@ -145,8 +163,19 @@ def last_json(record):
 @click.option("--width", type=float, default=0.125, help="The network's width for the training step and predict.")
 @click.option("--steps", type=click.IntRange(min=1), default=20, help="Training steps timed (--benchmark).")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="The JSON record written.")
-def main(n, image_size, root, width, steps, out):
+@click.option("--predict-images", type=click.IntRange(min=1000), default=None,
+              help="Predict the first this many unlabeled images (whole folders of 1,000) instead of all: at 96 px the "
+                   "network runs at a few hundred images/s on a CPU. [default: all]")
+@click.option("--model-images", type=click.IntRange(min=1000), default=50_000,
+              help="Images the model-alone rate is measured on (the first of the cache).")
+@click.option("--parts", default=",".join(PARTS),
+              help="The measurements to run, comma-separated; those left out keep their values from --out if it exists.")
+def main(n, image_size, root, width, steps, out, predict_images, model_images, parts):
     """Make the folder, then time and weigh decoding, start-up, training and prediction on it."""
+    parts = parts.split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(PARTS)}", param_hint="--parts")
     root = Path(root)
     folder, small = root / f"{n}-{image_size}px", root / f"small-{image_size}px"
     python = sys.executable
@@ -154,36 +183,53 @@ def main(n, image_size, root, width, steps, out):
     make_folder(folder, n, image_size)
     make_folder(small, 1000, image_size)
     cache = root / f"cache-{n}-{image_size}px"
-    shutil.rmtree(cache, ignore_errors=True)
+    if "first_decode" in parts:
+        shutil.rmtree(cache, ignore_errors=True)
     env = dict(MTLC_CACHE_DIR=str(cache))
-    record = dict(images=n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS), unlabeled=n, image_size=image_size,
+    record = json.loads(Path(out).read_text()) if Path(out).exists() and len(parts) < len(PARTS) else {}
+    record.update(images=n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS), unlabeled=n, image_size=image_size,
                   decoded_gb=round((n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS)) * 3 * image_size ** 2 / 1e9, 2),
                   width=width, cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
                   .splitlines()[0].strip(), cores=os.cpu_count(),
                   memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
                   command=" ".join(sys.argv))
-    record["imports"] = measure("imports", [python, "-c", "import data, batches, training, model"])
-    record["first_decode"] = measure("first decode", [python, "-c", LOAD, folder, str(image_size)], env)
-    record["second_start"] = measure("second start", [python, "-c", LOAD, folder, str(image_size)], env)
-    record["training"] = measure("training", [python, "train_mt.py", "--dataset", "folder", "--data-dir", folder,
-                                              "--image-size", str(image_size), "--width", str(width), "--benchmark",
-                                              str(steps), "--device", "cpu"], env)
     ckpt = root / f"ckpt-{image_size}px"
-    shutil.rmtree(ckpt, ignore_errors=True)
-    measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--data-dir", small, "--image-size",
-                           str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
-                           "--device", "cpu", "--out", ckpt], env)
-    record["decode_alone"] = measure("decode alone", [python, "-c", DECODE_ALONE, folder / "unlabeled",
-                                                      str(image_size), "256"])
-    csv = root / f"predictions-{n}-{image_size}px.csv"
-    record["predict"] = measure("predict", [python, "evaluate.py", "--ckpt", ckpt / "mt_final.pt", "--predict",
-                                            folder / "unlabeled", "--csv", csv, "--device", "cpu"], env)
-    record["predict"]["images_per_s"] = round(n / record["predict"]["wall_s"])
-    alone = last_json(record["decode_alone"])
-    record["decode_alone"]["images_per_s"] = round(n / record["decode_alone"]["wall_s"])
-    record["predict_vs_decode"] = round(record["decode_alone"]["wall_s"] / record["predict"]["wall_s"], 3)
+    n_predicted = min(n, predict_images or n)
+    predicted = ([folder / "unlabeled"] if n_predicted == n else
+                 [folder / "unlabeled" / f"{k:04d}" for k in range(-(-n_predicted // PER_FOLDER))])
+    commands = dict(
+        imports=[python, "-c", "import data, batches, training, model"],
+        first_decode=[python, "-c", LOAD, folder, str(image_size)],
+        second_start=[python, "-c", LOAD, folder, str(image_size)],
+        training=[python, "train_mt.py", "--dataset", "folder", "--data-dir", folder, "--image-size", str(image_size),
+                  "--width", str(width), "--benchmark", str(steps), "--device", "cpu"],
+        decode_alone=[python, "-c", DECODE_ALONE, folder / "unlabeled", str(image_size), "256"],
+        model_alone=[python, "-c", MODEL_ALONE, ckpt / "mt_final.pt", folder, str(image_size), str(model_images)],
+        predict=[python, "evaluate.py", "--ckpt", ckpt / "mt_final.pt", "--predict", *predicted, "--csv",
+                 root / f"predictions-{n}-{image_size}px.csv", "--device", "cpu"])
+    for part in PARTS:
+        if part not in parts:
+            continue
+        if part in ("model_alone", "predict") and not (ckpt / "mt_final.pt").exists():
+            measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--data-dir", small, "--image-size",
+                                   str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
+                                   "--device", "cpu", "--out", ckpt], env)
+        record[part] = measure(part.replace("_", " "), commands[part], env)
+        if part == "decode_alone":
+            record[part]["images_per_s"] = round(n / record[part]["wall_s"])
+        if part == "predict":
+            record[part].update(images=n_predicted, images_per_s=round(n_predicted / record[part]["wall_s"]))
+        if part == "model_alone":
+            record[part]["images_per_s"] = round(last_json(record[part])["images_per_s"])
+        if part == "decode_alone":
+            assert last_json(record[part])["images"] == n
+    if "decode_alone" in record and "predict" in record:
+        record["predict_vs_decode"] = round(record["predict"]["images_per_s"] / record["decode_alone"]["images_per_s"], 3)
+    if "decode_alone" in record and "model_alone" in record:
+        # On shared cores decoding and the network take turns: the best predict can do is the rate of both in series.
+        both = 1 / (1 / record["decode_alone"]["images_per_s"] + 1 / record["model_alone"]["images_per_s"])
+        record["decode_and_model_in_series_per_s"] = round(both)
     record["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2**20)
-    assert alone["images"] == n
     Path(out).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
 

@@ -45,8 +45,10 @@ class BadImage(Exception):
     """A file that cannot be decoded as an image; the message says why."""
 
 
-def is_image_name(path):
-    return os.path.splitext(path)[1].lower() in IMAGE_EXTENSIONS
+def is_image_name(name):
+    """Whether a file name has the extension of a format PIL opens ('.png' alone is a hidden file)."""
+    dot = name.rfind(".")
+    return dot > 0 and name[dot:].lower() in IMAGE_EXTENSIONS
 
 
 def is_hidden(name):
@@ -58,42 +60,48 @@ def is_hidden(name):
 
 def scan_images(root):
     """The image files under root (by extension, any nesting) as [(path relative to root, size in
-    bytes, modification time in ns)]: what a decode cache is keyed by. Sorted as paths compare (part
-    by part); hidden files and folders (is_hidden) are left out; symbolic links are followed, a
-    folder reached twice (a link loop) is walked once, under its first name in sorted order; a file
-    that cannot be stat-ed (a broken link) gets size and time -1. One os.scandir per folder and one
-    stat per file, no Path objects: a second start-up on 60,000 files costs a fraction of a second.
-    Returns (entries, number of other files, number of hidden files and folders left out)."""
+    bytes, modification time in ns)]: what a decode cache is keyed by. In the order sorted paths
+    have (part by part); hidden files and folders (is_hidden) are left out; symbolic links are
+    followed, a folder reached twice (a link loop) is walked once, under its first name in that
+    order; a file that cannot be stat-ed (a broken link) gets size and time -1. One os.scandir per
+    folder and one stat per file, no Path objects: a second start-up on 60,000 files costs a
+    fraction of a second. Returns (entries, number of other files, number of hidden files and
+    folders left out)."""
     found, others, hidden, seen = [], 0, 0, set()
-    stack = [(os.fspath(root), "")]
-    while stack:  # depth first, folders in sorted order (os.walk's order, without its recursion limit)
-        folder, prefix = stack.pop()
+    # Depth first, each folder's files and subfolders merged by name: the order of sorted paths
+    # (a subfolder "b" comes before a file "b.png"), with no sort of the whole list.
+    stack = [(os.fspath(root), "", None)]
+    while stack:
+        path, rel, stat = stack.pop()
+        if stat is not None:
+            found.append((rel, *stat))
+            continue
         try:
-            st = os.stat(folder)
+            st = os.stat(path)
             if (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
-            with os.scandir(folder) as listing:
+            with os.scandir(path) as listing:
                 entries = list(listing)
         except OSError:
             continue
-        folders = []
+        children = []
         for entry in entries:
             name = entry.name
             if is_hidden(name):
                 hidden += 1
             elif is_folder(entry):
-                folders.append(name)
+                children.append((name, (entry.path, f"{rel}{name}/", None)))
             elif not is_image_name(name):
                 others += 1
             else:
                 try:
                     st = entry.stat()
-                    found.append((prefix + name, st.st_size, st.st_mtime_ns))
+                    children.append((name, (None, rel + name, (st.st_size, st.st_mtime_ns))))
                 except OSError:
-                    found.append((prefix + name, -1, -1))
-        stack += [(os.path.join(folder, d), f"{prefix}{d}/") for d in sorted(folders, reverse=True)]
-    found.sort(key=lambda e: e[0].split("/"))
+                    children.append((name, (None, rel + name, (-1, -1))))
+        children.sort(reverse=True)
+        stack += [child for _, child in children]
     return found, others, hidden
 
 
