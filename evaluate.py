@@ -547,7 +547,7 @@ def describe_acceptance(n_accepted, n, max_error, found, cal):
 @click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
               help="With --review: at most this many images per predicted class on the page, the least confident.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256,
-              help="Images decoded and classified at a time by --predict (its memory bound).")
+              help="Images classified at a time by --predict, the next batch decoding meanwhile (its memory bound: two batches).")
 @click.option("--confusion", type=click.Path(dir_okay=False), default=None,
               help="PNG of the first checkpoint's confusion matrix on the test set (counts; shading by the share "
                    "of the true class).")

@@ -22,6 +22,7 @@ from batches import channel_stats
 from data import balanced_split, load_dataset
 from devices import Processes
 from fakedata import tiny_trainer, write_own_folder
+from runs import UserError
 from training import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +145,35 @@ def test_two_processes_decode_once_and_share_one_mapped_copy(tmp_path):
     assert first["decoded"] == 600 and second["decoded"] == 0
     assert first["stats"] == second["stats"]
     assert second["peak_growth"] < second["nbytes"] / 3, second
+
+
+def failing_worker(rank, world, init_file, out_dir):
+    """Rank 0's load fails on bad input (exit 2); what does each rank end with?"""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    calls = []
+
+    def work():
+        calls.append(rank)
+        raise UserError("no images here")
+    try:
+        Processes(rank, world).main_first(work)
+        outcome = "returned"
+    except UserError:
+        outcome = "UserError"
+    except SystemExit as exc:
+        outcome = f"SystemExit {exc.code}"
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(outcome=outcome, calls=calls)))
+
+
+def test_when_the_main_process_fails_the_others_exit_with_its_code(tmp_path):
+    """No process waits forever for a cache that will not come: rank 1 never runs the work and exits
+    with rank 0's exit code (rank 0 prints the message)."""
+    mp.spawn(failing_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert first == dict(outcome="UserError", calls=[0])
+    assert second == dict(outcome="SystemExit 2", calls=[])
 
 
 def test_training_from_the_mapped_images_is_bitwise_training_from_memory(tmp_path):
