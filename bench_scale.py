@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -79,8 +80,7 @@ def measure(name, args, env=None):
     """Run a command; its wall time, peak RSS (the kernel's ru_maxrss), peak RssAnon and RssFile
     (sampled every 0.1 s) and the end of its stdout."""
     start = time.perf_counter()
-    with open(os.devnull, "rb") as stdin, open("/tmp/bench_scale.out", "w+") as out, \
-            open("/tmp/bench_scale.err", "w+") as err:
+    with open(os.devnull, "rb") as stdin, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(args, cwd=ROOT, stdin=stdin, stdout=out, stderr=err, env=dict(os.environ, **(env or {})))
         peaks, running = {"RssAnon": 0, "RssFile": 0}, [True]
 
