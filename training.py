@@ -115,6 +115,14 @@ BN_IMAGES = 2560
 COLLAPSE_FRACTION = 0.01
 
 
+# Stage 2 clips the gradient's norm at this. With a large lambda2 LC's pull can make SGD overshoot
+# and diverge within a few steps (measured: norms 2 -> 26 -> 172 -> 4e7 -> NaN, eps 50 and lambda2 20
+# on a network at chance level); normal steps stay far below it (at most 1.8 over digits' 500 LC
+# steps, 2.7 over a CIFAR-10 folder's first 200), and a clip that does not act multiplies by exactly
+# 1, so those runs are bitwise unchanged.
+LC_MAX_GRAD_NORM = 10.0
+
+
 def feature_spread(z):
     return z.detach().float().std(0).mean()
 
@@ -205,6 +213,8 @@ class Trainer:
         self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.stage.name == "lc":
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), LC_MAX_GRAD_NORM)
         self.optimizer.step()
         ema_update(self.teacher, self.student, self.stage.ema)
         if self.procs.world > 1:
