@@ -1,7 +1,8 @@
 """The memory-mapped decode cache at scale's rules, on small folders: the first decode holds one
 batch, not every image; a decode killed mid-write leaves no cache that looks valid; processes of a
-torchrun launch decode once and share the one mapped file; and training from the mapped images is
-bitwise training from the same images held in memory."""
+torchrun launch decode once and share the one mapped file (and none waits forever for a main
+process that failed); training from the mapped images is bitwise training from the same images held
+in memory; and after label.py's moves only new files are decoded."""
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from PIL import Image
 import images
 import batches
 from batches import channel_stats
-from data import balanced_split, load_dataset
+from data import load_dataset
 from devices import Processes
 from fakedata import tiny_trainer, write_own_folder
 from runs import UserError
