@@ -178,27 +178,26 @@ def in_part(part, scanned):
 
 class Files(NamedTuple):
     """The image files of one or more parts of a folder, in order."""
-    entries: list        # [(path relative to the folder, size, modification time)] (images.scan_images)
+    entries: list        # [(path relative to the folder (labeled/cat/1.jpg), size, modification time)]
     labels: torch.Tensor  # their classes' indices; -1 in unlabeled/
-    names: list          # their paths relative to the folder (labeled/cat/1.jpg)
 
 
 def listed(groups, classes):
     """Files of the groups [{class: entries}] (unlabeled/: {None: entries}), in order."""
     pairs = [(e, -1 if c is None else classes.index(c)) for group in groups for c, es in group.items() for e in es]
-    entries = [e for e, _ in pairs]
-    return Files(entries, torch.tensor([c for _, c in pairs], dtype=torch.long), [e[0] for e in entries])
+    return Files([e for e, _ in pairs], torch.tensor([c for _, c in pairs], dtype=torch.long))
 
 
 def read_files(data_dir, files, group, size, echo):
-    """(uint8 images (memory-mapped), labels, names) of the readable files, through the decode
-    cache, [(name, reason)] of the others, bytes written to the cache."""
+    """(uint8 images (memory-mapped), labels, names relative to data_dir) of the readable files,
+    through the decode cache, [(name, reason)] of the others, bytes written to the cache."""
     x, bad, written = load_images(data_dir, files.entries, group, size, echo)
+    names = [rel for rel, _, _ in files.entries]
     if not bad:
-        return (x, files.labels, files.names), bad, written
+        return (x, files.labels, names), bad, written
     unreadable = {name for name, _ in bad}
-    good = [i for i, name in enumerate(files.names) if name not in unreadable]
-    return (x, files.labels[good], [files.names[i] for i in good]), bad, written
+    good = [i for i, name in enumerate(names) if name not in unreadable]
+    return (x, files.labels[good], [names[i] for i in good]), bad, written
 
 
 def is_own_layout(data_dir):
