@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from images import cache_dir, describe_bad, describe_hidden, is_hidden, is_image_name, load_images, scan_images
+from images import (cache_dir, content_fingerprint, describe_bad, describe_hidden, is_hidden, is_image_name,
+                    load_images, scan_images)
 from presets import DATASETS
 from runs import UserError, checkpoint_split
 
@@ -27,6 +28,7 @@ class ImageData:
     test_y: torch.Tensor
     classes: list
     files: dict = None     # image folders: {"train": [...], "test": [...]} paths relative to the folder
+    contents: dict = None  # image folders: {"train": ..., "test": ...} which names hold which bytes (a hash)
     skipped: list = field(default_factory=list)  # [(relative path, reason)] left out by --skip-bad-images
 
     @property
@@ -107,18 +109,45 @@ def load_cifar10(data_dir, echo=click.echo):
     def read(names):
         xs, ys = [], []
         for name in names:
-            try:
-                with open(data_dir / name, "rb") as f:
-                    batch = pickle.load(f, encoding="bytes")
-                xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-                ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
-            except Exception as exc:
-                raise UserError(f"cannot read {data_dir / name}: {type(exc).__name__}: {exc}") from None
+            x, y = read_cifar10_batch(data_dir / name)
+            xs.append(x)
+            ys.append(y)
         return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
     train_x, train_y = read(CIFAR10_FILES[:5])
     test_x, test_y = read(CIFAR10_FILES[5:])
     return ImageData(train_x, train_y, test_x, test_y, CIFAR10_CLASSES)
+
+
+class CifarUnpickler(pickle.Unpickler):
+    """Unpickles what CIFAR-10's python batches hold (dicts, lists, bytes, str, int and numpy
+    arrays) and nothing else: a pickle names the functions it calls, and a crafted batch file could
+    name any (a pickle.load of it runs code)."""
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it asks to call {module}.{name}, which a CIFAR-10 batch never holds "
+                                         f"(refused: unpickling it could run code)")
+        return super().find_class(module, name)
+
+
+def read_cifar10_batch(path):
+    """(uint8 images (n, 3, 32, 32), int64 labels (n,)) of one of CIFAR-10's python batch files,
+    read with CifarUnpickler and checked; exit 2 naming the file for anything else."""
+    try:
+        with open(path, "rb") as f:
+            batch = CifarUnpickler(f, encoding="bytes").load()
+        data, labels = batch[b"data"], batch[b"labels"]
+        if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072):
+            raise ValueError("its data is not a uint8 array of 3,072 values per image")
+        labels = np.asarray(labels)
+        if labels.dtype.kind not in "iu" or labels.shape != (len(data),) or not ((labels >= 0) & (labels < 10)).all():
+            raise ValueError("its labels are not one class 0-9 per image")
+    except Exception as exc:
+        raise UserError(f"cannot read {path} as a CIFAR-10 batch: {type(exc).__name__}: {str(exc)[:200]}") from None
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
 def load_digits(image_size=32):
@@ -173,12 +202,12 @@ def class_images(root, required=True):
 def in_part(part, scanned):
     """scan_images of data_dir/part with the paths made relative to data_dir."""
     entries, others, hidden = scanned
-    return [(f"{part}/{rel}", size, mtime) for rel, size, mtime in entries], others, hidden
+    return [(f"{part}/{rel}", *stamp) for rel, *stamp in entries], others, hidden
 
 
 class Files(NamedTuple):
     """The image files of one or more parts of a folder, in order."""
-    entries: list        # [(path relative to the folder (labeled/cat/1.jpg), size, modification time)]
+    entries: list        # [(path relative to the folder (labeled/cat/1.jpg), size, modification and change time)]
     labels: torch.Tensor  # their classes' indices; -1 in unlabeled/
 
 
@@ -189,15 +218,16 @@ def listed(groups, classes):
 
 
 def read_files(data_dir, files, group, size, echo):
-    """(uint8 images (memory-mapped), labels, names relative to data_dir) of the readable files,
-    through the decode cache, [(name, reason)] of the others, bytes written to the cache."""
-    x, bad, written = load_images(data_dir, files.entries, group, size, echo)
-    names = [rel for rel, _, _ in files.entries]
+    """(uint8 images (memory-mapped), labels, names relative to data_dir, content fingerprint) of
+    the readable files, through the decode cache, [(name, reason)] of the others, bytes written to
+    the cache."""
+    x, bad, content, written = load_images(data_dir, files.entries, group, size, echo)
+    names = [entry[0] for entry in files.entries]
     if not bad:
-        return (x, files.labels, names), bad, written
+        return (x, files.labels, names, content), bad, written
     unreadable = {name for name, _ in bad}
     good = [i for i, name in enumerate(names) if name not in unreadable]
-    return (x, files.labels[good], [names[i] for i in good]), bad, written
+    return (x, files.labels[good], [names[i] for i in good], content), bad, written
 
 
 def is_own_layout(data_dir):
@@ -253,14 +283,15 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
     # One cache for the training images (labeled, then unlabeled), one for the test images: each a
     # single memory-mapped array, so training indexes one array and holds only its batches.
     groups = [train_groups] + [{None: unlabeled}] * own
-    (train_x, train_y, train_names), bad, written = read_files(data_dir, listed(groups, classes), "train",
-                                                               image_size, echo)
+    (train_x, train_y, train_names, train_content), bad, written = read_files(
+        data_dir, listed(groups, classes), "train", image_size, echo)
     if test_groups:
-        (test_x, test_y, test_names), bad_test, written_test = read_files(
+        (test_x, test_y, test_names, test_content), bad_test, written_test = read_files(
             data_dir, listed([test_groups], classes), "test", image_size, echo)
     else:
-        test_x, test_y, test_names, bad_test, written_test = (torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8),
-                                                              torch.zeros(0, dtype=torch.long), [], [], 0)
+        test_x, test_y, test_names, test_content, bad_test, written_test = (
+            torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), [],
+            content_fingerprint([], []), [], 0)
     if written + written_test:
         echo(f"cached the decoded images in {cache_dir(data_dir)} ({(written + written_test) / 2**20:.0f} MB; delete it "
              f"at will: it is rebuilt when needed)")
@@ -274,7 +305,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
     if missing:
         raise UserError(f"{where / missing[0]} holds no readable images")
     return ImageData(train_x, train_y, test_x, test_y, classes, files=dict(train=train_names, test=test_names),
-                     skipped=bad)
+                     contents=dict(train=train_content, test=test_content), skipped=bad)
 
 
 def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo):
@@ -375,7 +406,7 @@ def restore_data(state, data_dir=None, echo=click.echo):
     where = data_dir or config["data_dir"]
     data = load_dataset(config["dataset"], where, config.get("image_size", 32), config.get("skip_bad_images", False), echo)
     if config.get("files") is not None:
-        check_same_files(config["files"], data.files, where)
+        check_same_files(config["files"], data.files, where, config.get("contents"), data.contents)
     n_train = len(data.train_y)
     split = torch.cat(list(checkpoint_split(state).values()))
     if data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train:
@@ -394,10 +425,40 @@ def held_out(state, data):
     return data.train_x[val_idx], data.train_y[val_idx], "validation"
 
 
-def check_same_files(then, now, where):
-    """Exit 2 if the image files of a folder differ from those a checkpoint was trained on."""
-    for part in ("train", "test"):
+def restore_held_out(state, data_dir=None, echo=click.echo):
+    """held_out's images of a checkpoint, read from its folder (its own data_dir unless one is
+    given). An own-images folder's test/ is read alone and checked against the checkpoint's test
+    files, so that label.py's moves between unlabeled/ and labeled/ do not keep it from calibrating;
+    a --val hold-out (indices into the training files) needs the training files as they were. Exit
+    2 with the real reason where the held-out images cannot be had."""
+    config = state["config"]
+    where = Path(data_dir or config["data_dir"])
+    files = config.get("files")
+    if config["dataset"] != "folder" or not files or not files["test"] or not is_own_layout(where):
+        return held_out(state, restore_data(state, data_dir, echo))
+    groups, hidden = class_images(where / "test")
+    foreign = sorted(set(groups) - set(config["classes"]))
+    if foreign:
+        raise UserError(f"{where / 'test'} has class folders the checkpoint does not know: {', '.join(foreign)}")
+    (x, y, names, content), bad, _ = read_files(where, listed([groups], config["classes"]), "test",
+                                               config.get("image_size", 32), echo)
+    if bad and not config.get("skip_bad_images"):
+        raise UserError(describe_bad(bad, where))
+    check_same_files(files, dict(test=names), where, config.get("contents"), dict(test=content), parts=("test",))
+    return x, y, "test"
+
+
+def check_same_files(then, now, where, contents_then=None, contents_now=None, parts=("train", "test")):
+    """Exit 2 if the image files of a folder differ from those a checkpoint was trained on: their
+    names or, where the checkpoint holds their content fingerprint (runs since the decode cache
+    hashed each file's bytes), their bytes."""
+    for part in parts:
         if then[part] == now[part]:
+            if contents_then and contents_now and contents_then[part] != contents_now[part]:
+                raise UserError(f"the images in {where} changed since the checkpoint was trained: the same "
+                                f"{len(now[part]):,} {'test' if part == 'test' else 'training'} file names, but some "
+                                f"hold other bytes (an image edited or replaced); restore them, or train again from "
+                                f"stage 1")
             continue
         gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]))
         listing = "; ".join(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"

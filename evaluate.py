@@ -13,7 +13,6 @@ which to label next), the paper's results table, error curves and t-SNE pictures
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
     python evaluate.py --ckpt mt.pt --distances d2.png                 # where eps falls among the distances
 """
-import io
 import json
 import statistics
 import sys
@@ -23,12 +22,13 @@ import click
 import torch
 
 from batches import Batches, image_batches, normalize
-from data import restore_data, true_classes
+from data import held_out, restore_data, restore_held_out, true_classes
 from runs import UserError, atomic_write, checkpoint_split, load_checkpoint, read_metrics, restore_models
 from devices import pick_device
 from images import describe_hidden
 from neighbours import DISTANCE_IMAGES, PairDistances, auto_eps, lc_features
-from calibration import plot_coverage
+from calibration import CONFIDENCE_LEVEL, images_needed, plot_coverage
+from console import path_text, robust_streams
 from review import DEFAULT_PER_CLASS, write_review
 from predictions import held_out_calibration, image_paths, is_accepted, predict_files, suggest_rows, write_rows
 from training import predict_classes, test_error
@@ -357,8 +357,9 @@ def evaluate_checkpoint(path, state, data, student, teacher, device, pool_y=None
         for cls, r in per_class_errors(y, predicted, data.classes).items():
             per_class.setdefault(cls, dict(count=r["count"]))[f"{name}_error"] = r["error"]
     result["per_class"] = per_class
-    cal = held_out_calibration(state, data, teacher if model_name == "teacher" else student, device)
-    if cal:
+    x_held, y_held, source = held_out(state, data)
+    if len(y_held):
+        cal = held_out_calibration(state, x_held, y_held, source, teacher if model_name == "teacher" else student, device)
         result["calibration"] = dict(model=model_name, **cal.summary())
     if pool_y is not None:
         result["n_pool"] = len(pool_y)
@@ -391,29 +392,55 @@ def describe_result(result, state):
 
 def describe_calibration(summary):
     errors = summary["error_at_coverage"]
+    coverage = (f"error of the most confident 10% / 50% / all: {errors['10']:.1f}% / {errors['50']:.1f}% / "
+                f"{errors['100']:.1f}%")
+    if summary["uncalibrated"]:
+        return (f"confidences of the {summary['model']} are uncalibrated (the raw softmax): {summary['uncalibrated']}; "
+                f"on the {summary['n_held_out']:,} held-out {summary['held_out']} images the {coverage}")
     return (f"confidences of the {summary['model']} calibrated on {summary['n_held_out']:,} held-out "
             f"{summary['held_out']} images: temperature {summary['temperature']:.3f}, expected calibration error "
-            f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted); error of the most "
-            f"confident 10% / 50% / all: {errors['10']:.1f}% / {errors['50']:.1f}% / {errors['100']:.1f}%")
+            f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted); {coverage}")
 
 
 def calibrate(path, state, data_dir, model, model_name, device, echo):
-    """The Calibration of the model on the checkpoint's held-out images, or None (said once) where
-    there are none or its folder can no longer be read as it was trained."""
+    """(the Calibration of the model on the checkpoint's held-out images, None) or, said once, (None,
+    why there is none: no held-out images, or they cannot be read as they were trained)."""
     try:
-        data = restore_data(state, data_dir, echo=echo)
+        x, y, source = restore_held_out(state, data_dir, echo=echo)
     except UserError as e:
-        echo(f"confidences are uncalibrated (the raw softmax): the checkpoint's held-out images cannot be read: {e}")
-        return None, None
-    cal = held_out_calibration(state, data, model, device)
-    echo(describe_calibration(dict(model=model_name, **cal.summary())) if cal else
-         f"confidences are uncalibrated (the raw softmax): {path} has no held-out images (a test/ folder, or "
-         "train_mt.py --val N)")
-    return cal, data
+        why = f"the checkpoint's held-out images cannot be read: {e.message}"
+    else:
+        if len(y):
+            cal = held_out_calibration(state, x, y, source, model, device)
+            echo(describe_calibration(dict(model=model_name, **cal.summary())))
+            return cal, None
+        why = f"{path} has no held-out images (a test/ folder, or train_mt.py --val N)"
+    echo(f"confidences are uncalibrated (the raw softmax): {why}")
+    return None, why
 
 
-def predict(path, state, targets, model_name, csv_path, batch_size, device, data_dir, max_error, coverage, suggest_n,
-            seed, as_json, review, review_per_class):
+class Tally:
+    """The predictions that pass through it, counted once on a progress bar: rows, unreadable files
+    (each reported as it passes) and, with a threshold, accepted ones."""
+
+    def __init__(self, threshold, bar):
+        self.threshold, self.bar = threshold, bar
+        self.rows = self.failed = self.accepted = 0
+
+    def count(self, predictions):
+        for p in predictions:
+            self.rows += 1
+            self.bar.update()
+            if p.label is None:
+                self.failed += 1
+                self.bar.write(f"cannot read {p.path}: {p.confidence}", file=sys.stderr)
+            elif self.threshold is not None:
+                self.accepted += is_accepted(p, self.threshold)
+            yield p
+
+
+def predict(path, state, targets, *, model_name, csv_path, batch_size, device, data_dir, max_error, coverage,
+            suggest_n, seed, as_json, review, review_per_class):
     """--predict: one CSV row per image file under targets (or, with --suggest, one per image to label
     next), to csv_path or stdout. Returns the number of files that could not be read."""
     from tqdm import tqdm
@@ -427,57 +454,44 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device, data
     if not paths:
         raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
                         + (f" ({others} other files)" if others else ""))
-    cal, data = calibrate(path, state, data_dir, model, model_name, device, lambda m: click.echo(m, err=True))
+    cal, why = calibrate(path, state, data_dir, model, model_name, device, lambda m: click.echo(m, err=True))
     if cal is None and (max_error is not None or coverage):
-        raise UserError("--max-error and --coverage need held-out labeled images: a test/ folder beside labeled/ "
-                        "and unlabeled/, or train_mt.py --val N")
-    if data is None and suggest_n:
-        raise UserError("--suggest needs the checkpoint's labeled images, which cannot be read (see above)")
-    threshold = found = None
-    if max_error is not None:
-        found = cal.threshold(max_error)
-        threshold = found.confidence if found else float("inf")
+        raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: {why}")
+    found = cal.threshold(max_error) if max_error is not None else None
+    threshold = None if max_error is None else (found.confidence if found else float("inf"))
     summary = dict(checkpoint=str(path), model=model_name, **(cal.summary() if cal else dict(temperature=None)))
     if coverage:
         plot_coverage(cal, max_error, found, coverage,
                       f"{config['dataset']}, {method_name(state)} {model_name}: held-out {cal.source} images")
         click.echo(f"wrote {coverage}", err=True)
-    rows = predict_files(model, paths, config["classes"], config.get("image_size", 32), mean, std, device, batch_size,
-                         cal.temperature if cal else 1.0)
-    rows = tqdm(rows, total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
-
-    def on_bad(p, reason):
-        rows.write(f"cannot read {p}: {reason}", file=sys.stderr)
-
-    def reported(p, reason):  # the unreadable files were named as the predictions were collected
-        pass
-
-    extra = None
+    bar = tqdm(total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
+    tally = Tally(threshold, bar)
+    predictions = tally.count(predict_files(model, paths, config["classes"], config.get("image_size", 32), mean, std,
+                                            device, batch_size, cal.temperature if cal else 1.0))
+    rows, extra = predictions, None
     if suggest_n or review:  # every prediction first: the choice and the page need them all
-        predicted = [r if suggest_n else r._replace(features=None) for r in rows]
-        for r in predicted:
-            if r.label is None:
-                on_bad(r.path, r.confidence)
-        n, failed = len(predicted), sum(r.label is None for r in predicted)
-        accepted = sum(threshold is not None and is_accepted(r, threshold) for r in predicted)
+        predicted = [p if suggest_n else p._replace(features=None) for p in predictions]
         rows = predicted
     if suggest_n:
+        data = restore_data(state, data_dir, echo=lambda m: click.echo(m, err=True))
         rows, clusters = suggest_rows(predicted, state, data, model, device, suggest_n, seed)
         extra = [("cluster", clusters)]
-    counts = []
 
     def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
-        text = io.TextIOWrapper(binary_file, encoding="utf-8", newline="")
-        counts.extend(write_rows(text, rows, reported if suggest_n or review else on_bad, threshold, extra))
+        text = path_text(binary_file)
+        write_rows(text, rows, threshold, extra)
         text.flush()
         text.detach()  # leave the file to atomic_write
 
     if csv_path:
         atomic_write(csv_path, write_csv)
     elif not review:  # with --review and no --csv, the page is the output
-        counts.extend(write_rows(sys.stdout, rows, on_bad, threshold, extra))
-    if not (suggest_n or review):
-        n, failed, accepted = counts
+        write_rows(sys.stdout, rows, threshold, extra)
+    else:
+        for _ in rows:  # every prediction counted
+            pass
+    bar.close()
+    n, failed = tally.rows, tally.failed
     click.echo(f"predicted {n - failed:,} of {n:,} images with the {model_name} of {path}"
                + (f" ({others} files that are not images ignored)" if others else "")
                + (f"; {failed} could not be read (empty prediction)" if failed else "")
@@ -489,11 +503,12 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device, data
                                 title=f"Review: {', '.join(map(str, targets))}",
                                 summary=f"{n - failed:,} images predicted by the {model_name} of {path}"
                                         + (f"; {cal.source} images calibrated its confidences (temperature "
-                                           f"{cal.temperature:.2f})" if cal else "; confidences uncalibrated"))
+                                           f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
+                                           else "; confidences uncalibrated"))
         click.echo(f"wrote {review}: {shown:,} images shown", err=True)
     if max_error is not None:
-        click.echo(describe_acceptance(accepted, n - failed, max_error, found, cal), err=True)
-        summary.update(max_error=max_error, accepted=accepted, predicted=n - failed,
+        click.echo(describe_acceptance(tally.accepted, n - failed, max_error, found, cal), err=True)
+        summary.update(max_error=max_error, accepted=tally.accepted, predicted=n - failed,
                        threshold=found.confidence if found else None)
     if as_json:
         click.echo(json.dumps(summary))
@@ -501,13 +516,18 @@ def predict(path, state, targets, model_name, csv_path, batch_size, device, data
 
 
 def describe_acceptance(n_accepted, n, max_error, found, cal):
+    promise = (f"the promise holds at {CONFIDENCE_LEVEL:.0%} for images like the held-out ones (the search for the "
+               "threshold included); the unlabeled images were trained on, so the network is more confident on them "
+               "and their error at the same threshold can be higher")
     if found is None:
         return (f"0 of {n:,} accepted: no confidence threshold keeps the error of the held-out images above it at "
-                f"most {max_error:g}% with 95% confidence (from {cal.n:,} held-out {cal.source} images)")
+                f"most {max_error:g}% with {CONFIDENCE_LEVEL:.0%} confidence (from {cal.n:,} held-out {cal.source} "
+                f"images; fewer than about {images_needed(max_error, cal.n):,} held-out images at or above a threshold "
+                f"can never show it)")
     return (f"{n_accepted:,} of {n:,} accepted at an expected error of at most {max_error:g}% (threshold "
             f"{found.confidence:.4f}, from {cal.n:,} held-out images): {found.held_out:,} of the held-out "
             f"{cal.source} images are at or above it, {found.error:.1f}% of them wrong, at most {found.bound:.1f}% "
-            "with 95% confidence")
+            f"at the level of one test ({found.test_level:.2%}); {promise}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -546,6 +566,9 @@ def describe_acceptance(n_accepted, n, max_error, found, cal):
                    "Save button that downloads labels.csv for label.py. Without --csv, no CSV is written.")
 @click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
               help="With --review: at most this many images per predicted class on the page, the least confident.")
+@click.option("--skip-bad-images", is_flag=True,
+              help="With --predict: files that cannot be read still get a row with an empty prediction and a message "
+                   "on stderr, but the run exits 0 when they were its only trouble (without it: exit code 1).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256,
               help="Images classified at a time by --predict, the next batch decoding meanwhile (its memory bound: two batches).")
 @click.option("--confusion", type=click.Path(dir_okay=False), default=None,
@@ -578,10 +601,11 @@ def describe_acceptance(n_accepted, n, max_error, found, cal):
               help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, review,
-         review_per_class, batch_size, confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth,
+         review_per_class, skip_bad_images, batch_size, confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth,
          data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
+    robust_streams()
     if predict_paths:
         predict_paths += more_paths
     else:
@@ -597,8 +621,8 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
                         "--distances, --confusion, --pool-error): run evaluate.py again for those")
     if predict_paths and as_json and not csv_path:
         raise UserError("--predict with --json needs --csv: the JSON summary goes to stdout, the rows to the file")
-    if (max_error is not None or coverage or suggest_n or review) and not predict_paths:
-        raise UserError("--max-error, --coverage, --suggest and --review go with --predict")
+    if (max_error is not None or coverage or suggest_n or review or skip_bad_images) and not predict_paths:
+        raise UserError("--max-error, --coverage, --suggest, --review and --skip-bad-images go with --predict")
     if (table or tsne or distances or confusion) and not ckpts:
         raise UserError("--table, --tsne, --distances and --confusion need at least one --ckpt")
     if truth and not pool_error:
@@ -609,9 +633,11 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     device = pick_device(device)
     states = [load_checkpoint(path) for path in ckpts]  # every file checked before any work
     if predict_paths:
-        failed = predict(ckpts[0], states[0], predict_paths, model_name, csv_path, batch_size, device, data_dir,
-                         max_error, coverage, suggest_n, seed, as_json, review, review_per_class)
-        sys.exit(1 if failed else 0)
+        failed = predict(ckpts[0], states[0], predict_paths, model_name=model_name, csv_path=csv_path,
+                         batch_size=batch_size, device=device, data_dir=data_dir, max_error=max_error,
+                         coverage=coverage, suggest_n=suggest_n, seed=seed, as_json=as_json, review=review,
+                         review_per_class=review_per_class)
+        sys.exit(1 if failed and not skip_bad_images else 0)
     results = []
     for path, state in zip(ckpts, states):
         config = state["config"]

@@ -4,31 +4,40 @@ could not be read.
 """
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import json
 import mmap
 import os
+import stat
 import tempfile
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from runs import UserError, WriteFailed, atomic_write
 
 Image.init()
-# Every extension of a format PIL can open (not only save), lower case.
-IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN)
+# The formats a file is opened as, whatever its name says: Pillow picks its decoder by a file's
+# content, and some of its decoders run other programs (EPS and PostScript: Ghostscript). JPEG's
+# decoder also opens MPO, camera JPEGs that carry a second picture; DIB is BMP without its file header.
+FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
+# The extensions of those formats, lower case: .jpg .jpeg .mpo .png .bmp .gif .tif .tiff .webp .ppm .pgm ...
+IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
+READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
 # orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped
-# array of a folder's training (labeled, then unlabeled) or test images.
-CACHE_VERSION = 3
+# array of a folder's training (labeled, then unlabeled) or test images. 4: keyed by the change
+# time too; each row's file named with the hash of its bytes; only the allowed formats.
+CACHE_VERSION = 4
 # The .u8 cache file's header: its key, padded to one alignment-friendly block.
 HEADER_BYTES = 128
 # Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.
@@ -60,21 +69,23 @@ def is_hidden(name):
 
 def scan_images(root):
     """The image files under root (by extension, any nesting) as [(path relative to root, size in
-    bytes, modification time in ns)]: what a decode cache is keyed by. In the order sorted paths
-    have (part by part); hidden files and folders (is_hidden) are left out; symbolic links are
-    followed, a folder reached twice (a link loop) is walked once, under its first name in that
-    order; a file that cannot be stat-ed (a broken link) gets size and time -1. One os.scandir per
-    folder and one stat per file, no Path objects: a second start-up on 60,000 files costs a
-    fraction of a second. Returns (entries, number of other files, number of hidden files and
-    folders left out)."""
+    bytes, modification time in ns, change time in ns)]: what a decode cache is keyed by (the change
+    time, which no program can set back, tells an image edited in place whose size and modification
+    time were restored, `touch -r`). In the order sorted paths have (part by part); hidden files and
+    folders (is_hidden) are left out; what is not a regular file (a pipe, a socket, a device named
+    like an image) counts among the other files; symbolic links are followed, a folder reached twice
+    (a link loop) is walked once, under its first name in that order; a file that cannot be stat-ed
+    (a broken link) gets -1 for size and times. One os.scandir per folder and one stat per file, no
+    Path objects: a second start-up on 60,000 files costs a fraction of a second. Returns (entries,
+    number of other files, number of hidden files and folders left out)."""
     found, others, hidden, seen = [], 0, 0, set()
     # Depth first, each folder's files and subfolders merged by name: the order of sorted paths
     # (a subfolder "b" comes before a file "b.png"), with no sort of the whole list.
     stack = [(os.fspath(root), "", None)]
     while stack:
-        path, rel, stat = stack.pop()
-        if stat is not None:
-            found.append((rel, *stat))
+        path, rel, stamp = stack.pop()
+        if stamp is not None:
+            found.append((rel, *stamp))
             continue
         try:
             st = os.stat(path)
@@ -97,9 +108,13 @@ def scan_images(root):
             else:
                 try:
                     st = entry.stat()
-                    children.append((name, (None, rel + name, (st.st_size, st.st_mtime_ns))))
                 except OSError:
-                    children.append((name, (None, rel + name, (-1, -1))))
+                    children.append((name, (None, rel + name, (-1, -1, -1))))
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    children.append((name, (None, rel + name, (st.st_size, st.st_mtime_ns, st.st_ctime_ns))))
+                else:
+                    others += 1
         children.sort(reverse=True)
         stack += [child for _, child in children]
     return found, others, hidden
@@ -117,7 +132,7 @@ def find_images(root):
     """scan_images as paths: (sorted image paths under root, number of other files, number of hidden
     files and folders left out)."""
     entries, others, hidden = scan_images(root)
-    return [Path(root) / rel for rel, _, _ in entries], others, hidden
+    return [Path(root) / entry[0] for entry in entries], others, hidden
 
 
 def describe_hidden(count, where):
@@ -163,11 +178,40 @@ def as_seen(img):
     return img.convert("RGB")
 
 
-def open_as_seen(path, size):
-    """An image file opened as_seen, decoded at a reduced scale still at least size x size where the
-    format allows it (JPEG: faster). BadImage for an image over PIL's decompression-bomb limit
+def read_file(path):
+    """The bytes of an image file. BadImage for what is not a regular file (a pipe named like an
+    image would block a plain read forever; it is opened without waiting and refused) or cannot be
+    read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise BadImage(exc.strerror or type(exc).__name__) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadImage("not a regular file (a pipe, a socket or a device)")
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as exc:
+        raise BadImage(exc.strerror or type(exc).__name__) from None
+    finally:
+        os.close(fd)
+
+
+def file_digest(data):
+    """The hash of a file's bytes that names its row in the decode cache (BLAKE2b, 128 bits)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def open_as_seen(data, size):
+    """An image file's bytes opened as_seen, decoded at a reduced scale still at least size x size
+    where the format allows it (JPEG: faster). Only the FORMATS are tried, whatever the file's name.
+    BadImage for another format, or an image over PIL's decompression-bomb limit
     (Image.MAX_IMAGE_PIXELS), checked from the header before decoding."""
-    with Image.open(path) as img:
+    try:
+        img = Image.open(io.BytesIO(data), formats=FORMATS)
+    except UnidentifiedImageError:
+        raise BadImage(f"not an image in a format read here ({', '.join(READ_AS)})") from None
+    with img:
         if Image.MAX_IMAGE_PIXELS and img.width * img.height > Image.MAX_IMAGE_PIXELS:
             raise BadImage(f"too large to decode safely ({img.width} x {img.height} pixels, over PIL's "
                            f"limit of {Image.MAX_IMAGE_PIXELS:,})")
@@ -175,12 +219,13 @@ def open_as_seen(path, size):
         return as_seen(img)  # a converted copy: it outlives the file
 
 
-def decode(path, size):
-    """One image file as a uint8 (3, size, size) tensor: open_as_seen, then resized (bilinear) to size
-    x size. Training, the decode cache and predictions all read images through it. Raises BadImage
-    for anything that cannot be read, an image over PIL's decompression-bomb limit included."""
+def decode_bytes(data, size):
+    """An image file's bytes as a uint8 (3, size, size) tensor: open_as_seen, then resized
+    (bilinear) to size x size. Training, the decode cache and predictions all decode through it.
+    Raises BadImage for anything that cannot be read, an image over PIL's decompression-bomb limit
+    included."""
     try:
-        img = open_as_seen(path, size).resize((size, size), Image.BILINEAR)
+        img = open_as_seen(data, size).resize((size, size), Image.BILINEAR)
     except BadImage:
         raise
     except Image.DecompressionBombError as exc:
@@ -190,11 +235,17 @@ def decode(path, size):
     return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
+def decode(path, size):
+    """One image file as a uint8 (3, size, size) tensor (read_file, decode_bytes); BadImage where
+    it cannot be read."""
+    return decode_bytes(read_file(path), size)
+
+
 def thumbnail_jpeg(path, size, quality=70):
     """A small JPEG of an image file as a viewer shows it (as_seen, its aspect ratio kept, at most
     size x size), for the review page; None where the file cannot be read."""
     try:
-        img = open_as_seen(path, size)
+        img = open_as_seen(read_file(path), size)
         img.thumbnail((size, size), Image.BILINEAR)
         out = io.BytesIO()
         img.save(out, format="JPEG", quality=quality)
@@ -203,33 +254,56 @@ def thumbnail_jpeg(path, size, quality=70):
         return None
 
 
-def _decode_or_reason(path, size):
+def decode_or_reason(path, size):
+    """(image, None) or (None, why it cannot be read)."""
     try:
         return decode(path, size), None
     except BadImage as exc:
         return None, str(exc)
 
 
-def decode_batches(paths, size, batch_size, workers=None):
-    """Yield (paths, uint8 images (n, 3, size, size), {index in the batch: reason} for the files that
-    failed) for consecutive batches of paths. The next batch decodes on the pool's threads while the
-    caller works on this one: at most two batches are held. The images of failed files are zeros."""
-    workers = workers or os.cpu_count()
-    chunks = [paths[start:start + batch_size] for start in range(0, len(paths), batch_size)]
-    with ThreadPoolExecutor(workers) as pool:  # PIL releases the GIL while it decodes
-        pending = pool.map(_decode_or_reason, chunks[0], [size] * len(chunks[0])) if chunks else None
+def read_for_cache(path, size, known):
+    """(image, or the row of an older cache that holds a file with the same bytes (known: {digest:
+    row}), or None; None or why the file cannot be read; the digest of its bytes or None)."""
+    try:
+        data = read_file(path)
+    except BadImage as exc:
+        return None, str(exc), None
+    digest = file_digest(data)
+    if digest in known:
+        return known[digest], None, digest
+    try:
+        return decode_bytes(data, size), None, digest
+    except BadImage as exc:
+        return None, str(exc), digest
+
+
+def pooled(work, items, batch_size, workers=None):
+    """Yield (batch of items, [work(item) for each]) for consecutive batches; the next batch is
+    worked on by the pool's threads while the caller handles this one: at most two batches held."""
+    chunks = [items[start:start + batch_size] for start in range(0, len(items), batch_size)]
+    with ThreadPoolExecutor(workers or os.cpu_count()) as pool:  # PIL releases the GIL while it decodes
+        pending = pool.map(work, chunks[0]) if chunks else None
         for k, chunk in enumerate(chunks):
             results = list(pending)
             if k + 1 < len(chunks):
-                pending = pool.map(_decode_or_reason, chunks[k + 1], [size] * len(chunks[k + 1]))
-            out = torch.zeros(len(chunk), 3, size, size, dtype=torch.uint8)
-            failed = {}
-            for i, (img, reason) in enumerate(results):
-                if reason is None:
-                    out[i] = img
-                else:
-                    failed[i] = reason
-            yield chunk, out, failed
+                pending = pool.map(work, chunks[k + 1])
+            yield chunk, results
+
+
+def decode_batches(paths, size, batch_size, workers=None):
+    """Yield (paths, uint8 images (n, 3, size, size), {index in the batch: reason} for the files that
+    failed) for consecutive batches of paths, the next batch decoding meanwhile (pooled). The images
+    of failed files are zeros."""
+    for chunk, results in pooled(functools.partial(decode_or_reason, size=size), paths, batch_size, workers):
+        out = torch.zeros(len(chunk), 3, size, size, dtype=torch.uint8)
+        failed = {}
+        for i, (img, reason) in enumerate(results):
+            if reason is None:
+                out[i] = img
+            else:
+                failed[i] = reason
+        yield chunk, out, failed
 
 
 def cache_dir(data_dir):
@@ -291,28 +365,39 @@ def in_order(x):
         mm.madvise(mmap.MADV_RANDOM)
 
 
-def write_decoded(f, paths, size, progress, reused=None):
-    """The images of paths, decoded a batch at a time, written to the open binary file f, the readable
-    ones' rows one after another; returns [(index in paths, reason)] of the files that failed.
-    reused: (images, {index in paths: row of images}) of files an older cache already holds: copied,
-    not decoded."""
-    old, rows = reused or (None, {})
-    fresh = [i for i in range(len(paths)) if i not in rows]
-    stream = decode_batches([paths[i] for i in fresh], size, DECODE_BATCH)
-    decoded, taken = {}, 0  # images of the stream's current batch by index in paths (or the reason it failed)
-    bad, block, reported = [], [], 0
+class Previous(NamedTuple):
+    """What an older cache of the same files' group holds, for a new cache to copy instead of decode."""
+    images: torch.Tensor  # its rows, memory-mapped
+    same_file: dict       # {index in the new paths: (row, digest)}: the same path, size and times
+    by_digest: dict       # {digest of a file's bytes: row}
+
+
+def write_decoded(f, paths, size, progress, previous=None):
+    """The images of paths, a batch at a time, written to the open binary file f, the readable
+    ones' rows one after another. A file that `previous` (an older cache) holds under the same path,
+    size and times, or whose bytes have the digest of one of its rows, is copied from it; every other
+    file is decoded. Returns ([(index in paths, reason)] of the files that failed, the digest of each
+    file's bytes, None where it could not be read)."""
+    old, same_file, known = previous or (None, {}, {})
+    fresh = [i for i in range(len(paths)) if i not in same_file]
+    stream = pooled(functools.partial(read_for_cache, size=size, known=known), [paths[i] for i in fresh], DECODE_BATCH)
+    results, taken = {}, 0  # the stream's current batch by index in paths
+    bad, digests, block, reported = [], [None] * len(paths), [], 0
     for i in range(len(paths)):
-        if i in rows:
-            image = old[rows[i]]
+        if i in same_file:
+            row, digests[i] = same_file[i]
+            image = old[row]
         else:
-            if i not in decoded:
-                chunk, x, failed = next(stream)
-                decoded = {fresh[taken + k]: failed.get(k, x[k]) for k in range(len(chunk))}
+            if i not in results:
+                chunk, out = next(stream)
+                results = {fresh[taken + k]: r for k, r in enumerate(out)}
                 taken += len(chunk)
-            image = decoded.pop(i)
-        if isinstance(image, str):
-            bad.append((i, image))
-        else:
+            image, reason, digests[i] = results.pop(i)
+            if reason is not None:
+                bad.append((i, reason))
+            elif isinstance(image, int):
+                image = old[image]
+        if isinstance(image, torch.Tensor):  # None for a file that failed
             block.append(image)
         if len(block) == DECODE_BATCH or i == len(paths) - 1:
             if block:
@@ -321,23 +406,33 @@ def write_decoded(f, paths, size, progress, reused=None):
             block, reported = [], i + 1
             if old is not None:
                 release_pages(old)
-    return bad
+    return bad, digests
+
+
+def content_fingerprint(names, digests):
+    """One hash of which files hold which bytes: equal for two folders exactly when the same names
+    hold the same bytes, in the same order."""
+    return hashlib.sha256(json.dumps([[n, d] for n, d in zip(names, digests)]).encode()).hexdigest()
 
 
 class DecodeCache:
     """Decoded images of one group of files (a folder's training or test images at one size) in
-    three files named `<group>-<size>px-<key>`, keyed by the files' relative paths, sizes and
-    modification times and the image size: `.u8`, a header that holds the full key, then the
-    readable images' uint8 rows (3, size, size) one after another; `.files.json`, the file of each
-    row; `.json`, the counts and the unreadable files.
+    three files named `<group>-<size>px-<key>`, keyed by the files' relative paths, sizes,
+    modification and change times and the image size: `.u8`, a header that holds the full key, then
+    the readable images' uint8 rows (3, size, size) one after another; `.files.json`, the file of
+    each row (its path, size, times and the digest of its bytes); `.json`, the counts, the
+    unreadable files and the content fingerprint.
 
     Written while decoding, a batch at a time, to a temporary file renamed into place once complete;
     the .json comes last. A cache is used only if its .json and the .u8's header both hold the
     current key and the .u8 has the size they imply: a run killed mid-write leaves only a hidden
-    temporary file, never a cache that looks valid. Read memory-mapped (mapped_images). When files
-    change (label.py moves some from unlabeled/ to labeled/), the new cache copies every image the
-    previous one holds for a file of the same name, size and modification time: only new or
-    changed files are decoded."""
+    temporary file, never a cache that looks valid. Read memory-mapped (mapped_images).
+
+    When files change (label.py moves some from unlabeled/ to labeled/), the new cache copies a row
+    of the previous one only for the very same file: the same path, size and times, or the same
+    bytes (each other file is read and its digest looked up; identical bytes decode to identical
+    pixels). A file's name alone never selects a row: two folders' 000.bmp of one size and time are
+    two files."""
 
     def __init__(self, folder, group, size, entries, echo):
         self.folder, self.group, self.size, self.entries, self.echo = Path(folder), group, size, entries, echo
@@ -347,7 +442,8 @@ class DecodeCache:
         self.header = f"mtlc decode cache {CACHE_VERSION} {self.key}\n".encode().ljust(HEADER_BYTES)
 
     def load(self):
-        """(images, bad files as [(relative path, reason)]) or None when there is no usable cache."""
+        """(images, bad files as [(relative path, reason)], content fingerprint) or None when there
+        is no usable cache."""
         if not self.meta.exists():
             return None
         try:
@@ -357,8 +453,8 @@ class DecodeCache:
             return None
 
     def read(self, meta_path, entries=None):
-        """(images, bad) of the cache whose .json is meta_path, checked against its header and size
-        (and, given entries, against them: the current key)."""
+        """(images, bad, content fingerprint) of the cache whose .json is meta_path, checked against
+        its header and size (and, given entries, against them: the current key)."""
         meta = json.loads(meta_path.read_text())
         if meta["version"] != CACHE_VERSION or (entries is not None and meta["key"] != self.key):
             raise ValueError("made from other files")
@@ -370,50 +466,59 @@ class DecodeCache:
             raise ValueError("its images were made from other files")
         if (entries is not None and count != len(entries) - len(bad)) or length != HEADER_BYTES + count * 3 * self.size ** 2:
             raise ValueError("wrong size")
-        return mapped_images(path, count, self.size, HEADER_BYTES), bad
+        return mapped_images(path, count, self.size, HEADER_BYTES), bad, meta["content"]
 
     def previous(self):
-        """(images, {index in paths: row}) of the files that this group's most recent other cache at
-        this size holds (same name, size and modification time), or None."""
+        """A Previous: the rows of this group's most recent other cache at this size that hold the
+        very files of self.entries (same path, size and times) or files with known bytes; None
+        where there is no such cache or any doubt about it."""
         metas = sorted((m for m in self.folder.glob(f"{self.group}-{self.size}px-*.json")
                         if not m.name.endswith(".files.json") and m != self.meta), key=lambda m: m.stat().st_mtime)
         if not metas:
             return None
         try:
-            old, _ = self.read(metas[-1])
+            old, _, _ = self.read(metas[-1])
             held = json.loads(metas[-1].with_suffix(".files.json").read_text())
             if len(held) != len(old):
                 return None
+            by_file = {tuple(row[:4]): (r, row[4]) for r, row in enumerate(held)}
+            by_digest = {}
+            for r, row in enumerate(held):
+                by_digest.setdefault(row[4], r)
         except Exception:  # any doubt about the old cache: decode everything
             return None
-        rows = {(rel.rsplit("/", 1)[-1], size, mtime): r for r, (rel, size, mtime) in enumerate(held) if size >= 0}
-        found = {i: rows.get((rel.rsplit("/", 1)[-1], size, mtime)) for i, (rel, size, mtime) in enumerate(self.entries)}
-        return old, {i: r for i, r in found.items() if r is not None}
+        same_file = {i: by_file[tuple(e)] for i, e in enumerate(self.entries) if e[1] >= 0 and tuple(e) in by_file}
+        return Previous(old, same_file, by_digest)
 
     def build(self, root, paths, progress):
-        """Decode paths into the cache; returns (images, bad, bytes written). Where the cache folder
-        cannot be written (no permission) the images go to an unnamed temporary file instead, said in
-        one line; a full disk or a file-size limit ends the run (WriteFailed)."""
-        reused = self.previous() if self.folder.is_dir() else None
-        n_reused = len(reused[1]) if reused else 0
-        if len(paths) - n_reused > 1000:
-            self.echo(f"decoding {len(paths) - n_reused:,} images of {root} (once: they are cached for the next runs)"
-                      + (f"; {n_reused:,} more are taken from the previous cache" if n_reused else ""))
+        """Decode paths into the cache; returns (images, bad, content fingerprint, bytes written).
+        Where the cache folder cannot be written (no permission) the images go to an unnamed
+        temporary file instead, said in one line; a full disk or a file-size limit ends the run
+        (WriteFailed)."""
+        previous = self.previous() if self.folder.is_dir() else None
+        n_same = len(previous.same_file) if previous else 0
+        if len(paths) - n_same > 1000:
+            self.echo(f"decoding {len(paths) - n_same:,} images of {root} (once: they are cached for the next runs)"
+                      + (f"; {n_same:,} more are taken from the previous cache" if n_same else ""))
+        outcome = []
 
         def write(f):
             f.write(self.header)
-            return write_decoded(f, paths, self.size, progress, reused)
+            outcome.extend(write_decoded(f, paths, self.size, progress, previous))
 
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            failed = atomic_write(self.path, write)
-            bad = [(self.entries[i][0], reason) for i, reason in failed]
+            atomic_write(self.path, write)
+            failed, digests = outcome
             unreadable = {i for i, _ in failed}
-            rows = [e for i, e in enumerate(self.entries) if i not in unreadable]
+            bad = [(self.entries[i][0], reason) for i, reason in failed]
+            readable = [i for i in range(len(paths)) if i not in unreadable]
+            content = content_fingerprint([self.entries[i][0] for i in readable], [digests[i] for i in readable])
+            rows = [[*self.entries[i], digests[i]] for i in readable]
             atomic_write(self.folder / f"{self.stem}.files.json", lambda f: f.write(json.dumps(rows).encode()))
             atomic_write(self.meta, lambda f: f.write(json.dumps(dict(
-                version=CACHE_VERSION, key=self.key, size=self.size, images=len(paths) - len(bad),
-                bad=[list(b) for b in bad])).encode()))
+                version=CACHE_VERSION, key=self.key, size=self.size, images=len(readable),
+                bad=[list(b) for b in bad], content=content)).encode()))
         except (OSError, WriteFailed) as exc:
             if exc.errno in OUT_OF_SPACE:
                 raise (WriteFailed(self.path, exc) if isinstance(exc, OSError) else exc) from None
@@ -422,17 +527,21 @@ class DecodeCache:
                       f"decoded again next time (set MTLC_CACHE_DIR to cache elsewhere)")
             return (*self.unnamed(paths, progress), 0)
         self.remove_stale()
-        return mapped_images(self.path, len(paths) - len(bad), self.size, HEADER_BYTES), bad, self.path.stat().st_size
+        return mapped_images(self.path, len(readable), self.size, HEADER_BYTES), bad, content, self.path.stat().st_size
 
     def unnamed(self, paths, progress):
-        """(images, bad) decoded into an unnamed temporary file, deleted when the run ends."""
+        """(images, bad, content fingerprint) decoded into an unnamed temporary file, deleted when
+        the run ends."""
         try:
             f = tempfile.TemporaryFile()
-            failed = write_decoded(f, paths, self.size, progress)
+            failed, digests = write_decoded(f, paths, self.size, progress)
             f.flush()
         except OSError as exc:
             raise WriteFailed(Path(tempfile.gettempdir()) / "<temporary file>", exc) from None
-        return mapped_images(f, len(paths) - len(failed), self.size), [(self.entries[i][0], r) for i, r in failed]
+        unreadable = {i for i, _ in failed}
+        readable = [i for i in range(len(paths)) if i not in unreadable]
+        content = content_fingerprint([self.entries[i][0] for i in readable], [digests[i] for i in readable])
+        return mapped_images(f, len(readable), self.size), [(self.entries[i][0], r) for i, r in failed], content
 
     def remove_stale(self):
         """Delete this group's caches of other files at this size, and temporary files that runs killed
@@ -447,16 +556,17 @@ class DecodeCache:
 
 
 def load_images(root, entries, group, size, echo):
-    """The files of entries [(path relative to root, size, modification time)] (scan_images)
-    decoded to uint8 images, through root's decode cache (a memory map: the images are read when
-    used). Returns (images of the readable files in order, [(path relative to root, reason)] of the
-    others, bytes written to the cache: 0 on a hit)."""
+    """The files of entries [(path relative to root, size, modification time, change time)]
+    (scan_images) decoded to uint8 images, through root's decode cache (a memory map: the images are
+    read when used). Returns (images of the readable files in order, [(path relative to root,
+    reason)] of the others, their content fingerprint (which names hold which bytes), bytes written
+    to the cache: 0 on a hit)."""
     from tqdm import tqdm
     cache = DecodeCache(cache_dir(root), group, size, entries, echo)
     hit = cache.load()
     if hit is not None:
         return (*hit, 0)
-    paths = [os.path.join(root, rel) for rel, _, _ in entries]
+    paths = [os.path.join(root, entry[0]) for entry in entries]
     with tqdm(total=len(paths), desc=f"decoding {group}", unit="img", disable=None, leave=False) as bar:
         return cache.build(root, paths, bar.update)
 

@@ -2,13 +2,26 @@
 labeled/<class>/, checked in full before anything moves, never overwriting, one atomic rename per
 file, every move logged in <folder>/label-log.csv so that a rerun skips what is done and the last
 batch can be put back.
+
+A folder may come from someone else: every path read from labels.csv or from the log must name a
+place inside the folder (relative, no '..', no link to a folder outside it), or nothing moves. One
+label.py at a time per folder (a lock on the folder). A move the OS refuses midway (a full disk, a
+read-only file system) puts back the moves of its batch before it ends; a log line a full disk left
+torn is cut off before the log is written again.
 """
+import contextlib
 import csv
+import fcntl
+import io
 import os
+import posixpath
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+
+from console import PATH_ENCODING, PATH_ERRORS, is_text, path_text
 from images import is_hidden
 from runs import UserError
 
@@ -16,23 +29,123 @@ LOG_NAME = "label-log.csv"
 LOG_HEADER = ("batch", "time", "action", "source", "target", "label")  # paths relative to the folder
 
 
+class MoveFailed(click.ClickException):
+    """The OS refused a move or the log (a full disk, a read-only file system): exit code 1, the
+    folder as it was before the batch (or, where even that failed, where each file is)."""
+    exit_code = 1
+
+
 @dataclass
 class Move:
-    source: Path   # relative to the folder: unlabeled/...
+    source: str   # relative to the folder, '/'-separated: unlabeled/...
+    target: str   # labeled/<label>/<name>
     label: str
 
 
-def known_classes(data_dir):
-    labeled = data_dir / "labeled"
-    return sorted(p.name for p in labeled.iterdir() if p.is_dir() and not is_hidden(p.name)) if labeled.is_dir() else []
+# Reading: labels.csv and the log --------------------------------------------------------------------
+
+def decoded_csv(path, what):
+    """The text of a CSV file: UTF-16 where it starts with that byte-order mark (Excel's "Unicode
+    text"), else UTF-8 (a BOM skipped) with undecodable bytes kept as surrogate escapes: a path
+    written from a name that is not UTF-8 reads back to the same name, and a path in another encoding
+    (cp1252) names no file and is refused as such."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise UserError(f"{what} {path} starts as UTF-16 but is not: save it as UTF-8") from None
+    return data.decode("utf-8-sig", errors=PATH_ERRORS)
+
+
+def csv_rows(text, path, what):
+    """[(line number, {column: value})] of a CSV's text and its columns; exit 2 for a file the csv
+    module cannot parse (a NUL byte, an unclosed quote)."""
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        return [(reader.line_num, row) for row in reader], reader.fieldnames or []
+    except csv.Error as exc:
+        raise UserError(f"cannot read {what} {path} as CSV: {exc}") from None
+
+
+def read_labels(csv_path, accepted=False):
+    """[(line, path, label)] of a labels.csv (columns path,label) or, with accepted, of the rows of a
+    predictions CSV (evaluate.py --predict --max-error --csv) that --max-error accepted, the
+    prediction as the label. A row without a path or label is refused here, naming its line."""
+    rows, columns = csv_rows(decoded_csv(csv_path, "labels file"), csv_path, "labels file")
+    needed = ("path", "prediction", "accepted") if accepted else ("path", "label")
+    if not set(needed) <= set(columns):
+        hint = (" (evaluate.py --predict writes `accepted` only with --max-error)" if accepted and
+                {"path", "prediction"} <= set(columns) else "")
+        raise UserError(f"{csv_path} must have the columns {','.join(needed)} (it has {', '.join(columns)}){hint}")
+    if accepted:
+        rows = [(line, r) for line, r in rows if (r.get("accepted") or "").strip() == "1"]
+    column = "prediction" if accepted else "label"
+    short = [line for line, r in rows if r.get("path") is None or r.get(column) is None]
+    if short:
+        raise UserError(f"nothing was moved: line {short[0]} of {csv_path} has fewer columns than its header"
+                        + (f" (and {len(short) - 1} more lines)" if len(short) > 1 else ""))
+    return [(line, r["path"], r[column].strip()) for line, r in rows]
+
+
+def inside(root, relative, first_parts):
+    """Whether `relative` ('/'-separated) names a place inside the folder root: no absolute path, no
+    '..', '.' or empty part, no NUL, its first part one of first_parts, and its parent folder, links
+    resolved, inside root (a link to a folder elsewhere is refused)."""
+    if not relative or "\0" in relative or relative.startswith("/") or "\\" in relative:
+        return False
+    parts = relative.split("/")
+    if parts[0] not in first_parts or any(p in ("", ".", "..") for p in parts):
+        return False
+    real_root = os.path.realpath(root)
+    parent = os.path.realpath(os.path.join(real_root, posixpath.dirname(relative)))
+    return parent == real_root or parent.startswith(real_root + os.sep)
+
+
+def log_problem(data_dir, row, columns_ok):
+    """Why a row of the log cannot be trusted, or None: another form than this project writes, or
+    a path that leads outside the folder."""
+    if not columns_ok or None in row.values() or None in row:
+        return "it does not have the log's columns"
+    if not row["batch"].isdigit():
+        return f"its batch {row['batch']!r} is not a number"
+    action, source, target, label = row["action"], row["source"], row["target"], row["label"]
+    if action == "undo":
+        return None if not (source or target) else "an undo names no files"
+    if action == "mkdir":
+        ok = target.count("/") == 1 and target.split("/")[1] == label
+        return None if ok and inside(data_dir, target, ("labeled",)) else f"{target!r} is not a class folder labeled/<class> inside the folder"
+    if action == "move":
+        if not inside(data_dir, source, ("unlabeled",)):
+            return f"{source!r} is not a path under unlabeled/ inside the folder"
+        if target.count("/") != 2 or target.split("/")[1] != label or not inside(data_dir, target, ("labeled",)):
+            return f"{target!r} is not a path labeled/{label}/<name> inside the folder"
+        return None
+    return f"its action {action!r} is none of move, mkdir, undo"
 
 
 def read_log(data_dir):
+    """The rows of <folder>/label-log.csv (dicts), each checked: exit 2 naming the line where one
+    is not a row this project writes (a log edited, or come with a folder from elsewhere); its paths
+    must lie inside the folder. A last line without its newline (a write a full disk cut short)
+    is left out: Log cuts it off before writing."""
     path = data_dir / LOG_NAME
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    text = decoded_csv(path, "log")
+    if text and not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
+    rows, columns = csv_rows(text, path, "log")
+    columns_ok = tuple(columns) == LOG_HEADER
+    for line, row in rows:
+        problem = log_problem(data_dir, row, columns_ok)
+        if problem:
+            raise UserError(f"{path} line {line} cannot be trusted: {problem}; the log may have been edited, or "
+                            f"come with the folder from elsewhere: nothing was moved (mend or remove that line)")
+    return [row for _, row in rows]
 
 
 def applied_moves(log):
@@ -41,53 +154,108 @@ def applied_moves(log):
     return {r["source"]: (r["target"], r["label"]) for r in log if r["action"] == "move" and r["batch"] not in undone}
 
 
+def known_classes(data_dir):
+    labeled = data_dir / "labeled"
+    return sorted(p.name for p in labeled.iterdir() if p.is_dir() and not is_hidden(p.name)) if labeled.is_dir() else []
+
+
+# Planning: every row checked before anything moves ---------------------------------------------------
+
 def relative_source(data_dir, path):
-    """The path of a labels.csv row relative to the folder: taken as given (relative to the working
-    directory) or else relative to the folder, the first that exists; None where it lies outside."""
+    """The path of a labels.csv row relative to the folder, '/'-separated: taken as given (relative to
+    the working directory) or else relative to the folder, the first that exists; None where it lies
+    outside."""
+    if not path or "\0" in path:
+        return None
     given, root = Path(path), Path(os.path.abspath(data_dir))
-    inside = []
+    found = []
     for candidate in [given] if given.is_absolute() else [Path.cwd() / given, root / given]:
         absolute = Path(os.path.normpath(os.path.abspath(candidate)))
         if absolute.is_relative_to(root):
-            if absolute.exists():
-                return absolute.relative_to(root)
-            inside.append(absolute.relative_to(root))
-    return inside[0] if inside else None
+            if os.path.lexists(absolute):
+                return absolute.relative_to(root).as_posix()
+            found.append(absolute.relative_to(root).as_posix())
+    return found[0] if found else None
 
 
-def read_labels(csv_path):
-    with open(csv_path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or not {"path", "label"} <= set(reader.fieldnames):
-            raise UserError(f"{csv_path} must have the columns path,label (it has {', '.join(reader.fieldnames or [])})")
-        return [(r["path"], (r["label"] or "").strip()) for r in reader]
+def name_max(folder):
+    """The longest file name (bytes) the folder's file system takes."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def label_problem(label, labeled, longest):
+    """Why a label cannot be a class folder's name under labeled/, or None."""
+    if (not label or label in (".", "..") or is_hidden(label) or any(c in label for c in "/\\\0")
+            or any(ord(c) < 32 for c in label)):
+        return f"{label!r} cannot be a class folder's name"
+    if not is_text(label):
+        return f"{label!r} is not text (save the CSV as UTF-8)"
+    if len(label.encode()) > longest:
+        return f"a class name of {len(label.encode())} bytes is longer than the file system takes ({longest})"
+    folder = labeled / label
+    if os.path.lexists(folder) and not folder.is_dir():
+        return f"labeled/{label} is a file, not a class folder"
+    if folder.is_dir() and not inside(labeled.parent, f"labeled/{label}/x", ("labeled",)):
+        return f"labeled/{label} leads outside the folder through a link"
+    return None
+
+
+def free_name(folder, name, taken):
+    """name, or name-1, name-2, ... with its extension: the first that neither exists nor is taken."""
+    stem, suffix = Path(name).stem, Path(name).suffix
+    candidate, k = name, 0
+    while os.path.lexists(folder / candidate) or f"{folder}/{candidate}" in taken:
+        k += 1
+        candidate = f"{stem}-{k}{suffix}"
+    return candidate
 
 
 def plan(data_dir, rows, new_classes=False):
-    """The moves the rows ask for, in order, and the number of rows applied before; exits 2 naming
-    every bad row (unknown class, missing file, a path outside unlabeled/, a duplicate) before any move."""
+    """The moves the rows [(line, path, label)] ask for, in order (each with the free name it will
+    take), and the number of rows applied before; exits 2 naming every row that cannot be applied
+    (unknown class, missing file, a path outside unlabeled/ or through a link, a duplicate, a name
+    the file system refuses, a file on another file system, a folder that cannot be written) before
+    any move."""
+    data_dir = Path(data_dir)
+    labeled = data_dir / "labeled"
     classes, done = set(known_classes(data_dir)), applied_moves(read_log(data_dir))
-    moves, problems, seen, skipped = [], [], set(), 0
-    for line, (path, label) in enumerate(rows, start=2):
+    longest = name_max(labeled if labeled.is_dir() else data_dir)
+    device = os.stat(labeled if labeled.is_dir() else data_dir).st_dev
+    moves, problems, seen, taken, skipped = [], [], set(), set(), 0
+    for line, path, label in rows:
         source = relative_source(data_dir, path)
         where = f"line {line} ({path})"
-        if source is None or source.parts[:1] != ("unlabeled",) or len(source.parts) < 2:
-            problems.append(f"{where}: not a file under {data_dir / 'unlabeled'}")
+        problem = None
+        if source is None or not source.startswith("unlabeled/") or not inside(data_dir, source, ("unlabeled",)):
+            problem = (f"not a file under {data_dir / 'unlabeled'}" if source is None or not source.startswith("unlabeled/")
+                       else "it leads outside the folder through a link")
         elif source in seen:
-            problems.append(f"{where}: listed twice")
-        elif not label or "/" in label or "\\" in label or is_hidden(label) or label in (".", ".."):
-            problems.append(f"{where}: {label!r} cannot be a class folder's name")
-        elif label not in classes and not new_classes:
-            problems.append(f"{where}: unknown class {label!r} (labeled/ has {', '.join(sorted(classes))}; "
-                            "--new-classes creates it)")
-        elif not (data_dir / source).is_file():
-            target, done_label = done.get(source.as_posix(), (None, None))
+            problem = "listed twice"
+        else:
+            problem = label_problem(label, labeled, longest)
+        if problem is None and label not in classes and not new_classes:
+            problem = f"unknown class {label!r} (labeled/ has {', '.join(sorted(classes))}; --new-classes creates it)"
+        if problem is None and not os.path.isfile(data_dir / source):
+            target, done_label = done.get(source, (None, None))
             if target and done_label == label and (data_dir / target).is_file():
                 skipped += 1
             else:
-                problems.append(f"{where}: no such file")
-        else:
-            moves.append(Move(source, label))
+                problem = "no such file"
+        elif problem is None:
+            problem = move_problem(data_dir, source, label, device)
+            if problem is None:
+                folder = f"labeled/{label}"
+                name = free_name(data_dir / folder, posixpath.basename(source), taken)
+                if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > longest:
+                    problem = f"the name {name!r} is longer than the file system takes"
+                else:
+                    taken.add(f"{data_dir / folder}/{name}")
+                    moves.append(Move(source, f"{folder}/{name}", label))
+        if problem:
+            problems.append(f"{where}: {problem}")
         if source is not None:
             seen.add(source)
     if problems:
@@ -96,60 +264,138 @@ def plan(data_dir, rows, new_classes=False):
     return moves, skipped
 
 
-def free_name(folder, name, taken):
-    """name, or name-1, name-2, ... with its extension: the first that neither exists nor is taken."""
-    stem, suffix = Path(name).stem, Path(name).suffix
-    candidate, k = name, 0
-    while (folder / candidate).exists() or (folder / candidate) in taken:
-        k += 1
-        candidate = f"{stem}-{k}{suffix}"
-    return folder / candidate
+def move_problem(data_dir, source, label, device):
+    """Why the file `source` cannot be renamed into labeled/<label>/, or None: another file system
+    (a rename cannot cross one), or a folder that cannot be written."""
+    try:
+        if os.stat(data_dir / source).st_dev != device:
+            return "it lies on another file system (a mount or a link inside the folder): copy it into unlabeled/ first"
+    except OSError as exc:
+        return exc.strerror
+    target_folder = data_dir / "labeled" / label
+    for folder in (Path(data_dir / source).parent, target_folder if target_folder.is_dir() else data_dir / "labeled"):
+        if folder.exists() and not os.access(folder, os.W_OK):
+            return f"{folder.relative_to(data_dir)}/ cannot be written (read-only)"
+    if not (data_dir / "labeled").exists() and not os.access(data_dir, os.W_OK):
+        return f"{data_dir} cannot be written (read-only)"
+    return None
+
+
+# Changing the folder: one label.py at a time, logged, all or nothing ---------------------------------
+
+@contextlib.contextmanager
+def locked(data_dir):
+    """While the block runs, this process is the only label.py changing data_dir (a lock on the
+    folder itself, the OS's: it ends with the process, never stale, and writes no file)."""
+    try:
+        fd = os.open(data_dir, os.O_RDONLY)
+    except OSError as exc:
+        raise UserError(f"cannot open {data_dir}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another label.py is changing {data_dir}: let it finish, then run this again") from None
+        except OSError as exc:  # ENOLCK: a network file system without locks
+            raise UserError(f"cannot lock {data_dir} ({exc.strerror}): label.py changes a folder only where it "
+                            f"can keep others out; run it on a local disk") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 class Log:
-    """label-log.csv, appended a row at a time and flushed to disk before the move it records."""
+    """label-log.csv, appended a row at a time and flushed to disk before the move it records. A
+    torn last line (no newline: a write a full disk cut short, whose move never happened) is cut off
+    first and said."""
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, echo):
         self.path = data_dir / LOG_NAME
-        new = not self.path.exists()
-        self.file = open(self.path, "a", newline="")
+        try:
+            new = not self.path.exists()
+            if not new:
+                with open(self.path, "rb+") as f:
+                    data = f.read()
+                    if data and not data.endswith(b"\n"):
+                        f.truncate(data.rfind(b"\n") + 1)
+                        echo(f"cut off the torn last line of {self.path} (a write cut short: its move never happened)")
+            self.file = path_text(open(self.path, "ab"))
+        except OSError as exc:
+            raise MoveFailed(f"nothing was moved: cannot write {self.path}: {exc.strerror}") from None
         self.writer = csv.writer(self.file, lineterminator="\n")
         if new:
-            self.writer.writerow(LOG_HEADER)
+            self.put(LOG_HEADER)
 
     def write(self, batch, action, source, target, label):
-        self.writer.writerow((batch, time.strftime("%Y-%m-%dT%H:%M:%S"), action, source, target, label))
+        self.put((batch, time.strftime("%Y-%m-%dT%H:%M:%S"), action, source, target, label))
+
+    def put(self, row):
+        self.writer.writerow(row)
         self.file.flush()
         os.fsync(self.file.fileno())
 
     def close(self):
-        self.file.close()
+        with contextlib.suppress(OSError):
+            self.file.close()
 
 
-def apply(data_dir, moves):
-    """Move each image into labeled/<label>/ (a taken name gets a suffix), each with one rename,
-    logged first. Returns the batch number."""
-    log_rows = read_log(data_dir)
-    batch = 1 + max((int(r["batch"]) for r in log_rows), default=0)
-    log, taken = Log(data_dir), set()
+def next_batch(log_rows):
+    return 1 + max((int(r["batch"]) for r in log_rows), default=0)
+
+
+def apply(data_dir, moves, echo=click.echo):
+    """Move each image to its target (plan's), each with one rename, logged first; the class
+    folders it needs are made (and logged). Returns the batch number. If the OS refuses a step, the
+    batch's moves are put back and its folders removed before MoveFailed says so."""
+    data_dir = Path(data_dir)
+    batch = next_batch(read_log(data_dir))
+    log, done, made = Log(data_dir, echo), [], []
     try:
         for move in moves:
-            folder = data_dir / "labeled" / move.label
+            folder = data_dir / posixpath.dirname(move.target)
             if not folder.exists():
-                log.write(batch, "mkdir", "", folder.relative_to(data_dir).as_posix(), move.label)
-                folder.mkdir(parents=True)
-            target = free_name(folder, move.source.name, taken)
-            taken.add(target)
-            log.write(batch, "move", move.source.as_posix(), target.relative_to(data_dir).as_posix(), move.label)
-            os.rename(data_dir / move.source, target)
+                log.write(batch, "mkdir", "", posixpath.dirname(move.target), move.label)
+                folder.mkdir()
+                made.append(folder)
+            log.write(batch, "move", move.source, move.target, move.label)
+            os.rename(data_dir / move.source, data_dir / move.target)
+            done.append(move)
+    except OSError as exc:
+        failed = moves[len(done)] if len(done) < len(moves) else None
+        stuck = put_back(data_dir, done, made)
+        with contextlib.suppress(OSError):
+            log.write(batch, "undo", "", "", "")
+        what = f"moving {failed.source}" if failed else "the log"
+        raise MoveFailed(f"{what} failed ({exc.strerror or exc}): " + (
+            f"the {len(done)} images moved before it were put back; nothing was moved" if not stuck else
+            f"and {len(stuck)} of the {len(done)} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None
     finally:
         log.close()
     return batch
 
 
-def undo(data_dir):
+def put_back(data_dir, moves, made):
+    """Undo renames already made (latest first) and remove the folders made for them; returns
+    '<target> (reason)' for each file that could not be put back."""
+    stuck = []
+    for move in reversed(moves):
+        try:
+            os.rename(data_dir / move.target, data_dir / move.source)
+        except OSError as exc:
+            stuck.append(f"{move.target} ({exc.strerror})")
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return stuck
+
+
+def undo(data_dir, echo=click.echo):
     """Put the last batch not yet undone back: each moved file to where it was, the class folders it
-    created removed. Returns (batch, files put back), or None where there is nothing to undo."""
+    created removed (if empty). Returns (batch, files put back), or None where there is nothing to
+    undo. Every file is checked first: where one cannot be put back (its old name taken by another
+    file, gone from both places, a folder that cannot be written) nothing moves, the batch stays
+    open and exit 2 names the files."""
+    data_dir = Path(data_dir)
     log_rows = read_log(data_dir)
     undone = {r["batch"] for r in log_rows if r["action"] == "undo"}
     batches = [r["batch"] for r in log_rows if r["action"] == "move" and r["batch"] not in undone]
@@ -157,19 +403,58 @@ def undo(data_dir):
         return None
     batch = batches[-1]
     mine = [r for r in log_rows if r["batch"] == batch]
-    log, restored = Log(data_dir), 0
+    back, problems = [], []
+    for r in reversed([r for r in mine if r["action"] == "move"]):
+        source, target = data_dir / r["source"], data_dir / r["target"]
+        if os.path.lexists(source):
+            if os.path.lexists(target):
+                problems.append(f"{r['source']}: the name is taken by another file ({r['target']} is still there)")
+            continue  # already back (a move a kill cut short never happened)
+        if not target.is_file():
+            problems.append(f"{r['target']}: gone (it was moved or deleted since)")
+            continue
+        parent = next(p for p in source.parents if p.exists())
+        for folder in {target.parent, parent}:
+            if not os.access(folder, os.W_OK):
+                problems.append(f"{folder.relative_to(data_dir)}/ cannot be written (read-only)")
+        back.append(Move(r["source"], r["target"], r["label"]))
+    if problems:
+        raise UserError(f"batch {batch} stays applied, nothing was put back: {len(problems)} of its files cannot "
+                        f"be: {'; '.join(sorted(set(problems))[:5])}" + (" ..." if len(set(problems)) > 5 else ""))
+    log, restored, made = Log(data_dir, echo), [], []
     try:
-        for r in reversed([r for r in mine if r["action"] == "move"]):
-            source, target = data_dir / r["source"], data_dir / r["target"]
-            if target.is_file() and not source.exists():  # a move a kill cut short never happened
-                source.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(target, source)
-                restored += 1
+        for move in back:
+            source = data_dir / move.source
+            missing = [p for p in reversed(source.parents) if not p.exists()]
+            for folder in missing:
+                folder.mkdir()
+                made.append(folder)
+            os.rename(data_dir / move.target, source)
+            restored.append(move)
         for r in (r for r in mine if r["action"] == "mkdir"):
             folder = data_dir / r["target"]
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
         log.write(batch, "undo", "", "", "")
+    except OSError as exc:
+        stuck = redo(data_dir, restored)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise MoveFailed(f"putting back batch {batch} failed ({exc.strerror or exc}): " + (
+            "its files are where they were before the undo; the batch stays applied" if not stuck else
+            f"{len(stuck)} files are neither here nor there: {'; '.join(stuck[:5])}")) from None
     finally:
         log.close()
-    return int(batch), restored
+    return int(batch), len(restored)
+
+
+def redo(data_dir, moves):
+    """Make again renames an undo put back (latest first); '<source> (reason)' for those that fail."""
+    stuck = []
+    for move in reversed(moves):
+        try:
+            os.rename(data_dir / move.source, data_dir / move.target)
+        except OSError as exc:
+            stuck.append(f"{move.source} ({exc.strerror})")
+    return stuck

@@ -11,7 +11,6 @@ import torch
 
 from calibration import Calibration, confidences
 from batches import image_batches, normalize
-from data import held_out
 from images import decode_batches, find_images
 from runs import UserError
 from selection import suggest
@@ -75,40 +74,31 @@ def predict_files(model, paths, classes, image_size, mean, std, device, batch_si
                 yield Prediction(path, classes[predicted[i]], float(confidence[i]), classes[runner_up[i]], features[i])
 
 
-def write_rows(text_file, rows, on_bad, threshold=None, extra=None):
-    """Write the CSV header and one row per prediction; a failed file gets a row with an empty
-    prediction and `on_bad(path, reason)`. With a threshold, a column `accepted`: 1 where the
-    confidence is at least the threshold. extra: (column name, value per row) columns after those.
-    Returns (rows written, files that failed, rows accepted)."""
+def write_rows(text_file, rows, threshold=None, extra=None):
+    """Write the CSV header and one row per prediction; a file that could not be read gets an empty
+    prediction. With a threshold, a column `accepted`: 1 where the confidence is at least the
+    threshold. extra: (column name, value per row) columns after those. Paths are written as str
+    (a text file opened with console.path_text keeps undecodable bytes)."""
     writer = csv.writer(text_file, lineterminator="\n")
     extra = extra or ()
     writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + tuple(name for name, _ in extra))
-    n = failed = accepted = 0
     for i, row in enumerate(rows):
-        n += 1
         if row.label is None:
-            failed += 1
-            on_bad(row.path, row.confidence)
             cells = [str(row.path), "", "", ""]
         else:
             cells = [str(row.path), row.label, f"{row.confidence:.4f}", row.runner_up]
         if threshold is not None:
             cells.append(int(is_accepted(row, threshold)))
-            accepted += cells[-1]
         writer.writerow(cells + [values[i] for _, values in extra])
-    return n, failed, accepted
 
 
 def is_accepted(row, threshold):
     return row.label is not None and row.confidence >= threshold
 
 
-def held_out_calibration(state, data, model, device):
-    """The calibration of the model's confidences on the checkpoint's held-out labeled images (the
-    test images, else the --val hold-out), or None where it has none."""
-    x, y, source = held_out(state, data)
-    if not len(y):
-        return None
+def held_out_calibration(state, x, y, source, model, device):
+    """The calibration of the model's confidences on held-out labeled images x, y (data.held_out:
+    the checkpoint's test images, else its --val hold-out; `source` says which)."""
     mean, std = (torch.tensor(state["config"][k], device=device) for k in ("mean", "std"))
     return Calibration.fit(outputs_of(model, x, mean, std, device)[1].numpy(), y.numpy(), source)
 

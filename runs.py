@@ -64,6 +64,7 @@ def atomic_write(path, write):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_folder(path.parent)  # the rename itself survives a power cut
         return result
     except BaseException as exc:
         if tmp is not None:
@@ -72,6 +73,20 @@ def atomic_write(path, write):
         if error is not None and not isinstance(exc, click.ClickException):
             raise WriteFailed(path, error) from None
         raise
+
+
+def fsync_folder(folder):
+    """Flush a folder's entries to disk; a file system that cannot (some network ones) is let be."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def existing_outputs(out, names, overwrite):
@@ -116,22 +131,66 @@ def set_rng_state(state):
 
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx")
+# What the scripts read from a checkpoint's config, by type (an LC checkpoint's "lc" too).
+CONFIG_TYPES = dict(dataset=str, data_dir=str, labels=int, labeled_batch=int, unlabeled_batch=int, width=(int, float),
+                    num_classes=int, classes=list, mean=list, std=list, seed=int, lr=(int, float), ema=(int, float),
+                    cons_weight=(int, float), cons_rampup=(int, float), epochs=int, decay_epochs=int, eval_every=int,
+                    bn_momentum=(int, float))
+LC_CONFIG_TYPES = dict(eps=(int, float), eps_auto=bool, eps_scale=str, start=dict, lam=(int, float),
+                       lc_rampup=(int, float), epochs=int, decay_epochs=int, lr=(int, float), eval_every=int,
+                       mt_step=int, mt_checkpoint=str)
+
+
+def unpickling_refusal(exc):
+    """The line of torch's weights_only refusal that names what the file asked for, if it is one."""
+    for line in str(exc).splitlines():
+        if "GLOBAL" in line or "Unsupported" in line or "WeightsUnpickler" in line:
+            return line.strip()
+    return None
+
+
+def config_problem(state):
+    """What a checkpoint's config lacks or holds of the wrong type, or None."""
+    config = state.get("config")
+    if not isinstance(config, dict):
+        return "it has no config"
+    wrong = [k for k, kind in CONFIG_TYPES.items() if not isinstance(config.get(k), kind)]
+    if state.get("stage") == "lc":
+        lc = config.get("lc")
+        if not isinstance(lc, dict):
+            wrong.append("lc")
+        else:
+            wrong += [f"lc.{k}" for k, kind in LC_CONFIG_TYPES.items() if not isinstance(lc.get(k), kind)]
+    if wrong:
+        return f"its config lacks {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''} (or holds another type)"
+    if len(config["classes"]) != config["num_classes"] or len(config["mean"]) != 3 or len(config["std"]) != 3:
+        return "its config's classes, mean or std do not fit its class count and 3 colour channels"
+    return None
 
 
 def load_checkpoint(path):
     """A checkpoint as a dict, loaded with weights_only=True (a checkpoint from elsewhere cannot run
-    code); any problem ends the run with exit code 2 and a one-line reason."""
+    code) and checked to hold what the scripts read; any problem ends the run with exit code 2 and
+    a one-line reason."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
+        refused = unpickling_refusal(exc)
+        if refused:
+            raise UserError(f"cannot load checkpoint {path}: it holds Python objects other than tensors and plain "
+                            f"data ({refused}); refused, as loading them could run code (this project's "
+                            f"checkpoints never hold any)") from None
         raise UserError(f"cannot load checkpoint {path}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:200] if str(exc) else 'unreadable'}") from None
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise UserError(f"{path} is not a checkpoint of this project (missing {', '.join(missing)})")
+    problem = config_problem(state)
+    if problem:
+        raise UserError(f"{path} is not a checkpoint this project can use: {problem}")
     return state
 
 
@@ -189,6 +248,9 @@ a lock file it created in a folder that was there. hold=False
             holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "a process that has not said which"
             raise UserError(f"{out} is being written by another run ({holder}): let it finish or stop it, or "
                             f"choose another --out") from None
+        except OSError as exc:  # ENOLCK: a file system without locks (some network ones)
+            raise UserError(f"cannot lock {path} ({exc.strerror}): this file system does not let one run keep "
+                            f"others out of --out; choose an --out on a local disk") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{script}, pid {os.getpid()} on {socket.gethostname()}, started "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)

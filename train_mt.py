@@ -141,7 +141,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
                       val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
-                      image_size=image_size, skip_bad_images=skip_bad_images, files=data.files,
+                      image_size=image_size, skip_bad_images=skip_bad_images, files=data.files, contents=data.contents,
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],

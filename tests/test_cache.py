@@ -47,8 +47,8 @@ def run_python(code, *args, **kwargs):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
 
 
-# Decodes n files (their content is never read: decode is replaced by one that returns a constant
-# image of size x size) in batches of 64 and prints the growth of the peak RSS in bytes.
+# Decodes n empty files (decode_bytes is replaced by one that returns a constant image of size x
+# size) in batches of 64 and prints the growth of the peak RSS in bytes.
 BOUNDED_DECODE = """
 import resource, sys, torch
 from pathlib import Path
@@ -56,10 +56,10 @@ import images
 root, n, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 entries = images.scan_images(root)[0]
 images.DECODE_BATCH = 64
-images.decode = lambda path, s: torch.full((3, s, s), 7, dtype=torch.uint8)
-list(images.decode_batches([root / rel for rel, _, _ in entries[:128]], size, 64))  # warm the pool and the allocator
+images.decode_bytes = lambda data, s: torch.full((3, s, s), 7, dtype=torch.uint8)
+list(images.decode_batches([root / entry[0] for entry in entries[:128]], size, 64))  # warm the pool and the allocator
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-x, bad, written = images.load_images(root, entries, "train", size, lambda line: None)
+x, bad, _, written = images.load_images(root, entries, "train", size, lambda line: None)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 assert x.shape == (n, 3, size, size) and not bad and written > x.numel()
 print(after - before, x.numel())
@@ -85,8 +85,8 @@ import sys, time
 import images
 from data import load_dataset
 images.DECODE_BATCH = 8
-original = images.decode
-images.decode = lambda path, size: time.sleep(0.02) or original(path, size)
+original = images.decode_bytes
+images.decode_bytes = lambda data, size: time.sleep(0.02) or original(data, size)
 load_dataset("folder", sys.argv[1], echo=lambda line: None)
 """
 
@@ -116,8 +116,8 @@ def shared_worker(rank, world, init_file, folder, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         decoded = []
-        original = images.decode
-        images.decode = lambda path, size: decoded.append(path) or original(path, size)
+        original = images.decode_bytes
+        images.decode_bytes = lambda data, size: decoded.append(size) or original(data, size)
         batches.PASS_BYTES = 2 ** 22  # read in batches of 4 MiB
 
         def status():
@@ -204,23 +204,77 @@ def test_training_from_the_mapped_images_is_bitwise_training_from_memory(tmp_pat
             assert torch.equal(a[key], b[key]), key
 
 
+def counting(monkeypatch, name):
+    """Record the calls of images.<name> (read_file: every file read; decode_bytes: every decode)."""
+    calls, original = [], getattr(images, name)
+    monkeypatch.setattr(images, name, lambda *args: calls.append(args[0]) or original(*args))
+    return calls
+
+
 def test_after_label_moves_files_only_new_files_are_decoded(tmp_path, monkeypatch):
-    """label.py moves images from unlabeled/ to labeled/<class>/ (a rename: same name, size and
-    time): the next cache copies them from the previous one; only a new file is decoded, and the
-    images are bitwise those of a fresh decode."""
+    """label.py moves images from unlabeled/ to labeled/<class>/ (a rename: a new path): the next
+    cache reads them, finds their bytes among the previous cache's rows and copies those; files at
+    the same path, size and times are not even read; only a new file is decoded; and the images are
+    bitwise those of a fresh decode."""
     write_own_folder(tmp_path / "d")
     load_dataset("folder", tmp_path / "d", echo=quiet)
     for name in ("u0000.png", "u0003.png"):
         os.rename(tmp_path / "d" / "unlabeled" / name, tmp_path / "d" / "labeled" / "cat" / name)
     Image.new("RGB", (9, 7), (10, 200, 30)).save(tmp_path / "d" / "unlabeled" / "new.png")
-    decoded = []
-    original = images.decode
-    monkeypatch.setattr(images, "decode", lambda path, size: decoded.append(path) or original(path, size))
+    read, decoded = counting(monkeypatch, "read_file"), counting(monkeypatch, "decode_bytes")
     again = load_dataset("folder", tmp_path / "d", echo=quiet)
-    assert [Path(p).name for p in decoded] == ["new.png"]
+    assert sorted(Path(p).name for p in read) == ["new.png", "u0000.png", "u0003.png"] and len(decoded) == 1
     assert sorted(p.name.split("-")[0] + "".join(p.suffixes[-2:]) for p in (tmp_path / "d" / "mtlc-cache").glob("train-*")) \
         == ["train.files.json", "train.json", "train.u8"]  # the previous cache is gone
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "fresh"))
     fresh = load_dataset("folder", tmp_path / "d", echo=quiet)
     assert len(decoded) == 1 + len(fresh.train_x) + len(fresh.test_x)
-    assert again.files == fresh.files and torch.equal(again.train_x, fresh.train_x)
+    assert again.files == fresh.files and again.contents == fresh.contents and torch.equal(again.train_x, fresh.train_x)
+
+
+def write_archive_like_classes(folder):
+    """labeled/cat and labeled/dog each holding 000.bmp ... 004.bmp of one size and one modification
+    time (BMP is a fixed-size format; per-class numbering; times kept from an archive), cats dark and
+    dogs bright, and a few unlabeled images."""
+    rng = np.random.default_rng(0)
+    for name, value in (("cat", 30), ("dog", 220)):
+        (folder / "labeled" / name).mkdir(parents=True)
+        for i in range(5):
+            path = folder / "labeled" / name / f"{i:03d}.bmp"
+            Image.fromarray(np.full((8, 8, 3), value + i, np.uint8)).save(path)
+            os.utime(path, ns=(10 ** 18, 10 ** 18))
+    (folder / "unlabeled").mkdir()
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / "unlabeled" / f"u{i}.png")
+
+
+def test_files_of_one_name_size_and_time_never_share_a_row(tmp_path, monkeypatch):
+    """The cache of a folder whose classes hold files of the same names, sizes and times is rebuilt
+    after a file is added: every image keeps its own pixels (a cache that matched rows by base name
+    gave the cats the dogs' pixels), and nothing but the new file is decoded."""
+    write_archive_like_classes(tmp_path)
+    before = load_dataset("folder", tmp_path, echo=quiet)
+    Image.new("RGB", (8, 8)).save(tmp_path / "unlabeled" / "added.png")
+    decoded = counting(monkeypatch, "decode_bytes")
+    after = load_dataset("folder", tmp_path, echo=quiet)
+    assert len(decoded) == 1
+    for k, name in enumerate(after.files["train"][:10]):
+        value = (30 if "/cat/" in name else 220) + int(name[-5])
+        assert (after.train_x[k] == value).all(), name
+    assert torch.equal(after.train_x[:10], before.train_x[:10])
+
+
+def test_an_edit_that_keeps_size_and_modification_time_is_seen(tmp_path):
+    """An image rewritten in place with the same size, its modification time put back (`touch -r`):
+    its change time moved, so the cache decodes it again, and the folder's content fingerprint (what
+    stage 2 and evaluate compare with the checkpoint's) changes with it."""
+    write_archive_like_classes(tmp_path)
+    before = load_dataset("folder", tmp_path, echo=quiet)
+    path = tmp_path / "labeled" / "cat" / "002.bmp"
+    stamp = path.stat()
+    Image.fromarray(np.full((8, 8, 3), 99, np.uint8)).save(path)
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert path.stat().st_size == stamp.st_size and path.stat().st_mtime_ns == stamp.st_mtime_ns
+    after = load_dataset("folder", tmp_path, echo=quiet)
+    assert (after.train_x[2] == 99).all() and after.files == before.files
+    assert after.contents["train"] != before.contents["train"] and after.contents["test"] == before.contents["test"]

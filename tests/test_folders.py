@@ -182,9 +182,11 @@ def test_cache_key_covers_size_and_image_size(tmp_path):
     write_own_folder(tmp_path)
     entries = images.scan_images(tmp_path / "unlabeled")[0]
     names = {DecodeCache(tmp_path, "unlabeled", s, entries, quiet).path.name for s in (32, 64)}
-    changed = [(p, size + 1, t) for p, size, t in entries]
+    changed = [(p, size + 1, *times) for p, size, *times in entries]
     names.add(DecodeCache(tmp_path, "unlabeled", 32, changed, quiet).path.name)
-    assert len(names) == 3
+    touched = [(p, size, mtime, ctime + 1) for p, size, mtime, ctime in entries]  # `touch -r` after an edit
+    names.add(DecodeCache(tmp_path, "unlabeled", 32, touched, quiet).path.name)
+    assert len(names) == 4
 
 
 def test_cache_dir_falls_back_when_the_folder_is_read_only(tmp_path, monkeypatch):
@@ -295,7 +297,7 @@ def test_images_are_listed_in_the_order_paths_sort_in(tmp_path):
         (tmp_path / name).touch()
     found, *_ = find_images(tmp_path)
     assert found == sorted(tmp_path / name for name in names)
-    assert [rel for rel, _, _ in images.scan_images(tmp_path)[0]] == [p.relative_to(tmp_path).as_posix() for p in found]
+    assert [entry[0] for entry in images.scan_images(tmp_path)[0]] == [p.relative_to(tmp_path).as_posix() for p in found]
 
 
 def test_a_folder_linked_twice_is_listed_under_its_first_name(tmp_path):

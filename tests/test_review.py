@@ -95,13 +95,23 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
     shutil.copytree(data, folder, ignore=shutil.ignore_patterns("mtlc-cache"))
     odd = folder / "unlabeled" / 'a b, été "q".png'  # saved by the page, read by label.py: CSV quoting both ways
     (folder / "unlabeled" / "u0000.png").rename(odd)
-    res = run("evaluate.py", "--ckpt", ckpt, "--data-dir", data, "--predict", folder / "unlabeled", "--max-error", "60",
-              "--review", tmp_path / "review.html", "--csv", tmp_path / "p.csv")
-    assert res.returncode == 0, res.stderr
-    rows = {r["path"]: r for r in read_rows((tmp_path / "p.csv").read_text(), ["accepted"])}
+    # Names that end or hide the page's own script unless its data is escaped, and one that is not UTF-8.
+    hostile = folder / "unlabeled" / "<!--<script>.png"
+    (folder / "unlabeled" / "u0003.png").rename(hostile)
+    (folder / "unlabeled" / "<").mkdir()
+    (folder / "unlabeled" / "u0006.png").rename(folder / "unlabeled" / "<" / "script>&\u2028y.png")  # .../</script>...
+    os.rename(folder / "unlabeled" / "u0009.png", os.fsencode(folder / "unlabeled") + b"/bad\xff.png")
+    res = subprocess.run([sys.executable, "evaluate.py", "--ckpt", ckpt, "--data-dir", data, "--predict",
+                          folder / "unlabeled", "--max-error", "60", "--review", tmp_path / "review.html", "--csv",
+                          tmp_path / "p.csv"], cwd=ROOT, capture_output=True, text=True, errors="surrogateescape",
+                         env=dict(os.environ, PYTHONIOENCODING="utf-8:strict"))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    rows = {r["path"]: r for r in read_rows((tmp_path / "p.csv").read_text(errors="surrogateescape"), ["accepted"])}
+    assert len(rows) == 24 and str(folder / "unlabeled" / "bad\udcff.png") in rows  # the CSV keeps the name's bytes
     driver.get((tmp_path / "review.html").as_uri())
     cards = driver.find_elements(By.CSS_SELECTOR, ".card")
-    assert len(cards) == 24 and all(c.find_element(By.TAG_NAME, "img").get_property("naturalWidth") > 0 for c in cards)
+    assert len(cards) == 23 and all(c.find_element(By.TAG_NAME, "img").get_property("naturalWidth") > 0 for c in cards)
+    assert "bad" in driver.find_element(By.ID, "failed").text and "not valid UTF-8" in driver.find_element(By.ID, "failed").text
     groups = {g.get_attribute("data-label") for g in driver.find_elements(By.CSS_SELECTOR, "section.group")}
     assert groups == {r["prediction"] for r in rows.values()}
     for card in cards:  # accepted and uncertain told apart as the CSV says
@@ -110,7 +120,7 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
         assert ("uncertain" in card.get_attribute("class").split()) == (not accepted)
 
     first = next(c for c in cards if c.get_attribute("data-path") == str(odd))
-    second = next(c for c in cards if c is not first)
+    second = next(c for c in cards if c.get_attribute("data-path") == str(hostile))
     first_path, second_path = first.get_attribute("data-path"), second.get_attribute("data-path")
     other = next(c for c in ("cat", "dog", "owl") if c != rows[first_path]["prediction"])
     Select(first.find_element(By.TAG_NAME, "select")).select_by_value(other)  # corrected with the chooser
@@ -135,3 +145,4 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
                              cwd=ROOT, capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr
     assert (folder / "labeled" / other / Path(first_path).name).is_file() and not Path(first_path).exists()
+    assert (folder / "labeled" / rows[second_path]["prediction"] / hostile.name).is_file() and not hostile.exists()
