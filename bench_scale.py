@@ -11,6 +11,9 @@ process, peak private memory (RssAnon) sampled every 0.1 s):
   second start   the same with the cache in place (start-up, imports excluded, printed by the child)
   training       train_mt.py --benchmark N on the folder (stats over every image, then N steps)
   decode alone   find and decode every unlabeled file, batch after batch, nothing else
+  hash alone     find, read and hash (BLAKE2b, as the cache names its rows) every unlabeled file
+  rebuild        after 1,000 unlabeled files moved into labeled/ (renames, as label.py makes them), the
+                 cache rebuilt: load_dataset again; then moved back and rebuilt once more
   model alone    the checkpoint's teacher over every image of the cache, nothing decoded
   predict        evaluate.py --predict <folder>/unlabeled --csv (a checkpoint trained for one epoch on
                  a small companion folder of the same classes and size)
@@ -134,6 +137,27 @@ print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n 
 """
 
 
+HASH_ALONE = """
+import sys, time, json
+from images import file_digest, find_images, pooled, read_file
+t = time.perf_counter()
+paths = find_images(sys.argv[1])[0]
+n = sum(len(chunk) for chunk, _ in pooled(lambda path: file_digest(read_file(path)), paths, 1024))
+print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n / (time.perf_counter() - t))))
+"""
+
+MOVED = 1000  # files the rebuild part moves, as one round of label.py might
+
+
+def move_shard(folder, back=False):
+    """Rename the first unlabeled folder's MOVED files (0000000.jpg ...) into labeled/c0/, one rename a
+    file as label.py makes them, or back."""
+    shard, labeled = folder / "unlabeled" / "0000", folder / "labeled" / "c0"
+    for k in range(MOVED):
+        source, target = shard / f"{k:07d}.jpg", labeled / f"{k:07d}.jpg"
+        os.rename(*((target, source) if back else (source, target)))
+
+
 MODEL_ALONE = """
 import sys, time, json, torch
 from data import load_dataset
@@ -148,7 +172,8 @@ n = len(outputs_of(teacher, data.train_x[:int(sys.argv[4])], mean, std, torch.de
 print(json.dumps(dict(images=n, images_per_s=n / (time.perf_counter() - t))))
 """
 
-PARTS = ("imports", "first_decode", "second_start", "training", "decode_alone", "model_alone", "predict")
+PARTS = ("imports", "first_decode", "second_start", "training", "decode_alone", "hash_alone", "model_alone", "predict",
+         "rebuild")
 
 
 def last_json(record):
@@ -204,6 +229,8 @@ def main(n, image_size, root, width, steps, out, predict_images, model_images, p
         training=[python, "train_mt.py", "--dataset", "folder", "--data-dir", folder, "--image-size", str(image_size),
                   "--width", str(width), "--benchmark", str(steps), "--device", "cpu"],
         decode_alone=[python, "-c", DECODE_ALONE, folder / "unlabeled", str(image_size), "256"],
+        hash_alone=[python, "-c", HASH_ALONE, folder / "unlabeled"],
+        rebuild=[python, "-c", LOAD, folder, str(image_size)],
         model_alone=[python, "-c", MODEL_ALONE, ckpt / "mt_final.pt", folder, str(image_size), str(model_images)],
         predict=[python, "evaluate.py", "--ckpt", ckpt / "mt_final.pt", "--predict", *predicted, "--csv",
                  root / f"predictions-{n}-{image_size}px.csv", "--device", "cpu"])
@@ -214,8 +241,14 @@ def main(n, image_size, root, width, steps, out, predict_images, model_images, p
             measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--data-dir", small, "--image-size",
                                    str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
                                    "--device", "cpu", "--out", ckpt], env)
+        if part == "rebuild":
+            move_shard(folder)
+            record[part] = dict(moved=MOVED, into_labeled=measure("rebuild", commands[part], env))
+            move_shard(folder, back=True)
+            record[part]["back"] = measure("rebuild back", commands[part], env)
+            continue
         record[part] = measure(part.replace("_", " "), commands[part], env)
-        if part == "decode_alone":
+        if part in ("decode_alone", "hash_alone"):
             record[part]["images_per_s"] = round(n / record[part]["wall_s"])
         if part == "predict":
             record[part].update(images=n_predicted, images_per_s=round(n_predicted / record[part]["wall_s"]))

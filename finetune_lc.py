@@ -17,6 +17,7 @@ import click
 from presets import preset, preset_help, ramp_epochs
 from batches import Batches
 from data import restore_data, true_classes
+from console import robust_streams
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
                   resume_checkpoint, run_folder, stop_on_signals)
 from devices import processes, resolve_precision
@@ -95,6 +96,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
          resume, lc_scope, precision, compile_, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
+    robust_streams()
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
     outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out) if out is not None else Path(ckpt).parent

@@ -362,7 +362,7 @@ def apply(data_dir, moves, echo=click.echo):
             done.append(move)
     except OSError as exc:
         failed = moves[len(done)] if len(done) < len(moves) else None
-        stuck = put_back(data_dir, done, made)
+        stuck = rename_back(data_dir, [(m.source, m.target) for m in done], made)
         with contextlib.suppress(OSError):
             log.write(batch, "undo", "", "", "")
         what = f"moving {failed.source}" if failed else "the log"
@@ -374,15 +374,15 @@ def apply(data_dir, moves, echo=click.echo):
     return batch
 
 
-def put_back(data_dir, moves, made):
-    """Undo renames already made (latest first) and remove the folders made for them; returns
-    '<target> (reason)' for each file that could not be put back."""
+def rename_back(data_dir, renames, made):
+    """Undo renames already made [(from, to)], latest first, and remove the folders made for them
+    (latest first, if empty); returns '<to> (reason)' for each file that could not be renamed back."""
     stuck = []
-    for move in reversed(moves):
+    for old, new in reversed(renames):
         try:
-            os.rename(data_dir / move.target, data_dir / move.source)
+            os.rename(data_dir / new, data_dir / old)
         except OSError as exc:
-            stuck.append(f"{move.target} ({exc.strerror})")
+            stuck.append(f"{new} ({exc.strerror})")
     for folder in reversed(made):
         with contextlib.suppress(OSError):
             folder.rmdir()
@@ -437,24 +437,10 @@ def undo(data_dir, echo=click.echo):
                 folder.rmdir()
         log.write(batch, "undo", "", "", "")
     except OSError as exc:
-        stuck = redo(data_dir, restored)
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        stuck = rename_back(data_dir, [(m.target, m.source) for m in restored], made)
         raise MoveFailed(f"putting back batch {batch} failed ({exc.strerror or exc}): " + (
             "its files are where they were before the undo; the batch stays applied" if not stuck else
             f"{len(stuck)} files are neither here nor there: {'; '.join(stuck[:5])}")) from None
     finally:
         log.close()
     return int(batch), len(restored)
-
-
-def redo(data_dir, moves):
-    """Make again renames an undo put back (latest first); '<source> (reason)' for those that fail."""
-    stuck = []
-    for move in reversed(moves):
-        try:
-            os.rename(data_dir / move.source, data_dir / move.target)
-        except OSError as exc:
-            stuck.append(f"{move.source} ({exc.strerror})")
-    return stuck

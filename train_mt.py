@@ -19,6 +19,7 @@ from model import build_models
 from batches import augment, channel_stats, max_shift
 from data import balanced_split, hold_out, is_own_layout, load_dataset, own_split, restore_data
 from images import check_image_size
+from console import robust_streams
 from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, run_folder,
                   stop_on_signals)
 from devices import processes, resolve_precision
@@ -90,6 +91,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
          seed, device, out, overwrite, resume, precision, compile_, benchmark):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
+    robust_streams()
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
     outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out or ".")

@@ -108,7 +108,7 @@ def test_the_promise_holds_for_the_search_as_a_whole(n, max_error, true_error):
     """Every confidence is true_error % wrong, just above max_error: any acceptance breaks the
     promise, so at 95% something may be accepted in at most 5% of draws (within the Monte-Carlo
     error: 3 standard errors). The lowest threshold of all that pass at 95% each does not keep it
-    (measured: 8-14% of draws)."""
+    (bench_acceptance.py: 6-14% of draws)."""
     rng = np.random.default_rng(n + max_error)
     trials = 1500
     accepted = lowest = 0
@@ -126,7 +126,7 @@ def test_a_calibrated_model_still_gets_most_of_its_coverage():
     """A good, calibrated classifier (most images confident; each right with the probability of its
     confidence), 1,000 held-out images, --max-error 5: the search that pays for itself accepts at
     least 60% of what the lowest passing threshold accepts (measured: 0.51 against 0.71 of the
-    images; docs/label-the-rest.md has the other cases)."""
+    images; bench_acceptance.py and docs/label-the-rest.md have the other cases)."""
     rng = np.random.default_rng(7)
     paid, free = [], []
     for _ in range(100):

@@ -1,0 +1,202 @@
+"""What a folder, a checkpoint or a file name from a stranger can do, tried through the scripts:
+nothing in them runs code (a crafted CIFAR-10 batch or checkpoint), opens a program (PostScript
+named .png), hangs a run (a pipe named like an image), or ends in a traceback (a config without its
+keys, names that are not UTF-8 under a strict output encoding); and what the labeling loop needs of
+a folder after label.py has changed it."""
+import csv
+import errno
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import data as data_module
+import runs
+from conftest import ROOT
+from fakedata import write_cifar10
+from runs import UserError
+
+
+def run(*args, timeout=300, **env):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          errors="surrogateescape", timeout=timeout, env=dict(os.environ, **env))
+
+
+class RunsCode:
+    """Pickled, it asks the unpickler to call os.system: a file appears if it does."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_cifar10_batch_runs_nothing(tmp_path):
+    write_cifar10(tmp_path / "c")
+    marker = tmp_path / "ran"
+    with open(tmp_path / "c" / "cifar-10-batches-py" / "data_batch_2", "wb") as f:
+        pickle.dump({b"data": RunsCode(marker), b"labels": []}, f, protocol=2)
+    res = run("train_mt.py", "--dataset", "cifar10", "--data-dir", tmp_path / "c", "--epochs", "1", "--out", tmp_path / "r")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and not marker.exists()
+    assert "data_batch_2" in res.stderr and "could run code" in res.stderr and "system" in res.stderr
+
+
+def test_a_checkpoint_naming_a_crafted_cifar10_folder_runs_nothing(tmp_path):
+    write_cifar10(tmp_path / "c")
+    res = run("train_mt.py", "--dataset", "cifar10", "--data-dir", tmp_path / "c", "--labels", "20", "--width", "0.0625",
+              "--epochs", "1", "--decay-epochs", "0", "--unlabeled-batch", "64", "--labeled-batch", "10", "--device", "cpu",
+              "--out", tmp_path / "r")
+    assert res.returncode == 0, res.stderr
+    marker = tmp_path / "ran"
+    with open(tmp_path / "c" / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({b"data": RunsCode(marker), b"labels": []}, f, protocol=2)
+    res = run("evaluate.py", "--ckpt", tmp_path / "r" / "mt_final.pt")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and not marker.exists() and "test_batch" in res.stderr
+
+
+def test_cifar10_batches_as_python_2_wrote_them_are_read(tmp_path):
+    """The real files come from Python 2's pickle of numpy arrays (numpy.core.multiarray, str data):
+    the allow-list reads them."""
+    written = write_cifar10(tmp_path)
+    path = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+    path.write_bytes(path.read_bytes().replace(b"numpy._core.multiarray", b"numpy.core.multiarray"))
+    x, y = data_module.read_cifar10_batch(path)
+    assert np.array_equal(x.reshape(len(x), -1), written["data_batch_1"][0]) and y.tolist() == written["data_batch_1"][1]
+
+
+@pytest.mark.parametrize("batch, message", [
+    ({b"data": np.zeros((2, 3072), object), b"labels": [0, 1]}, "not a uint8 array"),
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 10]}, "one class 0-9"),
+    ([1, 2, 3], "TypeError"),
+])
+def test_a_cifar10_batch_of_the_wrong_form_is_refused(tmp_path, batch, message):
+    path = tmp_path / "b"
+    with open(path, "wb") as f:
+        pickle.dump(batch, f, protocol=2)
+    with pytest.raises(UserError, match=message):
+        data_module.read_cifar10_batch(path)
+
+
+def write_postscript(path):
+    path.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\n"
+                     b"showpage\n%%EOF\n")
+
+
+def test_postscript_named_png_is_a_bad_file_not_a_ghostscript_run(trained, tmp_path):
+    data, ckpt = trained
+    (tmp_path / "p").mkdir()
+    write_postscript(tmp_path / "p" / "x.png")
+    with Image.open(tmp_path / "p" / "x.png") as img:  # what Pillow would do by itself: EPS, through Ghostscript
+        assert img.format == "EPS"
+    Image.new("RGB", (20, 20)).save(tmp_path / "p" / "ok.png")
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", "--skip-bad-images")
+    assert res.returncode == 0 and "x.png: not an image in a format read here" in res.stderr, res.stderr
+    rows = {os.path.basename(r["path"]): r["prediction"] for r in csv.DictReader(io.StringIO(res.stdout))}
+    assert rows["x.png"] == "" and rows["ok.png"] in ("cat", "dog", "owl")
+    assert run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p").returncode == 1  # without the flag: 1
+
+
+def test_a_pipe_named_like_an_image_never_hangs(trained, tmp_path):
+    data, ckpt = trained
+    (tmp_path / "p").mkdir()
+    os.mkfifo(tmp_path / "p" / "pipe.png")
+    Image.new("RGB", (20, 20)).save(tmp_path / "p" / "ok.png")
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", timeout=120)
+    assert res.returncode == 0 and "1 files that are not images ignored" in res.stderr, res.stderr
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p" / "pipe.png", timeout=120)
+    assert res.returncode == 1 and "not a regular file" in res.stderr
+
+
+def test_a_checkpoint_that_runs_code_or_lacks_keys_is_one_line(trained, tmp_path):
+    _, ckpt = trained
+    state = torch.load(ckpt, weights_only=True)
+    marker = tmp_path / "ran"
+    torch.save(dict(state, extra=RunsCode(marker)), tmp_path / "evil.pt")
+    res = run("evaluate.py", "--ckpt", tmp_path / "evil.pt")
+    assert res.returncode == 2 and not marker.exists() and "Traceback" not in res.stderr
+    assert "system" in res.stderr and "could run code" in res.stderr, res.stderr  # the reason, not torch's advice
+    for broken in (dict(state["config"], mean=None), {k: v for k, v in state["config"].items() if k != "classes"}):
+        torch.save(dict(state, config=broken), tmp_path / "broken.pt")
+        for script in (("evaluate.py", "--ckpt"), ("finetune_lc.py", "--ckpt")):
+            res = run(*script, tmp_path / "broken.pt")
+            assert res.returncode == 2 and "Traceback" not in res.stderr and "its config lacks" in res.stderr, res.stderr
+
+
+def test_a_file_system_without_locks_is_one_line(tmp_path, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(runs.fcntl, "flock", no_locks)
+    with pytest.raises(UserError, match="No locks available"):
+        with runs.run_folder(tmp_path / "out", "test"):
+            pass
+    assert not (tmp_path / "out").exists()
+
+
+def test_names_that_are_not_utf8_predict_losslessly_under_a_strict_encoding(trained, tmp_path):
+    data, ckpt = trained
+    (tmp_path / "p").mkdir()
+    bad = os.fsencode(tmp_path / "p") + b"/bad\xff.png"
+    Image.new("RGB", (20, 20), (200, 10, 10)).save(bad)
+    (tmp_path / "p" / "broken\udcfe.png").write_bytes(b"not an image")
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", "--skip-bad-images",
+              PYTHONIOENCODING="utf-8:strict")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert str(tmp_path / "p" / "bad\udcff.png") in res.stdout  # the name's own bytes, read back by surrogateescape
+    assert "cannot read" in res.stderr and "broken" in res.stderr
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", "--csv", tmp_path / "p.csv",
+              PYTHONIOENCODING="utf-8:strict")
+    assert res.returncode == 1 and bad in (tmp_path / "p.csv").read_bytes()
+
+
+def copy_of(folder, tmp_path):
+    shutil.copytree(folder, tmp_path / "d", ignore=shutil.ignore_patterns("mtlc-cache"))
+    return tmp_path / "d"
+
+
+def test_after_label_py_the_test_images_still_calibrate(trained, tmp_path):
+    """label.py moved files from unlabeled/ to labeled/: the checkpoint's training files changed, but
+    its held-out test/ did not, so --max-error calibrates on it; when test/ changed too, the reason
+    is said."""
+    data, ckpt = trained
+    folder = copy_of(data, tmp_path)
+    (tmp_path / "l.csv").write_text("path,label\nunlabeled/u0000.png,cat\nunlabeled/u0003.png,dog\n")
+    assert run("label.py", "--data-dir", folder, "--apply", tmp_path / "l.csv").returncode == 0
+    res = run("evaluate.py", "--ckpt", ckpt, "--data-dir", folder, "--predict", folder / "unlabeled", "--max-error", "60",
+              "--csv", tmp_path / "p.csv")
+    assert res.returncode == 0 and "on 24 held-out test images" in res.stderr and "accepted" in res.stderr, res.stderr
+    (folder / "test" / "cat" / "0.png").unlink()
+    res = run("evaluate.py", "--ckpt", ckpt, "--data-dir", folder, "--predict", folder / "unlabeled", "--max-error", "60")
+    assert res.returncode == 2 and "need the checkpoint's held-out labeled images" in res.stderr
+    assert "1 missing (test/cat/0.png)" in res.stderr, res.stderr
+
+
+def test_an_image_edited_in_place_with_its_time_put_back_is_noticed(trained, tmp_path):
+    data, ckpt = trained
+    folder = copy_of(data, tmp_path)
+    path = folder / "labeled" / "cat" / "1.png"
+    stamp = path.stat()
+    Image.new("RGB", (40, 30), (1, 2, 3)).save(path)  # one colour: far smaller than the noisy original
+    with open(path, "ab") as f:
+        f.write(b"\0" * (stamp.st_size - path.stat().st_size))  # same size: PNG ignores bytes after IEND
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert path.stat().st_size == stamp.st_size and path.stat().st_mtime_ns == stamp.st_mtime_ns
+    res = run("evaluate.py", "--ckpt", ckpt, "--data-dir", folder, "--json")
+    assert res.returncode == 2 and "hold other bytes" in res.stderr, res.stderr
+    res = run("finetune_lc.py", "--ckpt", ckpt, "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "lc")
+    assert res.returncode == 2 and "hold other bytes" in res.stderr
+
+
+def test_the_checkpoint_records_its_contents(trained):
+    _, ckpt = trained
+    config = torch.load(ckpt, weights_only=True)["config"]
+    assert set(config["contents"]) == {"train", "test"} and all(len(v) == 64 for v in config["contents"].values())
+    json.dumps(config["contents"])
