@@ -158,6 +158,8 @@ def test_bad_checkpoints(mt_run, tmp_path):
 def test_finetune_refuses_an_lc_checkpoint(mt_run, tmp_path):
     state = torch.load(mt_run / "mt.pt", weights_only=True)
     state["stage"] = "lc"
+    state["config"]["lc"] = dict(eps=2.0, eps_auto=False, eps_scale="fixed", start={}, lam=1.0, lc_rampup=1.0, epochs=1,
+                                 decay_epochs=0, lr=0.05, eval_every=1, mt_step=0, mt_checkpoint=str(mt_run / "mt.pt"))
     torch.save(state, tmp_path / "lc.pt")
     result = invoke(finetune_lc, ["--ckpt", tmp_path / "lc.pt"])
     assert result.exit_code == 2 and "not a Mean Teacher checkpoint" in result.output
@@ -275,7 +277,8 @@ def test_validation_hold_out(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (lambda s: s["config"].update(width=0.25), "does not fit this project's model"),
-    (lambda s: s["config"].update(num_classes=7), "does not match the checkpoint"),
+    (lambda s: s["config"].update(num_classes=7, classes=s["config"]["classes"][:7]), "does not match the checkpoint"),
+    (lambda s: s["config"].update(num_classes=7), "do not fit its class count"),
     (lambda s: s["config"].update(dataset="svhn", data_dir="/nonexistent"), "SVHN files missing"),
 ])
 def test_incompatible_checkpoint(mt_run, tmp_path, monkeypatch, change, message):
