@@ -14,17 +14,36 @@ from pathlib import Path
 
 import click
 
-from presets import preset, preset_help, ramp_epochs
-from batches import Batches
-from data import restore_data, true_classes
-from console import robust_streams
-from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, load_checkpoint,
-                  resume_checkpoint, run_folder, stop_on_signals)
-from devices import processes, resolve_precision
-from neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
-from training import Stage, Trainer, describe_errors, fit, report_benchmark, restore_training, speed_options
+from mtlc.batches import Batches
+from mtlc.benchmark import report_benchmark
+from mtlc.checkpoints import (checkpoint_split, load_checkpoint, make_trainer, restore_data, restore_training,
+                              resume_checkpoint)
+from mtlc.console import robust_streams
+from mtlc.splits import true_classes
+from mtlc.devices import processes, resolve_precision
+from mtlc.errors import UserError
+from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
+from mtlc.options import run_options, speed_options
+from mtlc.presets import preset, preset_help, ramp_epochs
+from mtlc.runs import check_resume_flags, existing_outputs, run_folder
+from mtlc.training import run_stage
 
 OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
+
+
+# The forms of LC and the pairs it acts on (neighbours.lc_term), as --help explains them.
+EPS_SCALE_HELP = ("fixed: eps stays as given, in the features' units (the paper's). relative: eps follows the feature "
+                  "scale, as the same multiple of each batch's mean d2 (detached) that it is at LC's start, so LC "
+                  "cannot make every pair a neighbour by shrinking the space (the loss still falls as the space "
+                  "shrinks). normalized: the features divided by their batch's scale inside the loss, so a common "
+                  "factor changes nothing; not a default: on CIFAR-10 folders it pulled most images together and a "
+                  f"few far out (docs/lc-control.md). {preset_help('eps_scale')}")
+LC_PAIRS_HELP = ("Which pairs within eps LC pulls together. all: every one (the paper's). same-prediction: only "
+                 "pairs whose classes agree, a labeled image's class being its label and an unlabeled image's the "
+                 "teacher's prediction on the step's view: LC never pulls together images the teacher tells "
+                 "apart. true-class: only pairs of one true class, from the unlabeled images' own labels "
+                 "(svhn, cifar10, digits; a folder needs --truth): a measurement of what perfect neighbours "
+                 f"would give, not for real use. {preset_help('lc_pairs')}")
 
 
 class EpsParam(click.ParamType):
@@ -49,19 +68,9 @@ class EpsParam(click.ParamType):
                    "with the neighbour fraction it gives; `evaluate.py --distances` shows the distributions). "
                    f"{preset_help('eps')}")
 @click.option("--eps-scale", type=click.Choice(["fixed", "relative", "normalized"]), default=None,
-              help="fixed: eps stays as given, in the features' units (the paper's). relative: eps follows the feature "
-                   "scale, as the same multiple of each batch's mean d2 (detached) that it is at LC's start, so LC "
-                   "cannot make every pair a neighbour by shrinking the space (the loss still falls as the space "
-                   "shrinks). normalized: the features divided by their batch's scale inside the loss, so a common "
-                   "factor changes nothing; not a default: on CIFAR-10 folders it pulled most images together and a "
-                   f"few far out (docs/lc-control.md). {preset_help('eps_scale')}")
+              help=EPS_SCALE_HELP)
 @click.option("--lc-pairs", type=click.Choice(["all", "same-prediction", "true-class"]), default=None,
-              help="Which pairs within eps LC pulls together. all: every one (the paper's). same-prediction: only "
-                   "pairs whose classes agree, a labeled image's class being its label and an unlabeled image's the "
-                   "teacher's prediction on the step's view: LC never pulls together images the teacher tells "
-                   "apart. true-class: only pairs of one true class, from the unlabeled images' own labels "
-                   "(svhn, cifar10, digits; a folder needs --truth): a measurement of what perfect neighbours "
-                   f"would give, not for real use. {preset_help('lc_pairs')}")
+              help=LC_PAIRS_HELP)
 @click.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --lc-pairs true-class on a folder: a CSV with columns path,class for its unlabeled/ images.")
 @click.option("--lam", type=float, default=None,
@@ -83,10 +92,7 @@ class EpsParam(click.ParamType):
               help="Seed of batch order, augmentation and dropout. [default: the checkpoint's]")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: the checkpoint's folder]")
-@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in --out from its lc_last.pt, with that run's settings "
-                   "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
+@run_options("lc")
 @click.option("--lc-scope", type=click.Choice(["local", "global"]), default="local",
               help="Under torchrun: local finds each process's neighbours in its own share of the batch; global "
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
@@ -104,11 +110,10 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         if resume:
             state = resume_checkpoint(out, "lc", write=procs.main)
             data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
-            student, teacher, optimizer = restore_training(state, device)
             procs.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
-            trainer = make_trainer(state["config"], data, state, student, teacher, optimizer, device, procs,
-                                   reference_spread=state["reference_spread"])
-            run(trainer, out, start_epoch=state["epoch"])
+            trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,
+                                reference_spread=state["reference_spread"])
+            run_stage(trainer, out, milestones(state["config"]), start_epoch=state["epoch"])
             return
 
         state = load_checkpoint(ckpt)
@@ -133,11 +138,12 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
         if lc_pairs == "true-class":
             true_classes(data, truth)  # every unlabeled image's class known, before any work
-        student, teacher, optimizer = restore_training(state, device)
+        training = restore_training(state, device)
+        student = training[0]
         config.update(precision=resolve_precision(precision, device), compile=compile_,
                       processes=procs.world)
         batches = Batches(data, checkpoint_split(state), config, device)
-        eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config.get("forward") == "split"))
+        eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config["forward"] == "split"))
         mt_record = state["metrics"][-1] if state.get("metrics") else {}
         start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
         epochs = epochs or defaults["lc_epochs"]
@@ -170,39 +176,23 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         if lam > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
             click.echo(f"warning: with eps {eps:.4g} every LC pair is a neighbour at LC's start: eps is too large "
                        f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
-        trainer = make_trainer(config, data, state, student, teacher, optimizer, device, procs)
+        trainer = stage_two(config, data, state, training, device, procs)
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
             return
-        if procs.main:
-            out.mkdir(parents=True, exist_ok=True)
-            for f in existing:
-                (out / f).unlink()
-        run(trainer, out, start_epoch=0)
+        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing)
 
 
-def make_trainer(config, data, state, student, teacher, optimizer, device, procs, reference_spread=None):
-    lc = config["lc"]
-    stage = Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"],
-                  ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
-                  eval_every=lc["eval_every"], first_step=lc["mt_step"],
-                  lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
-                  lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"],
-                  lc_loss_unit=lc.get("loss_unit", 1.0),  # 1: a run from before the unit-free relative loss
-                  lc_pairs=lc.get("pairs", "all"))
-    pairs_truth = true_classes(data, lc.get("truth")) if stage.lc_pairs == "true-class" else None
-    return Trainer(student, teacher, optimizer, data, checkpoint_split(state), config, stage, device,
-                   procs, reference_spread=reference_spread, true_classes=pairs_truth)
+def stage_two(config, data, state, training, device, procs, reference_spread=None):
+    """Stage 2's trainer; with --lc-pairs true-class it also holds every training image's true class."""
+    pairs_truth = true_classes(data, config["lc"]["truth"]) if config["lc"]["pairs"] == "true-class" else None
+    return make_trainer("lc", config, data, checkpoint_split(state), training, device, procs,
+                        reference_spread=reference_spread, true_classes=pairs_truth)
 
 
-def run(trainer, out, start_epoch):
-    lc = trainer.config["lc"]
-    with stop_on_signals():
-        last = fit(trainer, out, {lc["epochs"] + lc["decay_epochs"]: ["lc.pt"]}, start_epoch=start_epoch,
-                   echo=trainer.procs.echo)
-    if trainer.procs.main:
-        click.echo(f"done: {describe_errors(last)}; "
-                   f"wrote {out / 'lc.pt'}, {out / 'lc_metrics.jsonl'}")
+def milestones(config):
+    """{epoch: checkpoints written after it}: lc.pt at the end."""
+    return {config["lc"]["epochs"] + config["lc"]["decay_epochs"]: ["lc.pt"]}
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import click
 
-from console import robust_streams
-from labeling import LOG_NAME, apply, locked, plan, read_labels, undo
-from runs import UserError
+from mtlc.console import robust_streams
+from mtlc.errors import UserError
+from mtlc.label_files import LOG_NAME, read_labels
+from mtlc.labeling import apply, locked, plan, undo
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

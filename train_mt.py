@@ -14,16 +14,19 @@ from pathlib import Path
 import click
 import torch
 
-from presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
-from model import build_models
-from batches import augment, channel_stats, max_shift
-from data import balanced_split, hold_out, is_own_layout, load_dataset, own_split, restore_data
-from images import check_image_size
-from console import robust_streams
-from runs import (UserError, check_resume_flags, checkpoint_split, existing_outputs, resume_checkpoint, run_folder,
-                  stop_on_signals)
-from devices import processes, resolve_precision
-from training import Stage, Trainer, describe_errors, fit, make_optimizer, report_benchmark, restore_training, speed_options
+from mtlc.batches import augment, channel_stats, max_shift
+from mtlc.benchmark import report_benchmark
+from mtlc.checkpoints import checkpoint_split, make_trainer, restore_data, restore_training, resume_checkpoint
+from mtlc.console import robust_streams
+from mtlc.data import is_own_layout, load_dataset
+from mtlc.devices import processes, resolve_precision
+from mtlc.errors import UserError
+from mtlc.model import ModelConfig, build_models, check_image_size
+from mtlc.options import run_options, speed_options
+from mtlc.presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
+from mtlc.runs import check_resume_flags, existing_outputs, run_folder
+from mtlc.splits import balanced_split, hold_out, own_split
+from mtlc.training import make_optimizer, run_stage
 
 OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 
@@ -81,10 +84,7 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--seed", type=int, default=0, help="Seed of initialization, batch order, augmentation and dropout.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: .]")
-@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in --out from its mt_last.pt, with that run's settings "
-                   "(the other options are ignored); it ends bitwise as an uninterrupted run would.")
+@run_options("mt")
 @speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
          lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, image_size, skip_bad_images,
@@ -99,11 +99,10 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         if resume:
             state = resume_checkpoint(out, "mt", write=procs.main)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
-            student, teacher, optimizer = restore_training(state, device)
             procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
-            trainer = make_trainer(config, data, checkpoint_split(state), student, teacher, optimizer,
-                                   device, procs)
-            run(trainer, out, start_epoch=state["epoch"])
+            trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
+                                   procs)
+            run_stage(trainer, out, milestones(config), start_epoch=state["epoch"])
             return
         own = dataset == "folder" and is_own_layout(data_dir)
         if own and labels is not None:
@@ -156,39 +155,23 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                    f"forward, device {device} x {procs.world}, {config['precision']}")
 
         torch.manual_seed(seed)  # every process builds the same networks; DDP checks they agree
-        student, teacher = build_models(config, device)
+        student, teacher = build_models(ModelConfig.of_run(config), device)
         first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
         student.data_init(augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10",
                                   max_shift(image_size)))
         teacher.load_state_dict(student.state_dict())
-        optimizer = make_optimizer(student, lr)
-        trainer = make_trainer(config, data, split, student, teacher, optimizer, device, procs)
+        trainer = make_trainer("mt", config, data, split, (student, teacher, make_optimizer(student, lr)), device, procs)
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
             return
-        if procs.main:
-            out.mkdir(parents=True, exist_ok=True)
-            for f in existing:
-                (out / f).unlink()
-        run(trainer, out, start_epoch=0)
+        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing)
 
 
-def make_trainer(config, data, split, student, teacher, optimizer, device, procs):
-    stage = Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
-                  ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"],
-                  eval_every=config["eval_every"], first_step=0)
-    return Trainer(student, teacher, optimizer, data, split, config, stage, device, procs)
-
-
-def run(trainer, out, start_epoch):
-    config = trainer.config
-    milestones = {config.get("lc_start_epoch", config["epochs"]): ["mt.pt"]}
-    milestones.setdefault(config["epochs"] + config["decay_epochs"], []).append("mt_final.pt")
-    with stop_on_signals():
-        last = fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
-    if trainer.procs.main:
-        click.echo(f"done: {describe_errors(last)}; "
-                   f"wrote {out / 'mt.pt'}, {out / 'mt_final.pt'}, {out / 'mt_metrics.jsonl'}")
+def milestones(config):
+    """{epoch: checkpoints written after it}: mt.pt where LC starts, mt_final.pt at the end."""
+    written = {config["lc_start_epoch"]: ["mt.pt"]}
+    written.setdefault(config["epochs"] + config["decay_epochs"], []).append("mt_final.pt")
+    return written
 
 
 if __name__ == "__main__":

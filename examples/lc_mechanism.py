@@ -27,11 +27,11 @@ import click
 import torch
 import torch.nn.functional as F
 
-from batches import Batches
-from data import restore_data, true_classes
-from neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2
-from presets import preset
-from runs import checkpoint_split, load_checkpoint, restore_models
+from mtlc.batches import Batches
+from mtlc.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
+from mtlc.neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2
+from mtlc.presets import preset
+from mtlc.splits import true_classes
 
 
 def pair_classes(batches, truth):
@@ -98,8 +98,7 @@ def main(more_ckpts, ckpts, truth, lam):
         data = restore_data(state, echo=lambda line: None)
         student, _ = restore_models(state, torch.device("cpu"))
         batches = Batches(data, checkpoint_split(state), config, torch.device("cpu"))
-        split = config.get("forward") == "split"
-        feats = list(lc_features(student, batches, split))
+        feats = list(lc_features(student, batches, config["forward"] == "split"))
         lc = config.get("lc") or {}
         distances = PairDistances.of_batches(feats)
         ratio = lc.get("eps_ratio") or distances.choose_eps() / distances.mean_d2  # as --eps auto would

@@ -172,7 +172,7 @@ def main(sizes, dim, dtype, device, repeat, time_budget, seed, skip):
 
 
 def report_targets(results, sizes):
-    """The kernel's targets from the project's issue, checked on what was measured."""
+    """The kernel's targets (docs/lc-loss.md), checked on what was measured."""
     def check(text, ok):
         click.echo(f"target: {text}: {'n/a' if ok is None else ('PASS' if ok else 'FAIL')}")
     t, r = lambda n: results.get((n, "triton")), lambda n: results.get((n, "reference"))

@@ -11,6 +11,8 @@ by exactly one program that loops in a fixed order, so results are bitwise repro
 """
 import os
 
+from typing import Optional, Tuple, Union
+
 import torch
 import triton
 import triton.language as tl
@@ -219,8 +221,12 @@ def _triton_interpreted():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def lc_loss(z_labeled, z_unlabeled, eps, impl="auto", return_fraction=False, classes=None):
+def lc_loss(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: float, *, impl: str = "auto",
+            return_fraction: bool = False,
+            classes: Optional[torch.Tensor] = None) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Local-clustering loss L_lc (paper Eq. 4-5) of student features, as a 0-dim tensor.
+
+    Shapes: z_labeled (N_l, D), z_unlabeled (N_u, D), classes (N_l + N_u,) -> loss () [, fraction ()].
 
     z_labeled: (N_l, D), N_l >= 0; z_unlabeled: (N_u, D), N_u >= 1; eps: the cut-off on the MEAN
     squared feature distance (the authors' units; Eq. 4 writes the sum). Semantics are those of

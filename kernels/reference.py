@@ -4,6 +4,8 @@ Written for clarity, not speed: it materializes the N_l x N_u and N_u x N_u dist
 """
 import math
 
+from typing import Optional
+
 import torch
 
 
@@ -43,8 +45,11 @@ def check_lc_inputs(z_labeled, z_unlabeled, eps, classes=None):
     return eps
 
 
-def lc_loss_reference(z_labeled, z_unlabeled, eps, classes=None):
+def lc_loss_reference(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: float,
+                      classes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """L_lc = term(z_L, z_U) + term(z_U, z_U), Eq. 5, with the authors' released semantics.
+
+    Shapes: z_labeled (N_l, D), z_unlabeled (N_u, D), classes (N_l + N_u,) -> loss ().
 
     d2(a, b) is the MEAN over the D features of (a_k - b_k)^2, not the sum of Eq. 4: the paper's
     eps values (40, 50) are in these units. A pair is a neighbour when d2 <= eps (Eq. 4), weighted

@@ -1,3 +1,9 @@
+"""What the tests share: the project's root, running a script as a user would (a child process)
+or in-process (click's runner), the CSV rows evaluate.py writes, a folder's files as bytes, and the
+tiny trained run that the prediction and review tests use."""
+import csv
+import hashlib
+import io
 import json
 import os
 import subprocess
@@ -6,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from fakedata import write_own_folder
 
@@ -17,8 +24,43 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def run_script(*args):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+def run(*args, env=None, timeout=None, limit_kb=None):
+    """python ARGS in the project's root, as a user runs it: (returncode, stdout, stderr), text with
+    undecodable bytes kept as surrogate escapes. env: variables added; limit_kb: the largest file
+    it may write (ulimit -f, KiB)."""
+    command = [sys.executable, *map(str, args)]
+    if limit_kb is not None:
+        command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="surrogateescape",
+                          env=dict(os.environ, **(env or {})), timeout=timeout)
+
+
+def invoke(command, args):
+    """A script's click command run in this process, as `python <script> ARGS` would."""
+    return CliRunner().invoke(command.main, [str(a) for a in args])
+
+
+def read_rows(text, more=()):
+    """The rows of evaluate.py --predict's CSV, checked to have its columns (and `more` after them)."""
+    reader = csv.DictReader(io.StringIO(text))
+    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up", *more]
+    return list(reader)
+
+
+def snapshot(folder, leave_out=("label-log.csv",)):
+    """Every file's bytes (hashed) and every folder under folder, the label log left out."""
+    files = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in folder.rglob("*") if p.is_file() and p.name not in leave_out}
+    return files, {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_dir()}
+
+
+def write_labels(path, rows, header=("path", "label")):
+    """A labels CSV for label.py."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -27,11 +69,11 @@ def trained(tmp_path_factory):
     images each) and an MT checkpoint trained on it."""
     root = tmp_path_factory.mktemp("predict")
     write_own_folder(root / "d", n_labeled=8, n_unlabeled=24, n_test=8)
-    res = run_script("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125",
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125",
                      "--labeled-batch", "12", "--unlabeled-batch", "12", "--lr", "0.02", "--cons-weight", "10",
                      "--epochs", "4", "--decay-epochs", "2", "--device", "cpu", "--out", root / "run")
     assert res.returncode == 0, res.stderr
-    result = json.loads(run_script("evaluate.py", "--ckpt", root / "run" / "mt_final.pt", "--json").stdout.splitlines()[-1])
+    result = json.loads(run("evaluate.py", "--ckpt", root / "run" / "mt_final.pt", "--json").stdout.splitlines()[-1])
     assert result["student_error"] != result["teacher_error"]  # half trained: the two models differ
     assert len({r["teacher_error"] for r in result["per_class"].values()}) > 1  # and so do the classes
     return root / "d", root / "run" / "mt_final.pt"

@@ -53,14 +53,19 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
 
 
 def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None):
-    """A Trainer on CPU for `config` (seed 0 weights, data-initialized on the first labeled images)."""
+    """A Trainer on CPU for `config` (what it leaves out as a run from before those settings had it;
+    seed 0 weights, data-initialized on the first labeled images)."""
     import torch
 
-    from model import build_models
-    from batches import augment
-    from training import Trainer, make_optimizer
+    from mtlc.batches import augment
+    from mtlc.checkpoints import LC_DEFAULTS, RUN_DEFAULTS
+    from mtlc.model import ModelConfig, build_models
+    from mtlc.training import Trainer, make_optimizer
+    config = dict(RUN_DEFAULTS, **config)
+    if stage.name == "lc":
+        config["lc"] = dict(LC_DEFAULTS, **config.get("lc", {}))
     torch.manual_seed(0)
-    student, teacher = build_models(config, torch.device("cpu"))
+    student, teacher = build_models(ModelConfig.of_run(config), torch.device("cpu"))
     student.data_init(augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
                                      torch.tensor(config["std"]), False))
     teacher.load_state_dict(student.state_dict())

@@ -12,21 +12,22 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
 
-import images
-import batches
-from batches import channel_stats
-from data import load_dataset
-from devices import Processes
+from mtlc import images
+from mtlc import batches
+from mtlc.batches import channel_stats
+from mtlc.data import load_dataset
+from mtlc.devices import Processes
+from conftest import ROOT, run
 from fakedata import tiny_trainer, write_own_folder
-from runs import UserError
-from training import Stage
+from mtlc.errors import UserError
+from mtlc.training import Stage
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def quiet(line):
@@ -42,37 +43,33 @@ def write_tiny_pngs(folder, n, seed=0):
             Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / part / f"{i:05d}.png")
 
 
-def run_python(code, *args, **kwargs):
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
-
-
 # Decodes n empty files (decode_bytes is replaced by one that returns a constant image of size x
 # size) in batches of 64 and prints the growth of the peak RSS in bytes.
 BOUNDED_DECODE = """
 import resource, sys, torch
 from pathlib import Path
-import images
+from mtlc import cache, files, images
 root, n, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-entries = images.scan_images(root)[0]
-images.DECODE_BATCH = 64
+entries = files.scan_images(root)[0]
+cache.DECODE_BATCH = 64
 images.decode_bytes = lambda data, s: torch.full((3, s, s), 7, dtype=torch.uint8)
 list(images.decode_batches([root / entry[0] for entry in entries[:128]], size, 64))  # warm the pool and the allocator
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-x, bad, _, written = images.load_images(root, entries, "train", size, lambda line: None)
+x, bad, _, written = cache.load_images(root, entries, "train", size, lambda line: None)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 assert x.shape == (n, 3, size, size) and not bad and written > x.numel()
 print(after - before, x.numel())
 """
 
 
+@pytest.mark.slow
 def test_the_first_decode_holds_one_batch_not_every_image(tmp_path):
     """5,000 images of 3 x 200 x 200 are 600 MB decoded; decoding them in batches of 64 (7.7 MB) into
     the cache must not raise the peak RSS by anything near that (measured: 36-132 MB, the allocator's
     arenas and the pool's two batches in flight)."""
     for i in range(5000):
         (tmp_path / f"{i:05d}.png").touch()
-    res = run_python(BOUNDED_DECODE, tmp_path, 5000, 200)
+    res = run("-c", BOUNDED_DECODE, tmp_path, 5000, 200)
     assert res.returncode == 0, res.stderr
     growth, total = map(int, res.stdout.split())
     assert total == 5000 * 3 * 200 * 200
@@ -82,9 +79,9 @@ def test_the_first_decode_holds_one_batch_not_every_image(tmp_path):
 # Decodes a folder slowly (each image waits 20 ms) until killed.
 SLOW_DECODE = """
 import sys, time
-import images
-from data import load_dataset
-images.DECODE_BATCH = 8
+from mtlc import cache, files, images
+from mtlc.data import load_dataset
+cache.DECODE_BATCH = 8
 original = images.decode_bytes
 images.decode_bytes = lambda data, size: time.sleep(0.02) or original(data, size)
 load_dataset("folder", sys.argv[1], echo=lambda line: None)
@@ -93,17 +90,16 @@ load_dataset("folder", sys.argv[1], echo=lambda line: None)
 
 def test_a_decode_killed_mid_write_leaves_no_cache_that_looks_valid(tmp_path):
     write_tiny_pngs(tmp_path, 400)
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, str(tmp_path)], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    cache = tmp_path / "mtlc-cache"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, str(tmp_path)], cwd=ROOT)
+    folder = tmp_path / "mtlc-cache"
     deadline = time.time() + 60
-    while time.time() < deadline and not any(p.stat().st_size > 20 * 3072 for p in cache.glob(".train-*.tmp")):
+    while time.time() < deadline and not any(p.stat().st_size > 20 * 3072 for p in folder.glob(".train-*.tmp")):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    (partial,) = cache.glob(".train-*.tmp")  # the half-written images, under a hidden temporary name
+    (partial,) = folder.glob(".train-*.tmp")  # the half-written images, under a hidden temporary name
     assert partial.stat().st_size < 128 + 408 * 3072
-    assert not list(cache.glob("train-*"))  # no .u8, no .json: nothing that a later run could take for a cache
+    assert not list(folder.glob("train-*"))  # no .u8, no .json: nothing that a later run could take for a cache
     said = []
     data = load_dataset("folder", tmp_path, echo=said.append)  # decodes again, in full
     assert len(data.train_x) == 408 and any("cached the decoded images" in line for line in said)

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from calibration import (MIN_CALIBRATION_IMAGES, Calibration, NoTemperature, acceptance_threshold, confidences,
-                         cross_fitted_ece, error_upper_bound, errors_at_coverage, expected_calibration_error,
-                         fit_temperature)
+from mtlc.calibration import Calibration, MIN_CALIBRATION_IMAGES, NoTemperature, acceptance_threshold, confidences, cross_fitted_ece, error_upper_bound, errors_at_coverage, expected_calibration_error, fit_temperature
 
 
 def calibrated_logits(n, classes=10, seed=0):
@@ -103,6 +101,7 @@ def lowest_passing_threshold(confidence, correct, max_error):
     return bool((error_upper_bound(errors, counts) <= max_error).any())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, max_error, true_error", [(200, 5, 5.5), (1000, 5, 5.5), (5000, 5, 5.5), (1000, 10, 12)])
 def test_the_promise_holds_for_the_search_as_a_whole(n, max_error, true_error):
     """Every confidence is true_error % wrong, just above max_error: any acceptance breaks the

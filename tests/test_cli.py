@@ -1,29 +1,24 @@
 """The three stages end to end on tiny data: files, metrics lines, JSON keys, exit codes."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from data import balanced_split, hold_out, load_digits
-from neighbours import MIN_LOSS_UNIT
-from runs import CHECKPOINT_KEYS
-from training import Stage, fit
+from mtlc.data import load_digits
+from mtlc.splits import balanced_split, hold_out
+from mtlc.neighbours import MIN_LOSS_UNIT
+from mtlc.checkpoints import CHECKPOINT_KEYS
+from mtlc.figures import stage_label
+from mtlc.training import Stage, fit
 import evaluate
 import finetune_lc
 import train_mt
+from conftest import invoke, run
 from fakedata import tiny_trainer, write_cifar10, write_folder, write_svhn
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1",
         "--device", "cpu"]
-
-
-def run(*args):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def lines(path):
@@ -39,6 +34,7 @@ def mt_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_three_stages_on_digits(mt_run, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -73,6 +69,7 @@ def test_three_stages_on_digits(mt_run, tmp_path):
     assert result["teacher_error"] == pytest.approx(records[-1]["teacher_error"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset, writer", [("svhn", write_svhn), ("cifar10", write_cifar10)])
 def test_train_mt_reads_real_file_formats(tmp_path, dataset, writer):
     writer(tmp_path / "data")
@@ -82,6 +79,7 @@ def test_train_mt_reads_real_file_formats(tmp_path, dataset, writer):
     assert "20 labeled / 180 unlabeled / 0 validation / 50 test" in res.stdout
 
 
+@pytest.mark.slow
 def test_folder_dataset(tmp_path):
     write_folder(tmp_path / "data", n_train=12)
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "data", "--labels", "6",
@@ -90,10 +88,6 @@ def test_folder_dataset(tmp_path):
     assert res.returncode == 0, res.stderr
     ev = run("evaluate.py", "--ckpt", tmp_path / "run" / "mt_final.pt", "--json")
     assert json.loads(ev.stdout.splitlines()[-1])["n_test"] == 9
-
-
-def invoke(command, args):
-    return CliRunner().invoke(command.main, [str(a) for a in args])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -165,10 +159,10 @@ def test_finetune_refuses_an_lc_checkpoint(mt_run, tmp_path):
     assert result.exit_code == 2 and "not a Mean Teacher checkpoint" in result.output
 
 
-@pytest.mark.parametrize("script", ["train_mt.py", "finetune_lc.py", "evaluate.py"])
+@pytest.mark.parametrize("script", [train_mt, finetune_lc, evaluate])
 def test_help(script):
-    res = run(script, "--help")
-    assert res.returncode == 0 and "--device" in res.stdout
+    res = invoke(script, ["--help"])
+    assert res.exit_code == 0 and "--device" in res.output
 
 
 def test_unlabeled_labels_are_never_used(tmp_path):
@@ -214,6 +208,7 @@ def test_the_validation_hold_out_is_never_trained_on(tmp_path):
     assert records[0]["teacher_val_error"] != records[1]["teacher_val_error"]
 
 
+@pytest.mark.slow
 def test_same_seed_same_weights_on_cpu(mt_run, tmp_path):
     res = run("train_mt.py", "--dataset", "digits", *TINY, "--out", tmp_path, "--device", "cpu")
     assert res.returncode == 0, res.stderr
@@ -234,6 +229,7 @@ def test_evaluate_several_checkpoints(mt_run):
     assert "MT, digits, 100 labels: mean +- std over 2 runs" in text
 
 
+@pytest.mark.slow
 def test_results_table_curves_and_tsne(mt_run, tmp_path):
     ckpts = ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt"]
     result = invoke(evaluate, [*ckpts, "--table", tmp_path / "t.md", "--tsne", tmp_path / "tsne.png",
@@ -259,6 +255,7 @@ def test_evaluate_bad_input(args, message):
     assert result.exit_code == 2 and message in result.output
 
 
+@pytest.mark.slow
 def test_validation_hold_out(tmp_path):
     res = run("train_mt.py", "--dataset", "digits", *TINY, "--val", "200", "--out", tmp_path)
     assert res.returncode == 0, res.stderr
@@ -276,7 +273,8 @@ def test_validation_hold_out(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda s: s["config"].update(width=0.25), "does not fit this project's model"),
+    (lambda s: s["model_args"].update(width=0.25), "does not fit this project's model"),
+    (lambda s: s.pop("model_args") and s["config"].update(width=0.25), "does not fit this project's model"),  # an old run
     (lambda s: s["config"].update(num_classes=7, classes=s["config"]["classes"][:7]), "does not match the checkpoint"),
     (lambda s: s["config"].update(num_classes=7), "do not fit its class count"),
     (lambda s: s["config"].update(dataset="svhn", data_dir="/nonexistent"), "SVHN files missing"),
@@ -293,6 +291,7 @@ def test_incompatible_checkpoint(mt_run, tmp_path, monkeypatch, change, message)
         assert result.exit_code == 2 and message in result.output, result.output
 
 
+@pytest.mark.slow
 def test_eps_auto_is_chosen_printed_and_stored(mt_run, tmp_path):
     res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "auto", "--eps-scale", "relative", "--epochs", "1",
               "--decay-epochs", "0", "--out", tmp_path)
@@ -310,6 +309,7 @@ def test_eps_auto_is_chosen_printed_and_stored(mt_run, tmp_path):
     assert {"d2_same_median", "d2_different_median", "d2_ratio", "d2_mean", "eps", "neighbour_fraction"} <= set(record)
 
 
+@pytest.mark.slow
 def test_all_neighbours_is_reported(mt_run, tmp_path):
     """eps above every distance: said at LC's start, once for the epochs, and in the metrics."""
     res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "1e6", "--eps-scale", "fixed", "--lc-pairs", "all",
@@ -359,6 +359,7 @@ def test_checkpoints_cannot_run_code(mt_run, tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_lc_start_epoch_and_split_forward(tmp_path):
     """mt.pt holds the epoch LC starts from (CIFAR-10: 600 of 800), mt_final.pt MT's own end; the
     forward mode goes into the config and stage 2 keeps it."""
@@ -375,6 +376,7 @@ def test_lc_start_epoch_and_split_forward(tmp_path):
     assert result.exit_code == 2 and "--lc-start-epoch 3 is past the run's 1+1 epochs" in result.output
 
 
+@pytest.mark.slow
 def test_progress_lines_inside_long_epochs(tmp_path):
     res = run("train_mt.py", "--width", "0.0625", "--labeled-batch", "10", "--unlabeled-batch", "10", "--epochs", "1",
               "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path)  # 133 steps in the epoch
@@ -382,6 +384,7 @@ def test_progress_lines_inside_long_epochs(tmp_path):
     assert "mt epoch 1/1: step 100/133" in res.stdout and "s/step" in res.stdout
 
 
+@pytest.mark.slow
 def test_control_is_named_and_paired_with_lc(mt_run, tmp_path):
     """A stage-2 run with lambda2 0 is LC's control ("MT, continued"), and evaluate.py sets each MT+LC
     run against the control from the same MT checkpoint: the paired difference."""
@@ -405,5 +408,5 @@ def test_control_is_named_and_paired_with_lc(mt_run, tmp_path):
     assert paired["teacher_difference_mean"] == pytest.approx(sum(differences) / 2)
     table = (tmp_path / "t.md").read_text()
     assert "| MT, continued (lambda2 0) |" in table and "Paired difference" in table
-    assert evaluate.stage_label(lines(tmp_path / "control" / "lc_metrics.jsonl")) == "MT, continued"  # --curves' legend
-    assert evaluate.stage_label(lines(tmp_path / "lc2" / "lc_metrics.jsonl")) == "MT+LC"
+    assert stage_label(lines(tmp_path / "control" / "lc_metrics.jsonl")) == "MT, continued"  # --curves' legend
+    assert stage_label(lines(tmp_path / "lc2" / "lc_metrics.jsonl")) == "MT+LC"

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torchvision
 
-from batches import channel_stats
-from data import CIFAR10_CLASSES, load_dataset, load_digits
-from runs import UserError
+from mtlc.batches import channel_stats
+from mtlc.data import CIFAR10_CLASSES, load_dataset, load_digits
+from mtlc.errors import UserError
 from fakedata import write_cifar10, write_folder, write_svhn
 
 

@@ -5,19 +5,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.multiprocessing as mp
 
-from data import balanced_split, load_digits
-from devices import Processes
-import neighbours
-from training import Stage, fit
+from mtlc.data import load_digits
+from mtlc.splits import balanced_split
+from mtlc.devices import Processes
+from mtlc import neighbours
+from mtlc.training import Stage, fit
+from conftest import ROOT
 from fakedata import tiny_trainer
 from kernels import lc_loss
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 
 
@@ -78,6 +80,7 @@ def worker(rank, world, init_file, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_global_lc_and_processes_in_sync(tmp_path):
     mp.spawn(worker, args=(WORLD, tmp_path / "init", tmp_path), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
@@ -124,6 +127,7 @@ def torchrun(*args):
                           cwd=ROOT, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_stages_under_torchrun(tmp_path):
     tiny = ["--width", "0.0625", "--unlabeled-batch", "256", "--device", "cpu", "--precision", "fp32"]
     res = torchrun("train_mt.py", *tiny, "--epochs", "1", "--decay-epochs", "1", "--out", tmp_path)

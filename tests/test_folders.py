@@ -3,34 +3,23 @@ bad files and folders, --image-size."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 from PIL import Image
 
-import images
+from mtlc import files, images
 import train_mt
-from data import load_dataset
-from images import DecodeCache, cache_dir, find_images
-from runs import UserError
+from mtlc.data import load_dataset
+from mtlc.cache import DecodeCache, cache_dir
+from mtlc.files import find_images
+from mtlc.errors import UserError
+from conftest import invoke, run
 from fakedata import write_own_folder
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--width", "0.0625", "--labeled-batch", "6", "--unlabeled-batch", "12", "--epochs", "2", "--decay-epochs",
          "1", "--seed", "1", "--device", "cpu"]
-
-
-def run(*args, env=None):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})))
-
-
-def invoke(command, args):
-    return CliRunner().invoke(command.main, [str(a) for a in args])
 
 
 def rows(csv_text):
@@ -39,6 +28,7 @@ def rows(csv_text):
     return [line.split(",") for line in lines[1:]]
 
 
+@pytest.mark.slow
 def test_own_images_through_all_three_stages_and_predict(tmp_path):
     size = 64  # not the default: the size must reach every stage and the predictions
     data = tmp_path / "d"
@@ -62,6 +52,7 @@ def test_own_images_through_all_three_stages_and_predict(tmp_path):
     assert len(predicted) == 30 and {r[1] for r in predicted} <= {"cat", "dog", "owl"}
 
 
+@pytest.mark.slow
 def test_unlabeled_images_carry_no_label(tmp_path):
     """The same pixels in unlabeled/, once flat as PNG and once as BMP inside class-named folders
     (what a label-inventing loader would read as labels): bitwise the same models."""
@@ -84,6 +75,7 @@ def test_unlabeled_images_carry_no_label(tmp_path):
         assert all(torch.equal(finals[0][model][k], finals[1][model][k]) for k in finals[0][model])
 
 
+@pytest.mark.slow
 def test_validation_hold_out_from_labeled_and_no_test_folder(tmp_path):
     write_own_folder(tmp_path / "d", n_labeled=6, n_test=0)
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", "--val", "6", *SMALL,
@@ -102,6 +94,7 @@ def test_validation_hold_out_from_labeled_and_no_test_folder(tmp_path):
     assert result["n_test"] == 0 and result["teacher_error"] is None
 
 
+@pytest.mark.slow
 def test_a_changed_folder_is_a_clear_error(tmp_path):
     write_own_folder(tmp_path / "d")
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r")
@@ -121,9 +114,9 @@ def quiet(line):
 
 
 def no_decoding(monkeypatch):
-    def refuse(path, size):
-        raise AssertionError(f"decoded {path}")
-    monkeypatch.setattr(images, "decode", refuse)
+    def refuse(data, size):
+        raise AssertionError("decoded an image")
+    monkeypatch.setattr(images, "decode_bytes", refuse)
 
 
 def test_cache_hit_skips_decoding(tmp_path, monkeypatch):
@@ -180,7 +173,7 @@ def test_a_cache_of_other_files_is_never_used(tmp_path):
 
 def test_cache_key_covers_size_and_image_size(tmp_path):
     write_own_folder(tmp_path)
-    entries = images.scan_images(tmp_path / "unlabeled")[0]
+    entries = files.scan_images(tmp_path / "unlabeled")[0]
     names = {DecodeCache(tmp_path, "unlabeled", s, entries, quiet).path.name for s in (32, 64)}
     changed = [(p, size + 1, *times) for p, size, *times in entries]
     names.add(DecodeCache(tmp_path, "unlabeled", 32, changed, quiet).path.name)
@@ -252,6 +245,7 @@ def test_a_rerun_skipping_bad_files_decodes_nothing(tmp_path, monkeypatch):
     assert data.skipped[0][0] == "unlabeled/u0001.png"
 
 
+@pytest.mark.slow
 def test_skip_bad_images_trains_without_them(tmp_path):
     data = tmp_path / "d"
     write_own_folder(data)
@@ -297,7 +291,7 @@ def test_images_are_listed_in_the_order_paths_sort_in(tmp_path):
         (tmp_path / name).touch()
     found, *_ = find_images(tmp_path)
     assert found == sorted(tmp_path / name for name in names)
-    assert [entry[0] for entry in images.scan_images(tmp_path)[0]] == [p.relative_to(tmp_path).as_posix() for p in found]
+    assert [entry[0] for entry in files.scan_images(tmp_path)[0]] == [p.relative_to(tmp_path).as_posix() for p in found]
 
 
 def test_a_folder_linked_twice_is_listed_under_its_first_name(tmp_path):
@@ -339,7 +333,7 @@ def test_image_size_is_refused_where_it_cannot_apply(tmp_path):
 
 
 def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
-    from presets import MIN_RAMP_STEPS, ramp_epochs
+    from mtlc.presets import MIN_RAMP_STEPS, ramp_epochs
     assert ramp_epochs("cons_rampup", 100, 100) * 100 == pytest.approx(0.2 * 100 * 100)  # 20% of 10,000 steps
     assert ramp_epochs("lc_rampup", 40, 100) * 100 == pytest.approx(0.25 * 40 * 100)
     assert ramp_epochs("cons_rampup", 50, 10) * 10 == MIN_RAMP_STEPS  # 20% of 500 steps is under the floor
@@ -347,7 +341,7 @@ def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
 
 
 def test_augmentation_shift_scales_with_image_size():
-    from batches import max_shift
+    from mtlc.batches import max_shift
     assert (max_shift(32), max_shift(64), max_shift(96), max_shift(16)) == (2, 4, 6, 1)
 
 
@@ -359,7 +353,7 @@ def write_truth(path, classes=("cat", "dog", "owl"), n_unlabeled=30, dirs=("", "
 
 
 def test_true_classes_of_a_folder_come_from_the_truth_file(tmp_path):
-    from data import true_classes
+    from mtlc.splits import true_classes
     write_own_folder(tmp_path / "d")
     data = load_dataset("folder", tmp_path / "d", echo=lambda *a, **k: None)
     with pytest.raises(UserError, match="30 unlabeled images of this folder have no known classes"):
@@ -376,6 +370,7 @@ def test_true_classes_of_a_folder_come_from_the_truth_file(tmp_path):
         true_classes(data, tmp_path / "partial.csv")
 
 
+@pytest.mark.slow
 def test_true_class_pairs_and_pool_error_on_a_folder(tmp_path):
     """LC on pairs of one true class (a measurement): refused without the truth, run with it; the
     error on the unlabeled images from the same file."""
@@ -416,6 +411,7 @@ def add_mac_and_notebook_leftovers(root):
     return added + 3
 
 
+@pytest.mark.slow
 def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     data = tmp_path / "d"
     write_own_folder(data)

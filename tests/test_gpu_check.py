@@ -1,20 +1,17 @@
 """gpu_check.py in miniature on a CPU, so the one-command GPU check cannot rot."""
 import json
-import subprocess
-import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 
-from data import CIFAR10_CLASSES
+from mtlc.data import CIFAR10_CLASSES
+from conftest import run
 from fakedata import write_folder
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "gpu_check.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+def gpu_check(*args):
+    return run("tools/gpu_check.py", *args)
 
 
 @pytest.mark.slow
@@ -23,7 +20,7 @@ def test_gpu_check_in_miniature(tmp_path):
     with tarfile.open(tmp_path / "cifar.tar.xz", "w:xz") as tar:
         tar.add(tmp_path / "cifar10-jpeg", arcname="cifar10-jpeg")
     out = tmp_path / "out"
-    res = run("--out", out, "--tiny", "--device", "cpu", "--archive", tmp_path / "cifar.tar.xz", "--work", tmp_path / "w")
+    res = gpu_check("--out", out, "--tiny", "--device", "cpu", "--archive", tmp_path / "cifar.tar.xz", "--work", tmp_path / "w")
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary) == ["env", "kernel-tests", "kernel-bench", "step", "cifar10"]
@@ -34,11 +31,11 @@ def test_gpu_check_in_miniature(tmp_path):
     assert (out / "cifar10_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list(out.iterdir())) <= 8
     # a part alone: rerun, the others' results kept
-    res = run("--out", out, "--part", "env", "--device", "cpu")
+    res = gpu_check("--out", out, "--part", "env", "--device", "cpu")
     assert res.returncode == 0, res.stderr
     assert list(json.loads((out / "summary.json").read_text())) == list(summary)
 
 
 def test_gpu_check_needs_its_archive(tmp_path):
-    res = run("--out", tmp_path, "--part", "cifar10", "--archive", tmp_path / "nothing.tar.xz")
+    res = gpu_check("--out", tmp_path, "--part", "cifar10", "--archive", tmp_path / "nothing.tar.xz")
     assert res.returncode == 2 and "does not exist" in res.stderr and not list(tmp_path.iterdir())

@@ -10,24 +10,17 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import data as data_module
-import runs
-from conftest import ROOT
+from mtlc import data as data_module
+from mtlc import runs
+from conftest import run
 from fakedata import write_cifar10
-from runs import UserError
-
-
-def run(*args, timeout=300, **env):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          errors="surrogateescape", timeout=timeout, env=dict(os.environ, **env))
+from mtlc.errors import UserError
 
 
 class RunsCode:
@@ -50,6 +43,7 @@ def test_a_crafted_cifar10_batch_runs_nothing(tmp_path):
     assert "data_batch_2" in res.stderr and "could run code" in res.stderr and "system" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_checkpoint_naming_a_crafted_cifar10_folder_runs_nothing(tmp_path):
     write_cifar10(tmp_path / "c")
     res = run("train_mt.py", "--dataset", "cifar10", "--data-dir", tmp_path / "c", "--labels", "20", "--width", "0.0625",
@@ -91,6 +85,7 @@ def write_postscript(path):
                      b"showpage\n%%EOF\n")
 
 
+@pytest.mark.slow
 def test_postscript_named_png_is_a_bad_file_not_a_ghostscript_run(trained, tmp_path):
     data, ckpt = trained
     (tmp_path / "p").mkdir()
@@ -105,6 +100,7 @@ def test_postscript_named_png_is_a_bad_file_not_a_ghostscript_run(trained, tmp_p
     assert run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p").returncode == 1  # without the flag: 1
 
 
+@pytest.mark.slow
 def test_a_pipe_named_like_an_image_never_hangs(trained, tmp_path):
     data, ckpt = trained
     (tmp_path / "p").mkdir()
@@ -116,6 +112,7 @@ def test_a_pipe_named_like_an_image_never_hangs(trained, tmp_path):
     assert res.returncode == 1 and "not a regular file" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_runs_code_or_lacks_keys_is_one_line(trained, tmp_path):
     _, ckpt = trained
     state = torch.load(ckpt, weights_only=True)
@@ -141,6 +138,7 @@ def test_a_file_system_without_locks_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_names_that_are_not_utf8_predict_losslessly_under_a_strict_encoding(trained, tmp_path):
     data, ckpt = trained
     (tmp_path / "p").mkdir()
@@ -148,12 +146,12 @@ def test_names_that_are_not_utf8_predict_losslessly_under_a_strict_encoding(trai
     Image.new("RGB", (20, 20), (200, 10, 10)).save(bad)
     (tmp_path / "p" / "broken\udcfe.png").write_bytes(b"not an image")
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", "--skip-bad-images",
-              PYTHONIOENCODING="utf-8:strict")
+              env=dict(PYTHONIOENCODING="utf-8:strict"))
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert str(tmp_path / "p" / "bad\udcff.png") in res.stdout  # the name's own bytes, read back by surrogateescape
     assert "cannot read" in res.stderr and "broken" in res.stderr
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", "--csv", tmp_path / "p.csv",
-              PYTHONIOENCODING="utf-8:strict")
+              env=dict(PYTHONIOENCODING="utf-8:strict"))
     assert res.returncode == 1 and bad in (tmp_path / "p.csv").read_bytes()
 
 
@@ -162,6 +160,7 @@ def copy_of(folder, tmp_path):
     return tmp_path / "d"
 
 
+@pytest.mark.slow
 def test_after_label_py_the_test_images_still_calibrate(trained, tmp_path):
     """label.py moved files from unlabeled/ to labeled/: the checkpoint's training files changed, but
     its held-out test/ did not, so --max-error calibrates on it; when test/ changed too, the reason
@@ -179,6 +178,7 @@ def test_after_label_py_the_test_images_still_calibrate(trained, tmp_path):
     assert "1 missing (test/cat/0.png)" in res.stderr, res.stderr
 
 
+@pytest.mark.slow
 def test_an_image_edited_in_place_with_its_time_put_back_is_noticed(trained, tmp_path):
     data, ckpt = trained
     folder = copy_of(data, tmp_path)

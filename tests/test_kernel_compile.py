@@ -35,6 +35,9 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 # The kernels module itself (the package's `lc_loss` attribute is the function of that name).
 LC_LOSS_MODULE = importlib.import_module("kernels.lc_loss")
 
+# Compiling every kernel for sm_90 ahead of time takes minutes on a CPU: the full suite's job.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 INT_ARGS = ("n_rows", "n_labeled", "dim")
 BLOCK_AND_DTYPE_CONSTEXPRS = ("BLOCK_D", "BLOCK_OUT", "DOT", "ACC")  # reported with each configuration

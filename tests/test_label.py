@@ -2,35 +2,18 @@
 rerun is idempotent; --undo restores the folder bitwise; a run cut short leaves each file whole in
 one place."""
 import csv
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import label
-import labeling
+from mtlc import label_files, labeling
+from conftest import ROOT, invoke, snapshot, write_labels
 from fakedata import write_own_folder
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def snapshot(folder):
-    """Every file's bytes (hashed) and every folder, the log left out."""
-    files = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in folder.rglob("*") if p.is_file() and p.name != labeling.LOG_NAME}
-    return files, {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_dir()}
-
-
-def write_labels(path, rows, header=("path", "label")):
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
 
 
 @pytest.fixture
@@ -39,22 +22,18 @@ def folder(tmp_path):
     return tmp_path / "d"
 
 
-def invoke(*args):
-    return CliRunner().invoke(label.main, [str(a) for a in args])
-
-
 def test_apply_moves_each_listed_image_into_its_class(folder, tmp_path):
     before = snapshot(folder)[0]
     labels = write_labels(tmp_path / "l.csv", [(folder / "unlabeled" / "u0000.png", "cat"),
                                                ("unlabeled/a/u0001.png", "dog")])  # relative to the folder
-    result = invoke("--data-dir", folder, "--apply", labels)
+    result = invoke(label, ["--data-dir", folder, "--apply", labels])
     assert result.exit_code == 0, result.output
     assert "moved 2 images into labeled/ (cat 1, dog 1)" in result.output
     after = snapshot(folder)[0]
     assert after["labeled/cat/u0000.png"] == before["unlabeled/u0000.png"]
     assert after["labeled/dog/u0001.png"] == before["unlabeled/a/u0001.png"]
     assert "unlabeled/u0000.png" not in after and len(after) == len(before)
-    log = list(csv.DictReader(open(folder / labeling.LOG_NAME)))
+    log = list(csv.DictReader(open(folder / label_files.LOG_NAME)))
     assert [(r["action"], r["source"], r["target"]) for r in log] == [
         ("move", "unlabeled/u0000.png", "labeled/cat/u0000.png"), ("move", "unlabeled/a/u0001.png", "labeled/dog/u0001.png")]
 
@@ -73,17 +52,17 @@ def test_every_refusal_exits_2_and_moves_nothing(folder, tmp_path, rows, message
     before = snapshot(folder)
     (tmp_path / "elsewhere.png").write_bytes(b"x")
     flag = "--dry-run" if "unknown class" in message else "--new-classes"
-    result = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), flag)
+    result = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), flag])
     assert result.exit_code == 2 and message in result.output and "nothing was moved" in result.output
-    assert snapshot(folder) == before and not (folder / labeling.LOG_NAME).exists()
+    assert snapshot(folder) == before and not (folder / label_files.LOG_NAME).exists()
 
 
 def test_bad_input(folder, tmp_path):
-    assert "must have the columns path,label" in invoke(
-        "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [], ("file", "class"))).output
-    assert invoke("--data-dir", folder).exit_code == 2
-    assert invoke("--data-dir", folder, "--apply", tmp_path / "missing.csv").exit_code == 2
-    assert invoke("--data-dir", tmp_path / "nowhere", "--undo").exit_code == 2
+    assert "must have the columns path,label" in invoke(label, [
+        "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [], ("file", "class"))]).output
+    assert invoke(label, ["--data-dir", folder]).exit_code == 2
+    assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "missing.csv"]).exit_code == 2
+    assert invoke(label, ["--data-dir", tmp_path / "nowhere", "--undo"]).exit_code == 2
     res = subprocess.run([sys.executable, "label.py", "--data-dir", str(folder), "--apply", str(tmp_path / "x.csv")],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "does not exist" in res.stderr
@@ -92,8 +71,8 @@ def test_bad_input(folder, tmp_path):
 def test_new_classes_and_a_name_clash(folder, tmp_path):
     (folder / "labeled" / "cat" / "u0000.png").write_bytes(b"an earlier image of that name")
     rows = [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "zebra")]
-    assert invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows)).exit_code == 2
-    result = invoke("--data-dir", folder, "--apply", tmp_path / "l.csv", "--new-classes")
+    assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows)]).exit_code == 2
+    result = invoke(label, ["--data-dir", folder, "--apply", tmp_path / "l.csv", "--new-classes"])
     assert result.exit_code == 0, result.output
     assert (folder / "labeled" / "cat" / "u0000.png").read_bytes() == b"an earlier image of that name"
     assert (folder / "labeled" / "cat" / "u0000-1.png").is_file() and (folder / "labeled" / "zebra" / "u0001.png").is_file()
@@ -103,18 +82,18 @@ def test_a_rerun_is_idempotent_and_undo_restores_the_folder_bitwise(folder, tmp_
     before = snapshot(folder)
     rows = [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "owl"), ("unlabeled/a/b/u0002.png", "kiwi")]
     labels = write_labels(tmp_path / "l.csv", rows)
-    assert invoke("--data-dir", folder, "--apply", labels, "--new-classes").exit_code == 0
+    assert invoke(label, ["--data-dir", folder, "--apply", labels, "--new-classes"]).exit_code == 0
     moved = snapshot(folder)
-    again = invoke("--data-dir", folder, "--apply", labels, "--new-classes")
+    again = invoke(label, ["--data-dir", folder, "--apply", labels, "--new-classes"])
     assert again.exit_code == 0 and "nothing to move: all 3 rows" in again.output and snapshot(folder) == moved
     more = write_labels(tmp_path / "m.csv", rows + [("unlabeled/u0003.png", "dog")])
-    partly = invoke("--data-dir", folder, "--apply", more)
+    partly = invoke(label, ["--data-dir", folder, "--apply", more])
     assert partly.exit_code == 0 and "moved 1 images" in partly.output and "3 applied before" in partly.output
-    assert "put back the 1 images of batch 2" in invoke("--data-dir", folder, "--undo").output
+    assert "put back the 1 images of batch 2" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert snapshot(folder) == moved
-    assert "put back the 3 images of batch 1" in invoke("--data-dir", folder, "--undo").output
+    assert "put back the 3 images of batch 1" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert snapshot(folder) == before  # bytes, names and folders (labeled/kiwi/ is gone)
-    assert "nothing to undo" in invoke("--data-dir", folder, "--undo").output
+    assert "nothing to undo" in invoke(label, ["--data-dir", folder, "--undo"]).output
 
 
 def test_a_run_cut_short_leaves_each_file_in_one_place(folder, tmp_path, monkeypatch):
@@ -132,14 +111,14 @@ def test_a_run_cut_short_leaves_each_file_in_one_place(folder, tmp_path, monkeyp
         real_rename(src, dst)
     monkeypatch.setattr(labeling.os, "rename", rename_twice_then_die)
     labels = write_labels(tmp_path / "l.csv", rows)
-    assert isinstance(invoke("--data-dir", folder, "--apply", labels).exception, Killed)
+    assert isinstance(invoke(label, ["--data-dir", folder, "--apply", labels]).exception, Killed)
     monkeypatch.undo()
     now = snapshot(folder)[0]
     for source, _ in rows:  # each file whole, in exactly one place
         name = Path(source).name
         places = [p for p in (source, f"labeled/cat/{name}") if p in now]
         assert len(places) == 1 and now[places[0]] == before[source]
-    result = invoke("--data-dir", folder, "--apply", labels)  # the rerun finishes the batch
+    result = invoke(label, ["--data-dir", folder, "--apply", labels])  # the rerun finishes the batch
     assert result.exit_code == 0 and "moved 1 images" in result.output and "2 applied before" in result.output
     assert all(f"labeled/cat/{Path(s).name}" in snapshot(folder)[0] for s, _ in rows)
 
@@ -149,7 +128,7 @@ def test_paths_with_spaces_accents_commas_and_quotes(folder, tmp_path):
     (folder / "unlabeled" / "u0000.png").rename(odd)
     labels = write_labels(tmp_path / "l.csv", [(odd, "owl"), ('unlabeled/u0003.png', "cat")])
     assert '"' in labels.read_text()  # quoted as CSV quotes it
-    result = invoke("--data-dir", folder, "--apply", labels)
+    result = invoke(label, ["--data-dir", folder, "--apply", labels])
     assert result.exit_code == 0, result.output
     assert (folder / "labeled" / "owl" / odd.name).is_file() and not odd.exists()
-    assert invoke("--data-dir", folder, "--undo").exit_code == 0 and odd.is_file()
+    assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0 and odd.is_file()

@@ -6,16 +6,15 @@ import csv
 import errno
 import fcntl
 import os
-import subprocess
-import sys
 
 import pytest
 
-import labeling
+import label
+from mtlc import label_files, labeling
+from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
-from test_label import invoke, snapshot, write_labels
 
-from conftest import ROOT
+STRICT = dict(PYTHONIOENCODING="utf-8:strict")  # no surrogate escapes on stdout unless the script asks
 
 
 @pytest.fixture
@@ -25,16 +24,10 @@ def folder(tmp_path):
 
 
 def write_log(folder, rows):
-    with open(folder / labeling.LOG_NAME, "w", newline="") as f:
+    with open(folder / label_files.LOG_NAME, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(labeling.LOG_HEADER)
+        writer.writerow(label_files.LOG_HEADER)
         writer.writerows(rows)
-
-
-def label_py(*args, **env):
-    return subprocess.run([sys.executable, "label.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          errors="surrogateescape",
-                          env=dict(os.environ, **env))
 
 
 @pytest.mark.parametrize("source", ["/tmp/elsewhere/x.png", "../x.png", "unlabeled/../../x.png", "labeled/cat/0.png",
@@ -47,10 +40,10 @@ def test_undo_refuses_a_log_that_names_places_outside_the_folder(folder, tmp_pat
     (folder / "unlabeled" / "link").symlink_to(outside, target_is_directory=True)
     write_log(folder, [(1, "t", "move", source, "labeled/cat/u0000.png", "cat")])
     os.rename(folder / "unlabeled" / "u0000.png", folder / "labeled" / "cat" / "u0000.png")
-    before, log = snapshot(folder), (folder / labeling.LOG_NAME).read_bytes()
-    res = label_py("--data-dir", folder, "--undo")
+    before, log = snapshot(folder), (folder / label_files.LOG_NAME).read_bytes()
+    res = run("label.py", "--data-dir", folder, "--undo")
     assert res.returncode == 2 and "Traceback" not in res.stderr and "cannot be trusted" in res.stderr, res.stderr
-    assert snapshot(folder) == before and (folder / labeling.LOG_NAME).read_bytes() == log
+    assert snapshot(folder) == before and (folder / label_files.LOG_NAME).read_bytes() == log
     assert list(outside.iterdir()) == [] and not (tmp_path / "x.png").exists() and not os.path.exists("/tmp/elsewhere")
 
 
@@ -58,7 +51,7 @@ def test_a_target_through_a_link_is_refused(folder, tmp_path):
     (tmp_path / "outside").mkdir()
     (folder / "labeled" / "owl").rename(folder / "owl-real")
     (folder / "labeled" / "owl").symlink_to(tmp_path / "outside", target_is_directory=True)
-    res = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "owl")]))
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "owl")])])
     assert res.exit_code == 2 and "leads outside the folder through a link" in res.output
     assert list((tmp_path / "outside").iterdir()) == []
 
@@ -76,9 +69,9 @@ def test_names_and_places_the_file_system_refuses_are_refused_before_any_move(fo
     (folder / "unlabeled" / "link").symlink_to(tmp_path / "outside", target_is_directory=True)
     before = snapshot(folder)
     rows = [("unlabeled/u0001.png", "cat")] + rows  # a good row first: it must not move either
-    res = label_py("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), "--new-classes")
+    res = run("label.py", "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), "--new-classes")
     assert res.returncode == 2 and message in res.stderr and "nothing was moved" in res.stderr, res.stderr
-    assert "Traceback" not in res.stderr and snapshot(folder) == before and not (folder / labeling.LOG_NAME).exists()
+    assert "Traceback" not in res.stderr and snapshot(folder) == before and not (folder / label_files.LOG_NAME).exists()
 
 
 def test_a_nul_byte_or_a_short_row_is_refused(folder, tmp_path):
@@ -88,7 +81,7 @@ def test_a_nul_byte_or_a_short_row_is_refused(folder, tmp_path):
     short.write_text("path,label\nunlabeled/u0000.png,cat\nunlabeled/u0001.png\n")
     before = snapshot(folder)
     for labels, message in ((nul, "cannot be a class folder"), (short, "line 3")):
-        res = label_py("--data-dir", folder, "--apply", labels)
+        res = run("label.py", "--data-dir", folder, "--apply", labels)
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert snapshot(folder) == before
 
@@ -104,15 +97,15 @@ def test_another_file_system_is_refused(folder, tmp_path, monkeypatch):
             return os.stat_result((result.st_mode, result.st_ino, result.st_dev + 1) + tuple(result)[3:])
         return result
     monkeypatch.setattr(labeling.os, "stat", stat)
-    res = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [
-        ("unlabeled/u0000.png", "cat"), ("unlabeled/u0003.png", "dog")]))
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [
+        ("unlabeled/u0000.png", "cat"), ("unlabeled/u0003.png", "dog")])])
     assert res.exit_code == 2 and "another file system" in res.output and (folder / "unlabeled" / "u0000.png").exists()
 
 
 def test_a_read_only_folder_is_refused(folder, tmp_path, monkeypatch):
     # As root, chmod cannot make a folder read-only to this process: the check is os.access's answer.
     monkeypatch.setattr(labeling.os, "access", lambda path, mode: not str(path).endswith("unlabeled"))
-    res = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat")]))
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat")])])
     assert res.exit_code == 2 and "cannot be written (read-only)" in res.output
 
 
@@ -128,26 +121,26 @@ def test_a_move_the_os_refuses_midway_puts_the_batch_back(folder, tmp_path, monk
         real_rename(src, dst)
     monkeypatch.setattr(labeling.os, "rename", rename)
     rows = [(f"unlabeled/u{i:04d}.png", "zebra") for i in (0, 3, 6)] + [("unlabeled/a/u0001.png", "zebra")]
-    res = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), "--new-classes")
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), "--new-classes"])
     assert res.exit_code == 1 and "were put back; nothing was moved" in res.output and os.strerror(error) in res.output
     assert snapshot(folder) == before  # labeled/zebra/ is gone too
     monkeypatch.undo()
-    assert "nothing to undo" in invoke("--data-dir", folder, "--undo").output  # the batch is marked undone
-    assert invoke("--data-dir", folder, "--apply", tmp_path / "l.csv", "--new-classes").exit_code == 0
+    assert "nothing to undo" in invoke(label, ["--data-dir", folder, "--undo"]).output  # the batch is marked undone
+    assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "l.csv", "--new-classes"]).exit_code == 0
 
 
 def test_a_torn_log_line_is_cut_off_and_two_undos_restore_the_folder(folder, tmp_path):
     """A full disk cut the log's last line short (no newline; its move never happened): the next
     run cuts it off (said), appends whole lines, and undos put every file back."""
     before = snapshot(folder)
-    assert invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "a.csv", [("unlabeled/u0000.png", "cat")])).exit_code == 0
-    with open(folder / labeling.LOG_NAME, "a") as f:
+    assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "a.csv", [("unlabeled/u0000.png", "cat")])]).exit_code == 0
+    with open(folder / label_files.LOG_NAME, "a") as f:
         f.write("2,2026-11-27T10:00:00,move,unlabeled/u0001.png,labe")
-    res = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "b.csv", [("unlabeled/u0003.png", "dog")]))
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "b.csv", [("unlabeled/u0003.png", "dog")])])
     assert res.exit_code == 0 and "cut off the torn last line" in res.output, res.output
-    assert all(line.count(",") == 5 for line in (folder / labeling.LOG_NAME).read_text().splitlines())
-    assert "batch 2" in invoke("--data-dir", folder, "--undo").output
-    assert "batch 1" in invoke("--data-dir", folder, "--undo").output
+    assert all(line.count(",") == 5 for line in (folder / label_files.LOG_NAME).read_text().splitlines())
+    assert "batch 2" in invoke(label, ["--data-dir", folder, "--undo"]).output
+    assert "batch 1" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert snapshot(folder) == before
 
 
@@ -155,23 +148,23 @@ def test_one_label_py_at_a_time(folder, tmp_path):
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a running label.py holds it
-        res = label_py("--data-dir", folder, "--undo")
+        res = run("label.py", "--data-dir", folder, "--undo")
         assert res.returncode == 2 and "another label.py is changing" in res.stderr
     finally:
         os.close(fd)
-    assert label_py("--data-dir", folder, "--undo").returncode == 0
+    assert run("label.py", "--data-dir", folder, "--undo").returncode == 0
 
 
 def test_an_undo_that_cannot_put_a_file_back_leaves_the_batch_open(folder, tmp_path):
     labels = write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat"), ("unlabeled/u0003.png", "dog")])
-    assert invoke("--data-dir", folder, "--apply", labels).exit_code == 0
+    assert invoke(label, ["--data-dir", folder, "--apply", labels]).exit_code == 0
     (folder / "unlabeled" / "u0003.png").write_bytes(b"a new file under the old name")
     moved = snapshot(folder)
-    res = invoke("--data-dir", folder, "--undo")
+    res = invoke(label, ["--data-dir", folder, "--undo"])
     assert res.exit_code == 2 and "stays applied" in res.output and "the name is taken" in res.output
     assert snapshot(folder) == moved
     (folder / "unlabeled" / "u0003.png").unlink()
-    assert "put back the 2 images of batch 1" in invoke("--data-dir", folder, "--undo").output
+    assert "put back the 2 images of batch 1" in invoke(label, ["--data-dir", folder, "--undo"]).output
 
 
 def test_utf16_and_cp1252_labels_files(folder, tmp_path):
@@ -180,13 +173,13 @@ def test_utf16_and_cp1252_labels_files(folder, tmp_path):
     os.rename(folder / "unlabeled" / "u0000.png", folder / "unlabeled" / "café.png")
     utf16 = tmp_path / "u16.csv"
     utf16.write_bytes("path,label\nunlabeled/café.png,owl\n".encode("utf-16"))
-    assert invoke("--data-dir", folder, "--apply", utf16).exit_code == 0 and (folder / "labeled" / "owl" / "café.png").exists()
+    assert invoke(label, ["--data-dir", folder, "--apply", utf16]).exit_code == 0 and (folder / "labeled" / "owl" / "café.png").exists()
     before = snapshot(folder)
     for text, message in (("path,label\nunlabeled/u0003.png,caf\xe9\n", "is not text"),
                           ("path,label\nunlabeled/s\xe9.png,cat\n", "no such file")):
         cp1252 = tmp_path / "cp.csv"
         cp1252.write_bytes(text.encode("cp1252"))
-        res = invoke("--data-dir", folder, "--apply", cp1252, "--new-classes")
+        res = invoke(label, ["--data-dir", folder, "--apply", cp1252, "--new-classes"])
         assert res.exit_code == 2 and message in res.output, res.output
     assert snapshot(folder) == before
 
@@ -199,12 +192,12 @@ def test_a_name_that_is_not_utf8_round_trips(folder, tmp_path):
     os.rename(folder / "unlabeled" / "u0000.png", name)
     labels = tmp_path / "l.csv"
     labels.write_bytes(b"path,label\nunlabeled/bad\xff.png,cat\n")
-    res = label_py("--data-dir", folder, "--apply", labels, "--dry-run", PYTHONIOENCODING="utf-8:strict")
+    res = run("label.py", "--data-dir", folder, "--apply", labels, "--dry-run", env=STRICT)
     assert res.returncode == 0 and "Traceback" not in res.stderr and "would move 1" in res.stdout
-    res = label_py("--data-dir", folder, "--apply", labels, PYTHONIOENCODING="utf-8:strict")
+    res = run("label.py", "--data-dir", folder, "--apply", labels, env=STRICT)
     assert res.returncode == 0, res.stderr
     assert os.path.exists(os.fsencode(folder / "labeled" / "cat") + b"/bad\xff.png")
-    assert label_py("--data-dir", folder, "--undo", PYTHONIOENCODING="utf-8:strict").returncode == 0
+    assert run("label.py", "--data-dir", folder, "--undo", env=STRICT).returncode == 0
     assert os.path.exists(name)
 
 
@@ -215,13 +208,13 @@ def test_accepted_rows_of_a_predictions_csv_and_a_dry_run_that_lists_moves(folde
                      f"{folder / 'unlabeled' / 'u0003.png'},dog,0.5100,cat,0\n"
                      f"{folder / 'unlabeled' / 'a' / 'bad.png'},,,,0\n"
                      f"{folder / 'unlabeled' / 'u0006.png'},cat,0.9700,dog,1\n")
-    dry = invoke("--data-dir", folder, "--apply", preds, "--accepted", "--dry-run")
+    dry = invoke(label, ["--data-dir", folder, "--apply", preds, "--accepted", "--dry-run"])
     assert dry.exit_code == 0 and dry.output.splitlines()[:2] == [
         "unlabeled/u0000.png -> labeled/owl/u0000.png", "unlabeled/u0006.png -> labeled/cat/u0006.png"]
     assert "would move 2 images into labeled/ (cat 1, owl 1)" in dry.output
-    res = invoke("--data-dir", folder, "--apply", preds, "--accepted")
+    res = invoke(label, ["--data-dir", folder, "--apply", preds, "--accepted"])
     assert res.exit_code == 0 and (folder / "labeled" / "owl" / "u0000.png").exists()
     assert (folder / "unlabeled" / "u0003.png").exists()
-    no_column = invoke("--data-dir", folder, "--apply", write_labels(tmp_path / "p.csv", [], ("path", "prediction")),
-                       "--accepted")
+    no_column = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "p.csv", [], ("path", "prediction")),
+                       "--accepted"])
     assert no_column.exit_code == 2 and "only with --max-error" in no_column.output

@@ -24,13 +24,15 @@ def seeded(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 IMPLS = ["triton", "torch"]
 # Relative tolerances per input dtype, on the loss and on each gradient (relative to its largest
-# element). fp32 is the issue's requirement; the half types carry the rounding of their inputs'
+# element). fp32 is docs/lc-loss.md's promise; the half types carry the rounding of their inputs'
 # centred copies (bf16: 8 significant bits, fp16: 11) and of the loss and gradients they return.
 RTOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 4e-2}
-# (N_l, N_u, D): off the 64-blocks and the 16/64 feature chunks, N_l = 0, N_u = 1, D = 1, D >= 1000.
+# (N_l, N_u, D): off the 64-blocks and the 16/64 feature chunks, N_l = 0, N_u = 1, D = 1, D >= 1000
+# (over two row and column blocks: the interpreter's cost grows with N^2 D, and larger N drive the
+# same code; tools/gpu_check.py times the paper's sizes on a GPU).
 SHAPES = [(0, 1, 1), (1, 1, 1), (0, 7, 3), (3, 5, 7), (30, 100, 2), (4, 16, 16), (16, 64, 64),
-          (1, 130, 65), (10, 70, 100), (33, 65, 129), (64, 128, 128), (17, 50, 300), (5, 200, 1000),
-          (0, 40, 1024)]
+          (1, 130, 65), (10, 70, 100), (33, 65, 129), (64, 128, 128), (17, 50, 300),
+          pytest.param((5, 70, 1000), marks=pytest.mark.slow), pytest.param((0, 40, 1024), marks=pytest.mark.slow)]
 
 
 def clustered(n_labeled, n_unlabeled, dim, n_clusters, offset=0.0, side=1.0, dtype=torch.float32):
@@ -90,7 +92,7 @@ def test_matches_reference_fp32(shape, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", [(3, 5, 7), (16, 64, 64), (33, 65, 129), (5, 90, 1000)],
+@pytest.mark.parametrize("shape", [(3, 5, 7), (16, 64, 64), (33, 65, 129), pytest.param((5, 70, 1000), marks=pytest.mark.slow)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_matches_reference_half(shape, dtype, impl):
     zl, zu = clustered(*shape, n_clusters=3, dtype=dtype)
@@ -265,6 +267,7 @@ def test_invalid_impl():
         lc_loss(torch.randn(2, 4), torch.randn(3, 4), 1.0, impl="cuda")
 
 
+@pytest.mark.slow
 def test_torch_path_memory_is_bounded():
     """N_l = 4000, N_u = 16000, D = 128 forward + backward in under 1 GB of extra memory on CPU.
 

@@ -3,16 +3,14 @@ whose labels training never saw."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from data import restore_data
-from runs import load_checkpoint, restore_models
-import training
-
-ROOT = Path(__file__).resolve().parents[1]
+from mtlc.checkpoints import restore_data
+from mtlc.checkpoints import load_checkpoint, restore_models
+from mtlc import inference
+from conftest import ROOT
 # The quickstart's digits schedule (100 labels, width 0.125, 100 + 50 epochs, 1,500 steps) at 16 x 16
 # pixels (the digits are 8 x 8; 32 x 32 costs 4x the time and MT gained less there), split and seed 1.
 # Scored on every image whose label training never saw, the unlabeled pool and the test set (1,697),
@@ -33,7 +31,7 @@ def error_without_labels(checkpoint):
     mean, std = (torch.tensor(state["config"][key]) for key in ("mean", "std"))
     pool = state["unlabeled_idx"]
     images = torch.cat([data.train_x[pool], data.test_x])
-    return training.test_error(teacher, images, torch.cat([data.train_y[pool], data.test_y]), mean, std)
+    return inference.test_error(teacher, images, torch.cat([data.train_y[pool], data.test_y]), mean, std)
 
 
 @pytest.mark.slow

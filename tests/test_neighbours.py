@@ -1,18 +1,19 @@
-"""Sound on any data (issue 10): eval statistics that follow the weights, eps from the features,
+"""Sound on any data: eval statistics that follow the weights, eps from the features,
 a relative eps that follows the feature scale, the normalized LC form that cannot gain by shrinking
-the space (issue 20), and the warnings when LC or training goes wrong."""
+the space, and the warnings when LC or training goes wrong."""
 import math
 
 import pytest
 import torch
 
-from data import balanced_split, load_digits
+from mtlc.data import load_digits
+from mtlc.splits import balanced_split
 from fakedata import tiny_trainer
 from kernels import lc_loss
-from model import Dropout, WeightNormMeanOnlyBN
-from neighbours import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
-import training
-from training import Stage, fit
+from mtlc.model import Dropout, WeightNormMeanOnlyBN
+from mtlc.neighbours import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
+from mtlc import training
+from mtlc.training import Stage, fit
 
 
 def digits_config(**changes):
@@ -46,6 +47,7 @@ def population_means(model, images):
     return [means[m] for m in layers]
 
 
+@pytest.mark.slow
 def test_eval_statistics_follow_the_weights(tmp_path):
     """After a short run at the paper's BN momentum (0.001), the running means saved in the
     checkpoint are those of its weights, not of the weights 0.001 lagged behind."""
@@ -239,7 +241,7 @@ def test_stage_2_clips_the_gradient_norm_and_only_where_it_is_large(monkeypatch)
 def test_trainer_hands_the_loss_the_classes_of_its_pairs(pairs, monkeypatch):
     """all: no class ids; same-prediction: the labels, then the teacher's predicted classes; true-class:
     the true classes of the step's images in batch order."""
-    import neighbours
+    from mtlc import neighbours
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,

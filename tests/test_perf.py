@@ -2,16 +2,15 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from model import Dropout, build_models
-from devices import resolve_precision
-from training import consistency_loss, ema_update
+from mtlc.model import Dropout, ModelConfig, build_models
+from mtlc.devices import resolve_precision
+from mtlc.training import consistency_loss, ema_update
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--width", "0.0625", "--device", "cpu"]
 KEYS = {"sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "precision"}
 
@@ -25,6 +24,7 @@ def last_json(stdout):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_benchmark_writes_nothing_and_ends_with_json(tmp_path):
     res = run("train_mt.py", *TINY, "--benchmark", "2", "--precision", "fp32", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -32,21 +32,21 @@ def test_benchmark_writes_nothing_and_ends_with_json(tmp_path):
     assert KEYS <= set(result) and result["precision"] == "fp32" and result["steps"] == 2
     assert result["sec_per_step"] > 0 and 0 <= result["data_share"] < 1
     assert result["images_per_sec"] == pytest.approx(160 / result["sec_per_step"])
-    # FLOPs counted by torch: a conv-large forward is 1.46 GFLOP per image at width 1 (the issue's
+    # FLOPs counted by torch: a conv-large forward is 1.46 GFLOP per image at width 1 (docs/speed.md's
     # anchor: 935 GFLOP per step); at width 1/16 the 3x3 convs scale with width^2.
     assert 0 < result["gflops_per_sec"] * result["sec_per_step"] < 935 / 16 ** 2 * 2
     assert list(tmp_path.iterdir()) == []
 
 
 def test_benchmark_full_width_flop_count():
-    """The counted work of one step at the paper's width is the issue's 935 GFLOP (701 + 234)."""
-    config = dict(num_classes=10, width=1.0, bn_momentum=0.001)
-    student, _ = build_models(config, torch.device("meta"))
+    """The counted work of one step at the paper's width is 935 GFLOP (701 + 234), docs/speed.md's anchor."""
+    student, _ = build_models(ModelConfig(num_classes=10, width=1.0), torch.device("meta"))
     with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
         student(torch.empty(160, 3, 32, 32, device="meta"))
     assert counter.get_total_flops() / 160 / 1e9 == pytest.approx(1.46, abs=0.01)
 
 
+@pytest.mark.slow
 def test_benchmark_with_out_writes_its_json(tmp_path):
     res = run("train_mt.py", *TINY, "--benchmark", "1", "--out", tmp_path / "b")
     assert res.returncode == 0, res.stderr
@@ -55,6 +55,7 @@ def test_benchmark_with_out_writes_its_json(tmp_path):
     assert res.returncode == 2 and "--overwrite" in res.stderr  # no silent replacement
 
 
+@pytest.mark.slow
 def test_finetune_benchmark(tmp_path):
     res = run("train_mt.py", *TINY, "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "0",
               "--out", tmp_path)
@@ -76,7 +77,7 @@ def test_auto_precision():
 
 def test_bf16_step_keeps_fp32_weights_and_losses():
     """Under bf16 the networks run in bf16, but weights, optimizer state and the EMA stay fp32."""
-    student, teacher = build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
+    student, teacher = build_models(ModelConfig(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
     x = torch.randn(8, 3, 32, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         z, logits = student(x)
@@ -94,7 +95,7 @@ def test_compiled_model_matches_eager():
     """torch.compile gives the eager model's training-mode outputs and gradients. Dropout is off:
     compiled code draws its masks from its own generator, so masked runs differ by design."""
     torch.manual_seed(0)
-    model, _ = build_models(dict(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
+    model, _ = build_models(ModelConfig(num_classes=10, width=0.0625, bn_momentum=0.02), torch.device("cpu"))
     x = torch.randn(16, 3, 32, 32)
     model.data_init(x)
     for m in model.modules():
@@ -120,6 +121,6 @@ def test_compile_flag_trains(tmp_path):
 
 
 def test_authors_pipeline_rebuilt_for_comparison():
-    import bench_pipeline
+    from tools import bench_pipeline
     result = bench_pipeline.authors_step_times(width=0.0625, workers=0, steps=2, warmup=1, labeled_batch=8, batch=24)
     assert result["pipeline"] == "authors" and result["sec_per_step"] > 0 and 0 < result["data_share"] < 1

@@ -1,7 +1,5 @@
 """Using a trained model: predictions for image files, per-class errors, the confusion matrix, and
 the README's snippet that loads a checkpoint in your own code."""
-import csv
-import io
 import json
 import os
 import re
@@ -12,31 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import evaluate
-import images
-import predictions
-from calibration import fit_temperature, fitted_or_one
-from images import decode
-from runs import load_checkpoint, restore_models
+from mtlc import images
+from mtlc import inference, predictions
+from mtlc.calibration import fit_temperature, fitted_or_one
+from mtlc.images import decode
+from mtlc.checkpoints import load_checkpoint, restore_models
+from conftest import ROOT, invoke, read_rows, run
 from fakedata import write_own_folder
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(*args):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-
-
-def invoke(args):
-    return CliRunner().invoke(evaluate.main, [str(a) for a in args])
-
-
-def read_rows(text, more=()):
-    reader = csv.DictReader(io.StringIO(text))
-    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up", *more]
-    return list(reader)
 
 
 CLASSES = ["cat", "dog", "owl"]
@@ -46,6 +29,7 @@ def classes_of(path):
     return CLASSES.index(Path(path).parent.name)
 
 
+@pytest.mark.slow
 def test_predictions_agree_with_the_test_error(trained, tmp_path):
     data, ckpt = trained
     for model in ("teacher", "student"):
@@ -54,19 +38,19 @@ def test_predictions_agree_with_the_test_error(trained, tmp_path):
         rows = read_rows((tmp_path / "p.csv").read_text())
         assert len(rows) == 24
         wrong = sum(row["prediction"] != Path(row["path"]).parent.name for row in rows)
-        result = json.loads(invoke(["--ckpt", ckpt, "--json"]).output.strip().splitlines()[-1])
+        result = json.loads(invoke(evaluate, ["--ckpt", ckpt, "--json"]).output.strip().splitlines()[-1])
         assert 100 * wrong / 24 == pytest.approx(result[f"{model}_error"])
 
 
 def test_per_class_errors_add_up_to_the_error(trained):
     _, ckpt = trained
-    result = json.loads(invoke(["--ckpt", ckpt, "--json"]).output.strip().splitlines()[-1])
+    result = json.loads(invoke(evaluate, ["--ckpt", ckpt, "--json"]).output.strip().splitlines()[-1])
     per_class = result["per_class"]
     assert set(per_class) == {"cat", "dog", "owl"} and all(r["count"] == 8 for r in per_class.values())
     for model in ("student", "teacher"):
         total = sum(r["count"] * r[f"{model}_error"] for r in per_class.values()) / result["n_test"]
         assert total == pytest.approx(result[f"{model}_error"])
-    text = invoke(["--ckpt", ckpt]).output
+    text = invoke(evaluate, ["--ckpt", ckpt]).output
     assert "teacher's error per class (test images): cat" in text
 
 
@@ -78,12 +62,12 @@ def test_teacher_and_student_predict_with_their_own_weights(trained, tmp_path):
     paths = sorted((data / "test").rglob("*.png"))
     x = torch.stack([decode(p, 32) for p in paths])
     confidences = {}
-    test_logits = {name: predictions.outputs_of(model, x, mean, std, "cpu")[1] for name, model in
+    test_logits = {name: inference.outputs(model, x, mean, std)[1] for name, model in
                    (("teacher", teacher), ("student", student))}  # the held-out images are the test images here
     for name, model in (("teacher", teacher), ("student", student)):
         temperature = fitted_or_one(test_logits[name].numpy(), [classes_of(p) for p in paths])  # 1: all right
-        probs = torch.softmax(predictions.model_outputs(model, x, mean, std)[1] / temperature, 1)
-        result = invoke(["--ckpt", ckpt, "--predict", data / "test", "--model", name])
+        probs = torch.softmax(inference.model_outputs(model, x, mean, std)[1] / temperature, 1)
+        result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "test", "--model", name])
         assert result.exit_code == 0, result.output
         rows = read_rows(result.stdout)
         assert [Path(r["path"]) for r in rows] == paths
@@ -95,6 +79,7 @@ def test_teacher_and_student_predict_with_their_own_weights(trained, tmp_path):
     assert not torch.allclose(confidences["teacher"], confidences["student"])
 
 
+@pytest.mark.slow
 def test_a_corrupt_file_is_one_empty_row(trained, tmp_path):
     data, ckpt = trained
     shutil.copytree(data / "test", tmp_path / "t")
@@ -117,7 +102,7 @@ def test_folders_are_searched_recursively(trained, tmp_path):
     data, ckpt = trained
     (tmp_path / "notes.txt").write_text("not an image")
     shutil.copy(data / "test" / "cat" / "0.png", tmp_path / "single.png")
-    result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", tmp_path / "single.png", tmp_path])
+    result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", tmp_path / "single.png", tmp_path])
     assert result.exit_code == 0, result.output
     rows = read_rows(result.stdout)
     assert len(rows) == 24 + 1 + 1  # unlabeled/ (nested), the file, tmp_path's one image
@@ -130,7 +115,7 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
     decoding meanwhile): all images decoded up front (or a prefetch of more) would fail this."""
     data, ckpt = trained
     counts = dict(decoded=0, classified=0, most=0)
-    real_decode, real_classify = images.decode, predictions.model_outputs
+    real_decode, real_classify = images.decode, inference.model_outputs
 
     def counting_decode(path, size):
         counts["decoded"] += 1
@@ -143,7 +128,7 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
         return real_classify(model, x, mean, std)
     monkeypatch.setattr(images, "decode", counting_decode)
     monkeypatch.setattr(predictions, "model_outputs", counting_classify)
-    result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5"])
+    result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5"])
     assert result.exit_code == 0, result.output
     assert counts["decoded"] == counts["classified"] == 24
     assert 5 <= counts["most"] <= 10  # 10 when the next batch is decoded before this one is classified
@@ -155,16 +140,16 @@ def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, mon
     data, ckpt = trained
     csv_path = tmp_path / "labels.csv"
     csv_path.write_text("the previous run's labels\n")
-    real_classify, calls = predictions.model_outputs, []
+    real_classify, calls = inference.model_outputs, []
 
     def dies_on_the_second_batch(model, x, mean, std):
         calls.append(len(x))
-        if len(calls) == 3:  # the 24 held-out test images (calibration), then the files' batches
+        if len(calls) == 2:  # the files' batches (the held-out images pass through mtlc.inference)
             raise RuntimeError("killed")
         return real_classify(model, x, mean, std)
     monkeypatch.setattr(predictions, "model_outputs", dies_on_the_second_batch)
-    result = invoke(["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path])
-    assert isinstance(result.exception, RuntimeError) and calls == [24, 5, 5]
+    result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path])
+    assert isinstance(result.exception, RuntimeError) and calls == [5, 5]
     assert csv_path.read_text() == "the previous run's labels\n" and list(tmp_path.iterdir()) == [csv_path]
 
 
@@ -180,42 +165,38 @@ def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, mon
 ])
 def test_predict_bad_input(trained, tmp_path, args, message):
     _, ckpt = trained
-    result = invoke(["--ckpt", ckpt, *args])
+    result = invoke(evaluate, ["--ckpt", ckpt, *args])
     assert result.exit_code == 2 and message in result.output
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = invoke(["--ckpt", ckpt, "--predict", empty, "--csv", tmp_path / "p.csv"])
+    result = invoke(evaluate, ["--ckpt", ckpt, "--predict", empty, "--csv", tmp_path / "p.csv"])
     assert result.exit_code == 2 and "no image files" in result.output and not (tmp_path / "p.csv").exists()
 
 
 def test_confusion_matrix(trained, tmp_path):
     _, ckpt = trained
-    result = invoke(["--ckpt", ckpt, "--confusion", tmp_path / "c.png", "--model", "student"])
+    result = invoke(evaluate, ["--ckpt", ckpt, "--confusion", tmp_path / "c.png", "--model", "student"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_the_readme_snippet_runs(trained, capsys):
-    """The README's "Load it in your own code" block, run as written on a trained checkpoint, gives
-    the teacher's own outputs."""
-    _, ckpt = trained
+    """The README's "Load it in your own code" block, run as written on a trained checkpoint and its
+    folder, prints what `evaluate.py --predict` writes: the same classes and calibrated confidences."""
+    data, ckpt = trained
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Load it in your own code"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert "runs/digits/lc.pt" in code
-    namespace = {}
-    exec(compile(code.replace("runs/digits/lc.pt", str(ckpt)), "README.md", "exec"), namespace)
-    state = load_checkpoint(ckpt)
-    _, teacher = restore_models(state, torch.device("cpu"))
-    teacher.eval()
-    mean, std = (torch.tensor(state["config"][k]).view(1, 3, 1, 1) for k in ("mean", "std"))
-    with torch.no_grad():
-        _, logits = teacher((namespace["images"].float() / 255 - mean) / std)
-    torch.testing.assert_close(namespace["logits"], logits)
-    printed = capsys.readouterr().out
-    assert printed.strip() == str([state["config"]["classes"][i] for i in logits.argmax(1)])
+    assert "runs/mine/lc.pt" in code and "mydata/unlabeled" in code and len(code.strip().splitlines()) <= 4
+    exec(compile(code.replace("runs/mine/lc.pt", str(ckpt)).replace("mydata", str(data)), "README.md", "exec"), {})
+    printed = [line.split(" ") for line in capsys.readouterr().out.strip().splitlines()]
+    rows = read_rows(run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled").stdout)
+    assert [(p, label, float(c)) for p, label, c in printed] == [
+        (r["path"], r["prediction"], float(r["confidence"])) for r in rows]
 
 
+@pytest.mark.slow
 def test_confidences_are_calibrated_on_the_held_out_images(trained, tmp_path):
     data, ckpt = trained
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "p.csv", "--json")
@@ -225,16 +206,17 @@ def test_confidences_are_calibrated_on_the_held_out_images(trained, tmp_path):
     _, teacher = restore_models(state, torch.device("cpu"))
     mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
     paths = sorted((data / "test").rglob("*.png"))
-    logits = predictions.outputs_of(teacher, torch.stack([decode(p, 32) for p in paths]), mean, std, "cpu")[1]
+    logits = inference.outputs(teacher, torch.stack([decode(p, 32) for p in paths]), mean, std)[1]
     assert summary["temperature"] == pytest.approx(fit_temperature(logits.numpy(), [classes_of(p) for p in paths]))
     assert summary["held_out"] == "test" and summary["n_held_out"] == 24
     assert set(summary) >= {"ece_before", "ece_after"} and list(summary["error_at_coverage"]) == [
         str(c) for c in range(10, 101, 10)]
     assert res.stderr.count("calibrated on 24 held-out test images") == 1
-    result = json.loads(invoke(["--ckpt", ckpt, "--json"]).stdout.strip().splitlines()[-1])
+    result = json.loads(invoke(evaluate, ["--ckpt", ckpt, "--json"]).stdout.strip().splitlines()[-1])
     assert result["calibration"]["temperature"] == pytest.approx(summary["temperature"])
 
 
+@pytest.mark.slow
 def test_accepted_is_exactly_the_rows_at_or_above_the_threshold(trained, tmp_path):
     data, ckpt = trained
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "p.csv",
@@ -257,6 +239,7 @@ def test_accepted_is_exactly_the_rows_at_or_above_the_threshold(trained, tmp_pat
     assert {r["accepted"] for r in read_rows((tmp_path / "s.csv").read_text(), ["accepted"])} == {"0"}
 
 
+@pytest.mark.slow
 def test_suggest_lists_n_distinct_unlabeled_images(trained, tmp_path):
     data, ckpt = trained
     outputs = []
@@ -284,6 +267,7 @@ def no_held_out(tmp_path_factory):
     return root / "d", root / "run" / "mt_final.pt"
 
 
+@pytest.mark.slow
 def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_held_out, tmp_path):
     data, ckpt = no_held_out
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "p.csv", "--json")
@@ -294,7 +278,7 @@ def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_h
     mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
     rows = read_rows((tmp_path / "p.csv").read_text())
     x = torch.stack([decode(r["path"], 32) for r in rows])
-    raw = torch.softmax(predictions.model_outputs(teacher, x, mean, std)[1], 1).max(1).values
+    raw = torch.softmax(inference.model_outputs(teacher, x, mean, std)[1], 1).max(1).values
     assert [float(r["confidence"]) for r in rows] == pytest.approx(raw.tolist(), abs=1e-4)
     refused = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--max-error", "10")
     assert refused.returncode == 2 and "need the checkpoint's held-out labeled images" in refused.stderr
@@ -303,6 +287,7 @@ def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_h
     assert suggested.returncode == 0 and len(read_rows(suggested.stdout, ["cluster"])) == 3
 
 
+@pytest.mark.slow
 def test_json_output_is_json_only_even_while_decoding(trained, tmp_path):
     _, ckpt = trained
     env = dict(os.environ, MTLC_CACHE_DIR=str(tmp_path / "fresh-cache"))  # no cache: the folder is decoded

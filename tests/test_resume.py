@@ -6,22 +6,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import finetune_lc
-import runs
+from mtlc import runs
 import train_mt
-from runs import Interrupted, WriteFailed, atomic_write, read_metrics
+from mtlc.errors import WriteFailed
+from mtlc.runs import Interrupted, atomic_write, read_metrics
+from conftest import invoke
 
 TINY = ["--width", "0.0625", "--unlabeled-batch", "512", "--seed", "2", "--device", "cpu", "--precision", "fp32"]
 MT_ARGS = [*TINY, "--epochs", "2", "--decay-epochs", "1"]  # milestones: mt.pt after epoch 2, mt_final.pt after 3
 LC_ARGS = ["--epochs", "1", "--decay-epochs", "1", "--lc-rampup", "1", "--device", "cpu"]  # lc.pt after epoch 2
 MT_FILES = ("mt.pt", "mt_final.pt", "mt_last.pt", "mt_metrics.jsonl")
 LC_FILES = ("lc.pt", "lc_last.pt", "lc_metrics.jsonl")
-
-
-def invoke(command, args):
-    return CliRunner().invoke(command.main, [str(a) for a in args])
 
 
 def interrupt_write(monkeypatch, name, nth):
@@ -66,6 +63,7 @@ def straight(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, nth", [("mt.pt", 1), ("mt_last.pt", 2), ("mt_metrics.jsonl", 2),
                                        ("mt_final.pt", 1), ("mt_last.pt", 3), ("mt_metrics.jsonl", 3)])
 def test_mt_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, monkeypatch, name, nth):
@@ -79,6 +77,7 @@ def test_mt_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     assert_same_run(straight, tmp_path, MT_FILES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, nth", [("lc.pt", 1), ("lc_last.pt", 2), ("lc_metrics.jsonl", 2)])
 def test_lc_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, monkeypatch, name, nth):
     interrupt_write(monkeypatch, name, nth)

@@ -3,6 +3,7 @@ would in headless Chromium (Debian's chromium and chromium-driver, driven by sel
 thumbnails and groups are there, one label is corrected and one confirmed, Save downloads
 labels.csv, and label.py applies it."""
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from predictions import Prediction
-from review import write_review
-from test_predict import ROOT, read_rows, run
+from mtlc.predictions import Prediction
+from mtlc.review import write_review
+from conftest import ROOT, read_rows
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
@@ -35,8 +36,8 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
         path = tmp_path / "<" / f"script>{i}.png"  # .../</script>0.png would end the data block if not escaped
         assert "</script>" in str(path)
         Image.new("RGB", (60, 30), (30 * i, 0, 0)).save(path)
-        rows.append(Prediction(path, "ab"[i % 2], round(0.5 + i / 20, 4), "ba"[i % 2], None))
-    rows.append(Prediction(tmp_path / "broken.png", None, "OSError: truncated", None, None))
+        rows.append(Prediction(path, "ab"[i % 2], round(0.5 + i / 20, 4), "ba"[i % 2]))
+    rows.append(Prediction(tmp_path / "broken.png", None, None, None, reason="OSError: truncated"))
     shown, failed = write_review(tmp_path / "r.html", rows, ["a", "b"], per_class=2, threshold=0.7, max_error=5)
     page = (tmp_path / "r.html").read_text()
     data = page_data(page)
@@ -54,9 +55,7 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
 
 def browser_missing():
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("selenium") is None:
         missing.append("the selenium package")
     return missing
 
@@ -85,9 +84,9 @@ def browser(tmp_path):
     driver.quit()
 
 
+@pytest.mark.slow
 def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
     driver, downloads = browser
     data, ckpt = trained

@@ -3,7 +3,6 @@ and a write the OS refuses (a full disk, a file-size limit) is one line naming t
 reason, exit code 1, no partial file, the earlier files whole, and the rerun completes. The limits are
 real: `ulimit -f` in the child's shell, so Python gets EFBIG ('File too large') as on a full disk it
 gets ENOSPC."""
-import os
 import signal
 import subprocess
 import sys
@@ -12,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, run
 from fakedata import write_own_folder
-from runs import LOCK_NAME
+from mtlc.runs import LOCK_NAME
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
-
-
-def run(*args, limit_kb=None):
-    """A script in a child process; limit_kb: the largest file it may write (ulimit -f, KiB)."""
-    command = [sys.executable, *map(str, args)]
-    if limit_kb is not None:
-        command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
 
 
 def start(*args):
@@ -47,6 +38,7 @@ def no_temp_files(folder):
     return not [p for p in Path(folder).rglob("*.tmp")]
 
 
+@pytest.mark.slow
 def test_second_run_on_a_live_folder_exits_at_once_naming_the_first(tmp_path):
     first = start("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "30", "--decay-epochs", "0",
                   "--out", tmp_path)
@@ -65,6 +57,7 @@ def test_second_run_on_a_live_folder_exits_at_once_naming_the_first(tmp_path):
         first.communicate()
 
 
+@pytest.mark.slow
 def test_a_killed_runs_lock_does_not_block_the_next(tmp_path):
     """SIGKILL leaves the lock file, and its pid, behind; the lock itself went with the process."""
     first = start("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "30", "--decay-epochs", "0",
@@ -79,6 +72,7 @@ def test_a_killed_runs_lock_does_not_block_the_next(tmp_path):
     assert (tmp_path / "mt_final.pt").exists() and no_temp_files(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_on_its_input_leaves_no_folder(tmp_path):
     res = run("finetune_lc.py", "--ckpt", tmp_path / "new" / "mt.pt", "--device", "cpu")
     assert res.returncode == 2 and not (tmp_path / "new").exists()
@@ -87,6 +81,7 @@ def test_a_run_that_fails_on_its_input_leaves_no_folder(tmp_path):
     assert res.returncode == 2 and list((tmp_path / "mine").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_checkpoint_write_refused_then_the_rerun_completes(tmp_path):
     """digits writes no decode cache, so the first file is a checkpoint: larger than 64 KiB at this width."""
     args = ["train_mt.py", "--dataset", "digits", *TINY, "--epochs", "1", "--decay-epochs", "1", "--out", tmp_path]
@@ -101,7 +96,7 @@ def test_checkpoint_write_refused_then_the_rerun_completes(tmp_path):
 
 def test_metrics_write_refused_leaves_the_previous_file(tmp_path):
     """The metrics file is rewritten whole after every epoch; a refused rewrite leaves the last good one."""
-    code = ("import sys; from runs import write_metrics; "
+    code = ("import sys; from mtlc.runs import write_metrics; "
             "write_metrics(sys.argv[1], [{'epoch': i, 'pad': 'x' * 100} for i in range(2000)])")
     path = tmp_path / "mt_metrics.jsonl"
     path.write_text('{"epoch": 1}\n')
@@ -137,6 +132,7 @@ def trained(tmp_path_factory):
     ("labels.csv", ["--predict", "{d}/unlabeled", "--csv"]),
     ("confusion.png", ["--confusion"]),
 ])
+@pytest.mark.slow
 def test_evaluate_outputs_refused_leave_the_previous_file(trained, output, args):
     """A predictions CSV (here 30 rows) and a figure larger than the 1 KiB limit; the earlier file stays."""
     target = trained / output
@@ -148,6 +144,7 @@ def test_evaluate_outputs_refused_leave_the_previous_file(trained, output, args)
     assert target.read_bytes() == b"the previous file" and no_temp_files(trained)
 
 
+@pytest.mark.slow
 def test_readers_of_a_live_folder_see_only_complete_files(tmp_path):
     """While a run rewrites its checkpoints and metrics every epoch, every file another process finds
     there loads whole, and stage 2 may start from its mt.pt into another folder."""

@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, run
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
-
-
-def run(*args):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True)
 
 
 def epochs_in(path):
@@ -52,6 +48,7 @@ def straight(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_mt_resume_after_sigterm_is_bitwise(straight, tmp_path):
     args = ["train_mt.py", *TINY, "--epochs", "3", "--decay-epochs", "1", "--out", tmp_path]
     code, err = kill_after_first_epoch(args, tmp_path / "mt_last.pt")
@@ -64,6 +61,7 @@ def test_mt_resume_after_sigterm_is_bitwise(straight, tmp_path):
         assert_same_weights(straight / name, tmp_path / name)
 
 
+@pytest.mark.slow
 def test_resume_needs_a_run_to_resume(tmp_path):
     res = run("train_mt.py", "--resume", "--out", tmp_path)
     assert res.returncode == 2 and "nothing to resume" in res.stderr
@@ -71,6 +69,7 @@ def test_resume_needs_a_run_to_resume(tmp_path):
     assert res.returncode == 2 and "exclude each other" in res.stderr
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_checkpoints(straight, tmp_path):
     before = (straight / "mt.pt").read_bytes()
     res = run("finetune_lc.py", "--ckpt", straight / "mt.pt", "--lr", "1e6", "--out", tmp_path)
@@ -83,9 +82,11 @@ def test_non_finite_loss_stops_and_keeps_checkpoints(straight, tmp_path):
 def test_distribution_collapse_stops():
     """Features whose spread fell under 1% of its value when LC started stop the run (exit 3),
     naming eps and lambda2."""
-    from data import balanced_split, load_digits
+    from mtlc.data import load_digits
+    from mtlc.splits import balanced_split
     from fakedata import tiny_trainer
-    from training import Stage, TrainingFailed
+    from mtlc.errors import TrainingFailed
+    from mtlc.training import Stage
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
@@ -102,6 +103,7 @@ def test_distribution_collapse_stops():
     assert "eps=1e+06" in failed.value.message and "lambda2=20" in failed.value.message
 
 
+@pytest.mark.slow
 def test_sigint_stops_with_a_message(tmp_path):
     proc = subprocess.Popen([sys.executable, "train_mt.py", *TINY, "--epochs", "6", "--out", str(tmp_path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

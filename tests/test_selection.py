@@ -1,7 +1,7 @@
 """--suggest's choice (TypiClust) on synthetic features where the answer is known."""
 import numpy as np
 
-from selection import suggest
+from mtlc.selection import suggest
 
 CENTRES = [(1, 0, 0), (0, 1, 0), (0, 0, 1), (-1, 0, 0), (0, -1, 0), (0, 0, -1)]
 

@@ -4,12 +4,12 @@ import math
 import pytest
 import torch
 
-from presets import PRESETS, preset
-from model import ConvLarge, Dropout, WeightNormMeanOnlyBN
-from batches import BatchStream, augment
-from data import balanced_split
-from runs import UserError
-from training import Stage, consistency_loss, ema_update, learning_rate, sigmoid_rampup
+from mtlc.presets import PRESETS, preset
+from mtlc.model import ConvLarge, Dropout, WeightNormMeanOnlyBN
+from mtlc.batches import BatchStream, augment
+from mtlc.splits import balanced_split
+from mtlc.errors import UserError
+from mtlc.training import Stage, consistency_loss, ema_update, learning_rate, sigmoid_rampup
 
 
 def test_sigmoid_rampup():
@@ -170,7 +170,7 @@ def test_presets_follow_the_paper():
 
 def schedule_trainer(stage):
     """A Trainer on digits with 5 steps per epoch (1,337 unlabeled images, batches of 256)."""
-    from data import load_digits
+    from mtlc.data import load_digits
     from fakedata import tiny_trainer
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
@@ -224,7 +224,7 @@ def test_consistency_loss_is_eq_1_with_the_teacher_detached():
 def test_split_forward_is_two_passes():
     """SplitForward: the labeled and the unlabeled images each through the model with their own
     batch means, as two separate calls give them; a joint pass differs."""
-    from model import SplitForward
+    from mtlc.model import SplitForward
     torch.manual_seed(0)
     model = ConvLarge(10, 0.0625)
     model.data_init(torch.randn(16, 3, 32, 32))

@@ -1,0 +1,30 @@
+"""How a script ends when it cannot go on: one line, no traceback, and an exit code that says why."""
+import click
+
+
+class UserError(click.ClickException):
+    """A problem with the user's input or files: exit code 2."""
+    exit_code = 2
+
+
+class WriteFailed(click.ClickException):
+    """A file could not be written (a full disk, a file-size or quota limit, no permission): exit
+    code 1, naming the file and the OS's reason. Nothing of the file is left behind, and the files
+    written before it are whole."""
+    exit_code = 1
+
+    def __init__(self, path, error):
+        self.errno = error.errno
+        super().__init__(f"cannot write {path}: {error.strerror or error} (nothing of it was left behind; "
+                         f"the files written before it are complete)")
+
+
+class TrainingFailed(click.ClickException):
+    """Training went wrong (a non-finite loss, collapsed features): exit code 3, checkpoints kept."""
+    exit_code = 3
+
+
+class MoveFailed(click.ClickException):
+    """The OS refused a move of label.py or its log (a full disk, a read-only file system): exit
+    code 1, the folder as it was before the batch (or, where even that failed, where each file is)."""
+    exit_code = 1

@@ -1,0 +1,40 @@
+"""Command-line options that both training stages take, defined once."""
+import click
+
+from .devices import PRECISIONS
+
+
+def decorated_by(options):
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+def run_options(stage_name):
+    """--overwrite and --resume, which both training stages take."""
+    return decorated_by([
+        click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out."),
+        click.option("--resume", is_flag=True,
+                     help=f"Continue the interrupted run in --out from its {stage_name}_last.pt, with that run's "
+                          "settings (the other options are ignored); it ends bitwise as an uninterrupted run would."),
+    ])
+
+
+def speed_options(stage_name):
+    """The --precision, --compile and --benchmark options that both training stages take."""
+    options = [
+        click.option("--precision", type=click.Choice(PRECISIONS), default="auto",
+                     help="bf16 runs the networks under autocast; the losses, the EMA and the weights stay fp32. "
+                          "auto: bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs "
+                          "with AVX512-BF16 or AMX), else fp32."),
+        click.option("--compile", "compile_", is_flag=True,
+                     help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 "
+                          "on a CPU)."),
+        click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Time N training steps after 3 warm-up steps instead of training; the last line printed "
+                          "is one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, "
+                          f"...). Writes nothing, unless --out is given: then {stage_name}_benchmark.json there."),
+    ]
+    return decorated_by(options)

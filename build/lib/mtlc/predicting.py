@@ -1,0 +1,132 @@
+"""The --predict job of evaluate.py: a Classifier of the checkpoint, calibrated on its held-out
+images; the acceptance threshold of --max-error; one CSV row per image (or, with --suggest, per
+image to label next) streamed to a file or stdout; the review page; one summary line per outcome.
+"""
+import json
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import click
+from tqdm import tqdm
+
+from .classifier import Classifier
+from .console import path_text
+from .checkpoints import restore_data
+from .errors import UserError
+from .figures import plot_coverage
+from .files import describe_hidden
+from .predictions import image_paths, is_accepted, suggest_rows, write_rows
+from .report import describe_acceptance, describe_calibration, method_name
+from .review import write_review
+from .runs import atomic_write
+
+
+@dataclass
+class PredictOptions:
+    """What --predict was asked for (evaluate.py's options of the same names)."""
+    model_name: str = "teacher"
+    csv_path: Optional[str] = None
+    batch_size: int = 256
+    data_dir: Optional[str] = None
+    max_error: Optional[float] = None
+    coverage: Optional[str] = None
+    suggest_n: Optional[int] = None
+    seed: int = 0
+    as_json: bool = False
+    review: Optional[str] = None
+    review_per_class: int = 1000
+
+
+class Tally:
+    """The predictions that pass through it, counted once on a progress bar: rows, unreadable files
+    (each reported as it passes) and, with a threshold, accepted ones."""
+
+    def __init__(self, threshold, bar):
+        self.threshold, self.bar = threshold, bar
+        self.rows = self.failed = self.accepted = 0
+
+    def count(self, predictions):
+        for p in predictions:
+            self.rows += 1
+            self.bar.update()
+            if p.label is None:
+                self.failed += 1
+                self.bar.write(f"cannot read {p.path}: {p.reason}", file=sys.stderr)
+            elif self.threshold is not None:
+                self.accepted += is_accepted(p, self.threshold)
+            yield p
+
+
+def say(line):
+    click.echo(line, err=True)
+
+
+def predict(path, state, targets, device, options):
+    """--predict of the checkpoint at path (its state loaded) on the image files under targets.
+    Returns the number of files that could not be read."""
+    o = options
+    config = state["config"]
+    paths, others, hidden = image_paths(targets)
+    if hidden:
+        say(describe_hidden(hidden, ", ".join(map(str, targets))))
+    if not paths:
+        raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
+                        + (f" ({others} other files)" if others else ""))
+    classifier = Classifier(state, model=o.model_name, device=device)
+    cal = classifier.calibrate(o.data_dir, echo=say)
+    say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
+        f"confidences are uncalibrated (the raw softmax): {classifier.uncalibrated}")
+    if cal is None and (o.max_error is not None or o.coverage):
+        raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: "
+                        f"{classifier.uncalibrated}")
+    found = cal.threshold(o.max_error) if o.max_error is not None else None
+    threshold = None if o.max_error is None else (found.confidence if found else float("inf"))
+    summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)))
+    if o.coverage:
+        plot_coverage(cal, o.max_error, found, o.coverage,
+                      f"{config['dataset']}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
+        say(f"wrote {o.coverage}")
+    bar = tqdm(total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
+    tally = Tally(threshold, bar)
+    rows, extra = tally.count(classifier.predict_files(paths, o.batch_size)), None
+    if o.suggest_n or o.review:  # every prediction first: the choice and the page need them all
+        rows = predicted = [p if o.suggest_n else p._replace(features=None) for p in rows]
+    if o.suggest_n:
+        data = restore_data(state, o.data_dir, echo=say)
+        rows, clusters = suggest_rows(predicted, state, data, classifier.model, device, n=o.suggest_n, seed=o.seed)
+        extra = [("cluster", clusters)]
+
+    def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
+        text = path_text(binary_file)
+        write_rows(text, rows, threshold, extra)
+        text.flush()
+        text.detach()  # leave the file to atomic_write
+
+    if o.csv_path:
+        atomic_write(o.csv_path, write_csv)
+    elif not o.review:  # with --review and no --csv, the page is the output
+        write_rows(sys.stdout, rows, threshold, extra)
+    bar.close()
+    n, failed = tally.rows, tally.failed
+    say(f"predicted {n - failed:,} of {n:,} images with the {o.model_name} of {path}"
+        + (f" ({others} files that are not images ignored)" if others else "")
+        + (f"; {failed} could not be read (empty prediction)" if failed else "")
+        + (f"; the {len(rows):,} to label next, best first" if o.suggest_n else "")
+        + (f"; wrote {o.csv_path}" if o.csv_path else ""))
+    if o.review:
+        shown, _ = write_review(o.review, predicted, config["classes"], per_class=o.review_per_class,
+                                threshold=found.confidence if found else None, max_error=o.max_error,
+                                title=f"Review: {', '.join(map(str, targets))}",
+                                summary=f"{n - failed:,} images predicted by the {o.model_name} of {path}"
+                                        + (f"; {cal.source} images calibrated its confidences (temperature "
+                                           f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
+                                           else "; confidences uncalibrated"))
+        say(f"wrote {o.review}: {shown:,} images shown")
+    if o.max_error is not None:
+        say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal))
+        summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,
+                       threshold=found.confidence if found else None)
+    if o.as_json:
+        click.echo(json.dumps(summary))
+    return failed

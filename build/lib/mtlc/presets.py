@@ -1,0 +1,81 @@
+"""The paper's protocol per dataset (Section 5.1) as default settings, and their --help text.
+
+An epoch is one pass over the unlabeled set. Schedules are in epochs for the paper's datasets and
+digits; for folder, a user's own images, whose count sets how long an epoch is, they are in steps
+(FOLDER_STEPS) and become epochs once the data is known.
+"""
+
+
+PRESETS = {
+    # The paper's values, fixed eps included (Section 5.1), and the authors' separate forward passes
+    # of labeled and unlabeled images. lc_start_epoch: the MT epoch whose state LC starts from
+    # (mt.pt); CIFAR-10 starts LC from epoch 600 with either label count (the authors' config:
+    # lc_start_loss_epoch = 600), and trains at lr 0.05 until epoch 800 (2,000 labels) or 1,000
+    # (4,000) before 200 epochs of decay.
+    "svhn": dict(labels=1000, epochs=300, decay_epochs=200, ema=0.995, cons_rampup=5, bn_momentum=0.001,
+                 forward="split", lc_start_epoch=None, lc_epochs=100, lc_decay_epochs=200, lc_rampup=50, eps=50.0,
+                 eps_scale="fixed", lam=20.0, lc_pairs="all", eval_every=10),
+    "cifar10": dict(labels=4000, epochs=800, decay_epochs=200, ema=0.99, cons_rampup=5, bn_momentum=0.001,
+                    forward="split", lc_start_epoch=600, lc_epochs=400, lc_decay_epochs=200, lc_rampup=100,
+                    eps=50.0, eps_scale="fixed", lam=10.0, lc_pairs="all", eval_every=10),
+    # digits: ~1440 training images, ~10 steps per epoch. MT needs a consistency ramp of several
+    # hundred steps on data this small (a ramp of tens of steps makes it worse than supervised-only)
+    # and a schedule of ~1500 steps to pull ahead. The paper gives no eps for data other than its
+    # own, and a fixed one lets LC shrink the space until every pair is a neighbour: eps is chosen
+    # from the features and follows their scale. lc_start_epoch None: LC starts from the end of MT's
+    # constant-lr phase (--epochs). LC's form for digits and folder (docs/lc-control.md): relative eps
+    # with the loss in units of the features' scale at LC's start (lambda2 then weighs it alike on any
+    # data: in the features' units lambda2 1 made LC's gradient 0.18x the cross-entropy's on a CIFAR-10
+    # folder and up to 5.3x on digits), and only pairs whose classes agree (labels, the teacher's
+    # predictions), since many neighbour pairs join different true classes (a quarter on digits, 82%
+    # on a CIFAR-10 folder). Checked on two folders kept apart (letters, CIFAR-10): no LC setting,
+    # perfect pairs included, beat its control there by more than the noise, and this one cost nothing.
+    "digits": dict(labels=100, epochs=100, decay_epochs=50, ema=0.99, cons_rampup=30, bn_momentum=0.02,
+                   forward="joint", lc_start_epoch=None, lc_epochs=20, lc_decay_epochs=30, lc_rampup=10, eps="auto",
+                   eps_scale="relative", lam=8.0, lc_pairs="same-prediction", eval_every=10),
+    # folder: epochs, ramps and eval_every come from FOLDER_STEPS.
+    "folder": dict(labels=None, epochs=None, decay_epochs=None, ema=0.99, cons_rampup=None, bn_momentum=0.001,
+                   forward="joint", lc_start_epoch=None, lc_epochs=None, lc_decay_epochs=None, lc_rampup=None,
+                   eps="auto", eps_scale="relative", lam=8.0, lc_pairs="same-prediction", eval_every=None),
+}
+# folder's schedule in steps. The ramps are a share of their stage's steps, never under
+# MIN_RAMP_STEPS: on small data a ramp of tens of steps made MT worse than supervised-only. On a
+# CIFAR-10 folder (250 labels, 10,000 unlabeled, width 1/8) MT was ahead of supervised-only after
+# 4,000 steps and level after 12,000, as supervised-only kept improving (docs/own-images.md).
+FOLDER_STEPS = dict(epochs=4000, decay_epochs=1000, lc_epochs=1000, lc_decay_epochs=1000, eval_every=500)
+RAMP_SHARE = dict(cons_rampup=0.2, lc_rampup=0.25)
+MIN_RAMP_STEPS = 300
+# CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
+CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)
+DATASETS = tuple(PRESETS)
+
+
+def preset(dataset, labels, steps_per_epoch=None):
+    """The protocol's defaults for a dataset, and for CIFAR-10 with 2,000 labels its own. For folder,
+    given steps_per_epoch, the schedule of FOLDER_STEPS in whole epochs (the ramps stay None: see
+    ramp_epochs)."""
+    values = dict(PRESETS[dataset])
+    if dataset == "cifar10" and labels == 2000:
+        values.update(CIFAR10_2000)
+    if dataset == "folder" and steps_per_epoch:
+        values.update({key: max(0 if "decay" in key else 1, round(steps / steps_per_epoch))
+                       for key, steps in FOLDER_STEPS.items()})
+    return values
+
+
+def ramp_epochs(key, stage_epochs, steps_per_epoch):
+    """folder's ramp (cons_rampup or lc_rampup) in epochs: its share of the stage's epochs, at least
+    MIN_RAMP_STEPS steps and at most the whole stage."""
+    steps = max(RAMP_SHARE[key] * stage_epochs * steps_per_epoch, MIN_RAMP_STEPS)
+    return min(steps, stage_epochs * steps_per_epoch) / steps_per_epoch
+
+
+def preset_help(key):
+    """'[default: svhn 300, cifar10 800, ...]' for an option's --help, from PRESETS (folder's in steps)."""
+    values = ", ".join(f"{name} {p[key]}" for name, p in PRESETS.items() if p[key] is not None)
+    extra = f"; cifar10 with 2000 labels {CIFAR10_2000[key]}" if key in CIFAR10_2000 else ""
+    if key in FOLDER_STEPS:
+        extra += f"; folder: the epochs nearest {FOLDER_STEPS[key]:,} steps"
+    elif key in RAMP_SHARE:
+        extra += f"; folder: {RAMP_SHARE[key]:.0%} of the stage's steps, at least {MIN_RAMP_STEPS}"
+    return f"[default: {values}{extra}]"

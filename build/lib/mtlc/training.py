@@ -1,0 +1,369 @@
+"""The training engine both stages run: ramps and the lr schedule, the EMA teacher (Eq. 3), the
+consistency loss (Eq. 1), the training step of the MT objective (Eq. 2) plus lambda2 * r2 * L_lc
+(Eq. 4-6) in stage 2, the guards, and the epoch loop `fit`.
+"""
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .batches import Batches
+from .devices import Processes, average_buffers
+from .errors import TrainingFailed
+from .inference import test_error
+from .model import ModelConfig, SplitForward, recompute_bn_means
+from .neighbours import PairDistances, lc_features, lc_term
+from .progress import TimeEstimate, epoch_progress
+from .runs import read_metrics, rng_state, save_checkpoint, stop_on_signals, write_metrics
+
+
+def sigmoid_rampup(progress, length):
+    """exp(-5 (1 - t)^2), t = progress / length clipped to [0, 1] (Mean Teacher's ramp-up); 1 if length is 0."""
+    if length <= 0:
+        return 1.0
+    t = min(max(progress / length, 0.0), 1.0)
+    return math.exp(-5.0 * (1.0 - t) ** 2)
+
+
+def learning_rate(progress, lr, constant_epochs, decay_epochs):
+    """lr for `constant_epochs`, then linearly down to 0 over `decay_epochs` (progress in epochs)."""
+    if progress < constant_epochs:
+        return lr
+    if decay_epochs <= 0:
+        return 0.0
+    return lr * max(0.0, 1.0 - (progress - constant_epochs) / decay_epochs)
+
+
+@torch.no_grad()
+def ema_update(teacher, student, alpha):
+    """theta'' <- alpha theta'' + (1 - alpha) theta' (Eq. 3), one fused foreach operation."""
+    t_params, s_params = list(teacher.parameters()), list(student.parameters())
+    torch._foreach_mul_(t_params, alpha)
+    torch._foreach_add_(t_params, s_params, alpha=1.0 - alpha)
+
+
+def consistency_loss(student_logits, teacher_logits):
+    """MSE between the class probabilities (Eq. 1), mean over classes and images; teacher detached."""
+    return F.mse_loss(F.softmax(student_logits.float(), 1), F.softmax(teacher_logits.detach().float(), 1))
+
+
+def make_optimizer(student, lr):
+    return torch.optim.SGD(student.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
+
+
+@dataclass
+class Stage:
+    name: str                 # "mt" or "lc"
+    epochs: int               # constant-lr epochs of this stage
+    decay_epochs: int         # then linear decay of the lr to 0
+    lr: float
+    ema: float
+    cons_weight: float        # lambda1
+    cons_rampup: float        # epochs, counted from the start of stage 1
+    eval_every: int
+    first_step: int           # global step at which this stage starts
+    lc_eps: float = 0.0       # stage 2 only
+    lc_weight: float = 0.0    # lambda2
+    lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
+    lc_eps_scale: str = "fixed"  # the LC form: fixed (the paper's), relative or normalized (neighbours.lc_term)
+    lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
+    lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
+    lc_pairs: str = "all"       # all (the paper's), same-prediction (labels, the teacher's classes) or true-class
+
+
+# Training images the BN running means are recomputed on before every evaluation and milestone.
+BN_IMAGES = 2560
+
+# Collapse: the batch's feature spread (mean over features of the std over images) below this
+# fraction of its value when LC started means LC has pulled every image onto one point.
+COLLAPSE_FRACTION = 0.01
+
+
+# Stage 2 clips the gradient's norm at this. With a large lambda2 LC's pull can make SGD overshoot
+# and diverge within a few steps (measured: norms 2 -> 26 -> 172 -> 4e7 -> NaN, eps 50 and lambda2 20
+# on a network at chance level); normal steps stay far below it (at most 1.8 over digits' 500 LC
+# steps, 2.7 over a CIFAR-10 folder's first 200), and a clip that does not act multiplies by exactly
+# 1, so those runs are bitwise unchanged.
+LC_MAX_GRAD_NORM = 10.0
+
+
+def feature_spread(z):
+    return z.detach().float().std(0).mean()
+
+
+class Trainer:
+    """What one process needs for the training step of both stages, on its device: the MT objective
+    (Eq. 2) and, in stage 2, lambda2 * r2 * L_lc on top (Eq. 6). With several processes each one
+    takes its 1/world share of the configured (global) labeled and unlabeled batches."""
+
+    def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None, *,
+                 reference_spread=None, true_classes=None):
+        procs = procs or Processes()
+        # lc_pairs true-class: every training image's true class (data.true_classes), a measurement of
+        # what perfect neighbours would give; nothing else reads it.
+        self.true_classes = true_classes
+        self.student, self.teacher, self.optimizer = student, teacher, optimizer
+        self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
+        self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
+        self.batches = Batches(data, split, config, device, procs.rank, procs.world)
+        self.steps_per_epoch = self.batches.stream.steps_per_epoch
+        self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
+        self.precision = config["precision"]
+        self.all_neighbours_reported = False
+        self.lc_global = stage.name == "lc" and config["lc"]["scope"] == "global" and procs.world > 1
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest conv algorithms once
+        student.train()
+        teacher.train()  # dropout on and batch means, as in both reference implementations
+        student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
+        teacher.to(memory_format=torch.channels_last)
+        self.split_forward = config["forward"] == "split"
+        if self.split_forward:
+            student, teacher = (SplitForward(m, self.batches.n_lab) for m in (student, teacher))
+        # The BN running means are averaged over the processes after every step (average_buffers),
+        # not broadcast from rank 0.
+        model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
+        compile_ = torch.compile if config["compile"] else (lambda m: m)
+        self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
+
+    def schedule(self, step):
+        """(lr, lambda1 * r, lambda2 * r2) at a global step: r counts epochs from the start of MT,
+        r2 and the lr schedule from the start of this stage."""
+        stage, spe = self.stage, self.steps_per_epoch
+        progress = (step - stage.first_step) / spe
+        lr = learning_rate(progress, stage.lr, stage.epochs, stage.decay_epochs)
+        cons_w = stage.cons_weight * sigmoid_rampup(step / spe, stage.cons_rampup)
+        lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
+        return lr, cons_w, lc_w
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def train_step(self, step, student_view, teacher_view, labels):
+        """One SGD step and the EMA update (Eq. 3). Returns (loss, ce, cons, lc, neighbour fraction,
+        1 if every LC pair was a neighbour)."""
+        lr, cons_w, lc_w = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.autocast():  # the convolutions; every loss below is computed in fp32
+            z, logits = self.student_forward(student_view)
+            with torch.no_grad():
+                _, teacher_logits = self.teacher_forward(teacher_view)
+        ce = F.cross_entropy(logits[:self.batches.n_lab].float(), labels)
+        cons = consistency_loss(logits, teacher_logits)
+        loss = ce + cons_w * cons
+        if self.stage.name == "lc":
+            z = z.float()
+            lc, fraction = self.lc_loss(step, z, labels, teacher_logits)
+            loss = loss + lc_w * lc
+            spread = feature_spread(z)
+        else:
+            lc = fraction = spread = torch.zeros((), device=self.device)
+        self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.stage.name == "lc":
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), LC_MAX_GRAD_NORM)
+        self.optimizer.step()
+        ema_update(self.teacher, self.student, self.stage.ema)
+        if self.procs.world > 1:
+            average_buffers([self.student, self.teacher], self.procs.world)
+        fraction = fraction.float()
+        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction, (fraction >= 1).float()])
+
+    def lc_loss(self, step, z, labels, teacher_logits):
+        """(L_lc, neighbour fraction) of the step's student features z (labeled images first), in the
+        stage's form (neighbours.lc_term) and over the pairs it keeps."""
+        stage, n_lab = self.stage, self.batches.n_lab
+        z_lab, z_unl = z[:n_lab], z[n_lab:]
+        # same-prediction: a labeled image's class is its label, an unlabeled image's the teacher's
+        # prediction on this step's view, so LC never pulls together images the teacher tells apart.
+        classes = None
+        if stage.lc_pairs == "same-prediction":
+            classes = torch.cat([labels, teacher_logits[n_lab:].argmax(1)])
+        elif stage.lc_pairs == "true-class":
+            classes = self.true_classes[self.batches.indices(step)].to(self.device)
+        if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
+            z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
+            if classes is not None:  # in z's order: every rank's labeled images, then every rank's unlabeled
+                n = len(labels)
+                classes = torch.cat([torch.cat(dist_nn.all_gather(t)) for t in (classes[:n], classes[n:])])
+        return lc_term(z_lab, z_unl, stage.lc_eps, stage.lc_eps_scale, stage.lc_eps_ratio, stage.lc_loss_unit, classes)
+
+    def check(self, step, loss, spread, parts):
+        """Stop on a non-finite loss or, in LC, on collapsed features: one host sync per step, and
+        with several processes one all_reduce, so that every process decides alike."""
+        status = torch.stack([(~torch.isfinite(loss)).float(), spread])
+        if self.procs.world > 1:
+            dist.all_reduce(status)
+        nonfinite, spread = status.tolist()
+        spread /= self.procs.world
+        epoch = (step - self.stage.first_step) // self.steps_per_epoch + 1
+        where = f"at step {step} (epoch {epoch} of stage {self.stage.name})"
+        if nonfinite:
+            values = " ".join(f"{k}={v.item():.4g}" for k, v in parts.items())
+            lc = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
+                  f"or eps, or a smaller --lr)" if self.stage.name == "lc" else "")
+            raise TrainingFailed(f"non-finite loss {where}: {values}{lc}; the checkpoints of the finished epochs "
+                                 f"are kept")
+        if self.stage.name != "lc":
+            return
+        if self.reference_spread is None:
+            self.reference_spread = spread
+        if spread < COLLAPSE_FRACTION * self.reference_spread:
+            raise TrainingFailed(f"distribution collapse {where}: the features' spread fell to {spread:.3g}, under "
+                                 f"{COLLAPSE_FRACTION:g} of its {self.reference_spread:.3g} when LC started; "
+                                 f"eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} pull every image "
+                                 f"onto one point (the paper saw this for eps > 500 or lambda2 > 50); the "
+                                 f"checkpoints of the finished epochs are kept")
+
+    def recompute_bn_means(self):
+        """Eval-mode statistics of student and teacher that match their weights now (model.recompute_bn_means)."""
+        for model in (self.student, self.teacher):
+            recompute_bn_means(model, self.batches.training_images(BN_IMAGES))
+
+    def report_all_neighbours(self, epoch, all_neighbours):
+        """Warn, once a run, of an epoch in which every LC pair was a neighbour in every step."""
+        if all_neighbours and not self.all_neighbours_reported:
+            self.all_neighbours_reported = True
+            click.echo(f"warning: every LC pair was a neighbour in every step of epoch {epoch}: eps is too large "
+                       f"for these features, LC acts on all pairs", err=True)
+
+    def state(self, epoch, step, metrics):
+        """The checkpoint of this trainer after `epoch` (checkpoints.py describes its keys)."""
+        return dict(student=self.student.state_dict(), teacher=self.teacher.state_dict(),
+                    optimizer=self.optimizer.state_dict(), stage=self.stage.name, epoch=epoch, step=step,
+                    model_args=asdict(ModelConfig.of_run(self.config)), config=self.config, **self.split,
+                    rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics)
+
+    def errors(self):
+        """Errors (%) of student and teacher on the test set if there is one, on their own labeled
+        images and on the validation hold-out if there is one."""
+        b = self.batches
+        sets = dict(labeled_error=(b.train_x, b.lab_idx, b.train_y[b.lab_idx]))
+        if len(self.test_y):
+            sets["error"] = (self.test_x, None, self.test_y)
+        if len(b.val_idx):
+            sets["val_error"] = (b.train_x, b.val_idx, b.train_y[b.val_idx])
+        return {f"{name}_{key}": test_error(model, x, y, b.mean, b.std, idx)
+                for key, (x, idx, y) in sets.items() for name, model in (("student", self.student), ("teacher", self.teacher))}
+
+    def distance_summary(self):
+        """Pairwise-distance statistics of the student's features in the first batches of the stream
+        (neighbours.PairDistances.summary) at the current eps."""
+        distances = PairDistances.of_batches(lc_features(self.student, self.batches, self.split_forward))
+        ratio = self.stage.lc_eps_ratio
+        return distances.summary(self.stage.lc_eps if ratio is None else ratio * distances.mean_d2)
+
+    def chance_warnings(self, record):
+        """A warning for each model whose error on its labeled images or validation hold-out is no
+        better than always answering the most frequent class (within two standard errors)."""
+        warnings = []
+        b = self.batches
+        for key, what, idx in (("labeled_error", "labeled images", b.lab_idx), ("val_error", "validation hold-out", b.val_idx)):
+            if not len(idx):
+                continue
+            p = torch.bincount(b.train_y[idx]).max().item() / len(idx)
+            chance = 100 * (1 - p)
+            for name in ("student", "teacher"):
+                error = record[f"{name}_{key}"]
+                if error >= chance - 200 * math.sqrt(p * (1 - p) / len(idx)):
+                    warnings.append(f"the {name}'s error on its {what} ends at {error:.1f}%, chance level "
+                                    f"({chance:.1f}% always answers the most frequent class): it learned nothing usable"
+                                    + (f"; unless it was there when LC started, LC's eps={self.stage.lc_eps:g} or "
+                                       f"lambda2={self.stage.lc_weight:g} may be too large" if self.stage.name == "lc"
+                                       else ""))
+        return warnings
+
+
+def describe_errors(record):
+    """'test error student x% teacher y% | val error ...' of an evaluated record, for people."""
+    parts = [f"{name} error student {record[f'student{key}_error']:.2f}% teacher {record[f'teacher{key}_error']:.2f}%"
+             for name, key in (("test", ""), ("val", "_val")) if f"student{key}_error" in record]
+    return " | ".join(parts) or "no test set, no validation hold-out"
+
+
+def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
+    """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
+    process writes the state to each name in milestones[epoch], then to the resume checkpoint
+    <stage>_last.pt (with the metrics so far), then adds the epoch's line to <stage>_metrics.jsonl.
+    A kill at any of these writes leaves files that --resume continues from exactly: until
+    <stage>_last.pt names the epoch done, a resumed run trains it again and rewrites its milestones.
+    Returns the last record."""
+    stage, spe, procs = trainer.stage, trainer.steps_per_epoch, trainer.procs
+    total_epochs = stage.epochs + stage.decay_epochs
+    out = Path(out)
+    metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
+    record = metrics[-1] if metrics else None
+    estimate = TimeEstimate(stage.name, (total_epochs - start_epoch) * spe, trainer.device, echo if procs.main else
+                            (lambda line: None))
+    for epoch in range(start_epoch + 1, total_epochs + 1):
+        start = time.perf_counter()
+        sums = torch.zeros(6, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
+        first = stage.first_step + (epoch - 1) * spe
+        for step in epoch_progress(range(first, first + spe), f"{stage.name} epoch {epoch}/{total_epochs}",
+                                   procs.main, echo):
+            sums += trainer.train_step(step, *trainer.batches.views(step))
+            estimate.tick()
+        if procs.world > 1:
+            dist.all_reduce(sums)
+        means = (sums / (spe * procs.world)).tolist()
+        lr, cons_w, lc_w = trainer.schedule(step)
+        # global_epoch counts from the start of MT, so MT and LC curves share an axis (Fig. 2).
+        record = dict(stage=stage.name, epoch=epoch, global_epoch=stage.first_step / spe + epoch,
+                      step=stage.first_step + epoch * spe, lr=lr,
+                      cons_weight=cons_w, lc_weight=lc_w, loss=means[0], ce=means[1], cons=means[2],
+                      time_s=round(time.perf_counter() - start, 3))
+        if stage.name == "lc":
+            record.update(lc=means[3], neighbour_fraction=means[4], all_neighbours=means[5] == 1.0)
+        evaluate = epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones
+        if evaluate:
+            trainer.recompute_bn_means()  # on every process, so that their running means stay identical
+        if not procs.main:
+            continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
+        line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
+                f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
+                + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
+                + f" | {record['time_s']:.1f}s")
+        if evaluate:
+            record.update(trainer.errors())
+            line += f" | {describe_errors(record)}"
+            if stage.name == "lc":
+                record.update(trainer.distance_summary())
+                line += f" | d2 same/different {record['d2_ratio']:.3f} mean {record['d2_mean']:.3g}"
+        echo(line)
+        trainer.report_all_neighbours(epoch, record.get("all_neighbours"))
+        if epoch == total_epochs:
+            record["warnings"] = trainer.chance_warnings(record)
+            for warning in record["warnings"]:
+                click.echo(f"warning: {warning}", err=True)
+        metrics.append(record)
+        state = trainer.state(epoch, record["step"], metrics)
+        for name in milestones.get(epoch, ()):
+            save_checkpoint(out / name, state)
+        save_checkpoint(out / f"{stage.name}_last.pt", state)  # after the milestones: it marks the epoch done
+        write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
+    return record
+
+
+def run_stage(trainer, out, milestones, start_epoch, replacing=()):
+    """fit the trainer's stage from start_epoch, stopping at once on SIGINT or SIGTERM, and say what
+    it wrote (the main process). replacing: an earlier run's outputs in out (--overwrite), removed
+    first by the main process."""
+    if trainer.procs.main:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in replacing:
+            (out / name).unlink()
+    with stop_on_signals():
+        last = fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
+    if trainer.procs.main:
+        written = [out / name for names in milestones.values() for name in names]
+        click.echo(f"done: {describe_errors(last)}; wrote {', '.join(map(str, written))}, "
+                   f"{out / f'{trainer.stage.name}_metrics.jsonl'}")

@@ -1,0 +1,17 @@
+"""MT+LC: Local Clustering with Mean Teacher, the library behind the scripts.
+
+    import mtlc
+    classifier = mtlc.load("runs/digits/lc.pt")            # a checkpoint's teacher, calibrated
+    predictions = classifier.predict(["photo.jpg", "more/"])  # [Prediction(path, label, confidence, ...)]
+
+The LC loss alone, for your own training loop: `from kernels import lc_loss`. Attributes are
+imported when first used, so that `import mtlc.labeling` (label.py) does not import torch.
+"""
+__all__ = ["Classifier", "Prediction", "load"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import classifier
+        return getattr(classifier, name)
+    raise AttributeError(f"module 'mtlc' has no attribute {name!r}")

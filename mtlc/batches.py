@@ -1,0 +1,163 @@
+"""The batch stream: which images every step trains on, gathered a batch at a time from the
+(memory-mapped, for an image folder) uint8 images, augmented and normalized on the training
+device; and the passes over many images (channel statistics, predictions) that read them in
+bounded batches, never a float copy of the folder.
+"""
+import contextlib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import UserError
+from .cache import in_order, release_pages
+
+# Bytes of uint8 images a whole-dataset pass reads at a time (the channel statistics): 64 MiB.
+PASS_BYTES = 2 ** 26
+
+
+def image_batches(x, idx=None, batch_size=None):
+    """Consecutive batches of the uint8 images x (all of them, or the rows idx in that order), each
+    a tensor in memory: over a memory-mapped x only the rows of one batch are read at a time.
+    batch_size: images per batch [default: as many as PASS_BYTES hold]."""
+    n = len(x) if idx is None else len(idx)
+    batch_size = batch_size or max(1, PASS_BYTES // max(1, x[0].numel() if len(x) else 1))
+    with in_order(x) if idx is None else contextlib.nullcontext():
+        for i in range(0, n, batch_size):
+            yield x[i:i + batch_size] if idx is None else x[idx[i:i + batch_size]]
+            release_pages(x)
+
+
+def channel_stats(x):
+    """Per-channel mean and std (n - 1) of uint8 images, in [0, 1] units: exact, from integer sums
+    over batches, so the result is the same whatever the batch size, the order or the folder's size."""
+    sums, squares, count = np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64), 0
+    for batch in image_batches(x):
+        b = batch.numpy()
+        # Summed into int64 in numpy's small buffers; squares fit uint16 (255^2 < 2^16): no 8x copy.
+        sums += b.sum((0, 2, 3), dtype=np.int64)
+        squares += np.square(b, dtype=np.uint16).sum((0, 2, 3), dtype=np.int64)
+        count += b.shape[0] * b.shape[2] * b.shape[3]
+    sums, squares = (v.tolist() for v in (sums, squares))
+    mean = [s / (255 * count) for s in sums]
+    # Python's integers keep q n - s^2 exact; one rounding to float at the end.
+    std = [((q * count - s * s) / (count * (count - 1))) ** 0.5 / 255 for s, q in zip(sums, squares)]
+    return torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
+
+
+class BatchStream:
+    """The indices of every step's batches, a pure function of (seed, step): an epoch is one pass
+    over the unlabeled set in a fresh random order; the labeled set cycles in its own orders."""
+
+    def __init__(self, n_labeled, n_unlabeled, labeled_batch, unlabeled_batch, seed):
+        self.n_labeled, self.n_unlabeled = n_labeled, n_unlabeled
+        self.labeled_batch, self.unlabeled_batch, self.seed = labeled_batch, unlabeled_batch, seed
+        self.steps_per_epoch = max(1, n_unlabeled // unlabeled_batch)
+        self._perms = {}
+
+    def _perm(self, kind, k, n):
+        key = (kind, k)
+        if key not in self._perms:
+            if len(self._perms) > 8:
+                self._perms.clear()
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * k + kind)
+            self._perms[key] = torch.randperm(n, generator=gen)
+        return self._perms[key]
+
+    def batch(self, step):
+        """(positions in the labeled set, positions in the unlabeled set) for this step."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        u = self._perm(1, epoch, self.n_unlabeled)
+        u = u[torch.arange(i * self.unlabeled_batch, (i + 1) * self.unlabeled_batch) % self.n_unlabeled]
+        pos = torch.arange(step * self.labeled_batch, (step + 1) * self.labeled_batch)
+        cycles, offsets = pos // self.n_labeled, pos % self.n_labeled
+        lab = torch.empty_like(pos)
+        for cycle in cycles.unique().tolist():
+            sel = cycles == cycle
+            lab[sel] = self._perm(0, cycle, self.n_labeled)[offsets[sel]]
+        return lab, u
+
+
+def max_shift(image_size):
+    """The augmentation's translation in pixels: the paper's 2 at 32 x 32, in proportion at other sizes."""
+    return max(1, round(2 * image_size / 32))
+
+
+def augment(x, mean, std, flip, max_shift=2):
+    """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
+    CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
+    b, _, h, w = x.shape
+    padded = F.pad(x, (max_shift,) * 4)
+    dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    dx = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]
+    out = padded[torch.arange(b, device=x.device)[:, None, None, None],
+                 torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
+    if flip:
+        flipped = torch.rand(b, device=x.device) < 0.5
+        out = torch.where(flipped[:, None, None, None], out.flip(3), out)
+    return normalize(out, mean, std)
+
+
+def normalize(x, mean, std):
+    return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+def normalization(config, device=None):
+    """A run's per-channel (mean, std) of its training images (channel_stats, kept in its config), as
+    tensors on device: what normalize takes."""
+    return tuple(torch.tensor(config[k], device=device) for k in ("mean", "std"))
+
+
+def seed_step(seed, step, rank=0):
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
+    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
+
+
+class Batches:
+    """One process's share of every step's batch, on the training device: the student's and the
+    teacher's independently augmented views (labeled images first) and the labels of the labeled
+    images. With `world` processes each takes its 1/world share of the configured (global) labeled
+    and unlabeled batches. The images stay where they are (memory-mapped for a folder, in the host's
+    memory otherwise): each step gathers its own on the host and moves those to the device."""
+
+    def __init__(self, data, split, config, device, rank=0, world=1):
+        for key in ("labeled_batch", "unlabeled_batch"):
+            if config[key] % world:
+                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
+                                f"{world} processes")
+        self.device, self.seed, self.rank = device, config["seed"], rank
+        self.n_lab, self.n_unl = config["labeled_batch"] // world, config["unlabeled_batch"] // world
+        self.lab_idx, self.unl_idx, self.val_idx = (split[k].cpu() for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
+        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
+                                  config["unlabeled_batch"], config["seed"])
+        self.train_x, self.train_y = data.train_x, data.train_y
+        self.mean, self.std = normalization(config, device)
+        self.flip = config["dataset"] == "cifar10"
+        self.max_shift = max_shift(config["image_size"])
+
+    def indices(self, step):
+        """The training-set indices of this process's share of the step's images, labeled ones first."""
+        lab_pos, unl_pos = self.stream.batch(step)
+        r = self.rank
+        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
+        return torch.cat([self.lab_idx[lab_pos], self.unl_idx[unl_pos]])
+
+    def views(self, step):
+        """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
+        seed_step(self.seed, step, self.rank)
+        idx = self.indices(step)
+        images = self.train_x[idx].to(self.device, non_blocking=True)
+        release_pages(self.train_x)  # a fraction of a millisecond: memory stays at one batch
+        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip, self.max_shift)
+                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
+        return student_view, teacher_view, self.train_y[idx[:self.n_lab]].to(self.device)
+
+    def training_images(self, n, batch_size=500):
+        """A fixed sample of up to n training images (labeled and unlabeled, never the validation
+        hold-out), normalized and not augmented, in batches: what the BN statistics are computed on."""
+        pool = torch.cat([self.lab_idx, self.unl_idx])
+        pick = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[:n]]
+        for batch in image_batches(self.train_x, pick, batch_size):
+            yield normalize(batch.to(self.device), self.mean, self.std)

@@ -1,0 +1,218 @@
+"""Confidences one can take at their word, and how many predictions to accept.
+
+Temperature scaling (Guo et al., "On calibration of modern neural networks", ICML 2017): one scalar
+T divides the logits; T is fitted by the negative log-likelihood of held-out labeled images, so the
+predicted classes stay as they are and only their probabilities change. The expected calibration
+error (ECE) is measured with 15 equal-width confidence bins, and by 2-fold cross-fitting (T fitted on
+one half of the held-out images, scored on the other) so that the number is not fitted to itself.
+
+Acceptance: the held-out images ranked by confidence give the error of the most confident k of them;
+a threshold is accepted only where a one-sided Clopper-Pearson upper bound on that error is at most
+the error asked for, so that a handful of lucky images cannot set it. Choosing the lowest of many
+thresholds whose bounds pass would spend the confidence level on the search (with every confidence
+5.5% wrong, a search for 5% at 95% per threshold accepted something in 12% of draws), so the
+threshold is found as selection with guaranteed risk (Geifman and El-Yaniv, "Selective
+classification for deep neural networks", NeurIPS 2017) finds it: a binary search that tests at
+most k = ceil(log2(m + 1)) of the m places a threshold can cut, each at level 1 - (1 - 95%) / k, so
+that the promise holds at 95% for the search as a whole (a union bound over its tests).
+
+The promise is about images like the held-out ones. The unlabeled images were trained on (Mean
+Teacher's consistency, LC): the network is more confident on them, so at the same threshold their
+error can be higher than the held-out images'.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax
+from scipy.stats import beta
+
+
+ECE_BINS = 15
+COVERAGES = tuple(range(10, 101, 10))  # % of the held-out images, most confident first
+CONFIDENCE_LEVEL = 0.95                # of the promise an acceptance threshold makes, the search included
+DECIMALS = 4                           # confidences are compared as the CSV writes them
+MIN_CALIBRATION_IMAGES = 20            # held-out images below which no temperature is fitted
+TEMPERATURE_BOUNDS = (0.01, 100.0)
+
+
+class NoTemperature(Exception):
+    """No temperature can be fitted: the message says why."""
+
+
+def fit_temperature(logits, labels):
+    """The T > 0 minimizing the mean NLL of softmax(logits / T) on the labeled logits (n, classes):
+    a bounded 1-d search over log T, deterministic. NoTemperature where there are fewer than
+    MIN_CALIBRATION_IMAGES, or the search did not converge inside its bounds (the held-out images
+    all right with a margin, or all wrong: no finite temperature fits them)."""
+    logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
+    if len(labels) < MIN_CALIBRATION_IMAGES:
+        raise NoTemperature(f"{len(labels)} held-out images are too few to fit a temperature "
+                            f"(at least {MIN_CALIBRATION_IMAGES})")
+    right = logits.argmax(1) == labels
+    if right.all() or not right.any():  # the likelihood then keeps rising towards T = 0 or T = infinity
+        raise NoTemperature(f"the network gets all {len(labels)} held-out images {'right' if right.all() else 'wrong'}: "
+                            f"no temperature fits them")
+
+    def nll(log_t):
+        return -log_softmax(logits / np.exp(log_t), axis=1)[np.arange(len(labels)), labels].mean()
+
+    low, high = np.log(TEMPERATURE_BOUNDS[0]), np.log(TEMPERATURE_BOUNDS[1])
+    result = minimize_scalar(nll, bounds=(low, high), method="bounded", options=dict(xatol=1e-6))
+    if not result.success or min(result.x - low, high - result.x) < 1e-3:
+        raise NoTemperature(f"no temperature between {TEMPERATURE_BOUNDS[0]:g} and {TEMPERATURE_BOUNDS[1]:g} fits "
+                            f"the {len(labels)} held-out images")
+    return float(np.exp(result.x))
+
+
+def fitted_or_one(logits, labels):
+    """fit_temperature, or 1 (the raw softmax) where none can be fitted."""
+    try:
+        return fit_temperature(logits, labels)
+    except NoTemperature:
+        return 1.0
+
+
+def confidences(logits, temperature=1.0):
+    """(predicted class, its probability) per row of logits after dividing them by the temperature,
+    the probability rounded as the CSV writes it."""
+    probs = torch.softmax(torch.as_tensor(logits, dtype=torch.float64) / temperature, 1)
+    top = probs.max(1)
+    return top.indices.numpy(), np.round(top.values.numpy(), DECIMALS)
+
+
+def expected_calibration_error(confidence, correct, bins=ECE_BINS):
+    """sum over equal-width confidence bins of (share of images in the bin) x |accuracy - mean
+    confidence| in the bin, in %."""
+    confidence, correct = np.asarray(confidence, np.float64), np.asarray(correct, np.float64)
+    which = np.minimum((confidence * bins).astype(int), bins - 1)
+    gap = 0.0
+    for b in range(bins):
+        mine = which == b
+        if mine.any():
+            gap += mine.mean() * abs(correct[mine].mean() - confidence[mine].mean())
+    return float(100.0 * gap)
+
+
+def cross_fitted_ece(logits, labels, seed=0):
+    """ECE (%) before and after temperature scaling, each half of the held-out images scored with the
+    T fitted on the other half (a fixed random split): the calibration a new image can expect."""
+    logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    halves = order[: len(order) // 2], order[len(order) // 2:]
+    predicted, before = confidences(logits)
+    after = np.empty_like(before)
+    for fit, score in (halves, halves[::-1]):
+        after[score] = confidences(logits[score], fitted_or_one(logits[fit], labels[fit]))[1]
+    correct = predicted == labels
+    return expected_calibration_error(before, correct), expected_calibration_error(after, correct)
+
+
+def error_upper_bound(errors, count, level=CONFIDENCE_LEVEL):
+    """One-sided Clopper-Pearson upper bound (%) on an error rate seen as errors of count."""
+    errors, count = np.asarray(errors), np.asarray(count)
+    bound = beta.ppf(level, errors + 1, np.maximum(count - errors, 1))
+    return 100.0 * np.where(errors >= count, 1.0, bound)
+
+
+def ranked(confidence, correct):
+    """Held-out images most confident first: (confidences, cumulative errors, counts) at the end of
+    each group of equal confidence, the only places a threshold can cut."""
+    order = np.argsort(-np.asarray(confidence), kind="stable")
+    conf = np.asarray(confidence)[order]
+    errors = np.cumsum(~np.asarray(correct, bool)[order])
+    ends = np.flatnonzero(np.r_[conf[1:] != conf[:-1], True])
+    return conf[ends], errors[ends], ends + 1
+
+
+def errors_at_coverage(confidence, correct, coverages=COVERAGES):
+    """{coverage %: error % of the most confident coverage% of the images (ties kept together)}."""
+    conf, errors, counts = ranked(confidence, correct)
+    result = {}
+    for c in coverages:
+        i = np.searchsorted(counts, int(np.ceil(c / 100 * counts[-1])))
+        result[c] = float(100.0 * errors[i] / counts[i])
+    return result
+
+
+def search_test_level(places, level=CONFIDENCE_LEVEL):
+    """The level of each test of a binary search over `places` places to cut, so that the search as
+    a whole keeps `level` (a union bound over its at most ceil(log2(places + 1)) tests)."""
+    return 1 - (1 - level) / math.ceil(math.log2(places + 1))
+
+
+def images_needed(max_error, places, level=CONFIDENCE_LEVEL):
+    """The fewest held-out images at or above a threshold whose bound can pass at all (none of them
+    wrong: 1 - (1 - test level)^(1/k) <= max_error), in a search over `places` places."""
+    return math.ceil(math.log(1 - search_test_level(places, level)) / math.log1p(-max_error / 100) - 1e-9)
+
+
+def acceptance_threshold(confidence, correct, max_error, level=CONFIDENCE_LEVEL):
+    """The lowest confidence t found by selection with guaranteed risk (module docstring) such that
+    the held-out images at confidence >= t are at most max_error % wrong, with the given confidence
+    for the search as a whole: (t, count above it, their error %, its upper bound % at the level of
+    one test), or None where no threshold qualifies. The search runs over the places that hold
+    enough images for their bound to pass with no error at all: fewer could never pass, and a
+    search among them would only spend its tests."""
+    conf, errors, counts = ranked(confidence, correct)
+    per_test = search_test_level(len(conf), level)
+    low, high, best = int(np.searchsorted(counts, images_needed(max_error, len(conf), level))), len(conf) - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        if error_upper_bound(errors[middle], counts[middle], per_test) <= max_error:
+            best, low = middle, middle + 1
+        else:
+            high = middle - 1
+    if best is None:
+        return None
+    return Threshold(float(conf[best]), int(counts[best]), float(100.0 * errors[best] / counts[best]),
+                     float(error_upper_bound(errors[best], counts[best], per_test)), per_test)
+
+
+@dataclass
+class Threshold:
+    confidence: float   # accept a prediction whose (calibrated, rounded) confidence is at least this
+    held_out: int       # held-out images at or above it
+    error: float        # their error, %
+    bound: float        # its one-sided upper bound, %, at the level of one of the search's tests
+    test_level: float   # that level: 1 - (1 - CONFIDENCE_LEVEL) / the number of tests
+
+
+@dataclass
+class Calibration:
+    """What the held-out images say about a model's confidences: the temperature that calibrates
+    them, the ECE before and after (cross-fitted), and the error at each coverage."""
+    source: str          # which held-out images: "test", "validation"
+    n: int
+    temperature: float   # 1 where none could be fitted (uncalibrated says why)
+    ece_before: float
+    ece_after: float
+    coverage_errors: dict
+    confidence: np.ndarray  # calibrated, rounded, per held-out image
+    correct: np.ndarray
+    uncalibrated: str = None  # why no temperature was fitted, if none was
+
+    @classmethod
+    def fit(cls, logits, labels, source):
+        logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
+        try:
+            temperature, uncalibrated = fit_temperature(logits, labels), None
+        except NoTemperature as exc:
+            temperature, uncalibrated = 1.0, str(exc)
+        predicted, confidence = confidences(logits, temperature)
+        correct = predicted == labels
+        before, after = cross_fitted_ece(logits, labels) if uncalibrated is None else (np.nan, np.nan)
+        return cls(source, len(labels), temperature, before, after, errors_at_coverage(confidence, correct),
+                   confidence, correct, uncalibrated)
+
+    def threshold(self, max_error):
+        return acceptance_threshold(self.confidence, self.correct, max_error)
+
+    def summary(self):
+        return dict(held_out=self.source, n_held_out=self.n,
+                    temperature=None if self.uncalibrated else self.temperature, uncalibrated=self.uncalibrated,
+                    ece_before=None if self.uncalibrated else self.ece_before,
+                    ece_after=None if self.uncalibrated else self.ece_after,
+                    error_at_coverage={str(c): e for c, e in self.coverage_errors.items()})

@@ -1,0 +1,113 @@
+"""Image files on disk: which files are images (by extension, of the formats read), finding them
+under a folder in the order sorted paths have, hidden files, and the lines that name them.
+"""
+import os
+import stat
+from pathlib import Path
+
+from PIL import Image
+
+Image.init()
+# The formats a file is opened as, whatever its name says: Pillow picks its decoder by a file's
+# content, and some of its decoders run other programs (EPS and PostScript: Ghostscript). JPEG's
+# decoder also opens MPO, camera JPEGs that carry a second picture; DIB is BMP without its file header.
+FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
+# The extensions of those formats, lower case: .jpg .jpeg .mpo .png .bmp .gif .tif .tiff .webp .ppm .pgm ...
+IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
+READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
+
+
+def is_image_name(name):
+    """Whether a file name has the extension of a format PIL opens ('.png' alone is a hidden file)."""
+    dot = name.rfind(".")
+    return dot > 0 and name[dot:].lower() in IMAGE_EXTENSIONS
+
+
+def is_hidden(name):
+    """Hidden files and folders (a leading '.': macOS's ._* AppleDouble files and .DS_Store, Jupyter's
+    .ipynb_checkpoints, .git) and the __MACOSX folder of zip files made on a Mac: never images,
+    never classes."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
+def scan_images(root):
+    """The image files under root (by extension, any nesting) as [(path relative to root, size in
+    bytes, modification time in ns, change time in ns)]: what a decode cache is keyed by (the change
+    time, which no program can set back, tells an image edited in place whose size and modification
+    time were restored, `touch -r`). In the order sorted paths have (part by part); hidden files and
+    folders (is_hidden) are left out; what is not a regular file (a pipe, a socket, a device named
+    like an image) counts among the other files; symbolic links are followed, a folder reached twice
+    (a link loop) is walked once, under its first name in that order; a file that cannot be stat-ed
+    (a broken link) gets -1 for size and times. One os.scandir per folder and one stat per file, no
+    Path objects: a second start-up on 60,000 files costs a fraction of a second. Returns (entries,
+    number of other files, number of hidden files and folders left out)."""
+    found, others, hidden, seen = [], 0, 0, set()
+    # Depth first, each folder's files and subfolders merged by name: the order of sorted paths
+    # (a subfolder "b" comes before a file "b.png"), with no sort of the whole list.
+    stack = [(os.fspath(root), "", None)]
+    while stack:
+        path, rel, stamp = stack.pop()
+        if stamp is not None:
+            found.append((rel, *stamp))
+            continue
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(path) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        children = []
+        for entry in entries:
+            name = entry.name
+            if is_hidden(name):
+                hidden += 1
+            elif is_folder(entry):
+                children.append((name, (entry.path, f"{rel}{name}/", None)))
+            elif not is_image_name(name):
+                others += 1
+            else:
+                try:
+                    st = entry.stat()
+                except OSError:
+                    children.append((name, (None, rel + name, (-1, -1, -1))))
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    children.append((name, (None, rel + name, (st.st_size, st.st_mtime_ns, st.st_ctime_ns))))
+                else:
+                    others += 1
+        children.sort(reverse=True)
+        stack += [child for _, child in children]
+    return found, others, hidden
+
+
+def is_folder(entry):
+    """Whether a scandir entry is a folder, links followed; a broken or looping link is not one."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def find_images(root):
+    """scan_images as paths: (sorted image paths under root, number of other files, number of hidden
+    files and folders left out)."""
+    entries, others, hidden = scan_images(root)
+    return [Path(root) / entry[0] for entry in entries], others, hidden
+
+
+def describe_hidden(count, where):
+    """The one line that says how many hidden files and folders were left out, or '' for none."""
+    if not count:
+        return ""
+    return (f"left out {count:,} hidden file{'s' * (count != 1)} and folder{'s' * (count != 1)} in {where} "
+            f"(names starting with '.', such as macOS's ._* and .DS_Store or .ipynb_checkpoints, and __MACOSX)")
+
+
+def describe_bad(bad, root, shown=5):
+    """'N files cannot be read: a (reason), b (reason), ... and M more'."""
+    names = "; ".join(f"{Path(root) / p} ({reason})" for p, reason in bad[:shown])
+    more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
+    return f"{len(bad)} image file{'s' * (len(bad) != 1)} cannot be read: {names}{more}"

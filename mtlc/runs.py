@@ -1,0 +1,193 @@
+"""Runs on disk: atomic writes, the output folder a run holds, metrics files, RNG states and
+signals. What a checkpoint holds is checkpoints.py's.
+"""
+import contextlib
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+
+from .errors import UserError, WriteFailed
+
+
+def os_error_in(exc):
+    """The OSError that caused exc, if any: torch's zip writer, for one, reports a failed write as a
+    RuntimeError ('unexpected pos') whose context is the OSError."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def atomic_write(path, write):
+    """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
+    never leaves a truncated file behind. A write the OS refuses raises WriteFailed. Returns what
+    write(f) returns."""
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_folder(path.parent)  # the rename itself survives a power cut
+        return result
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        error = os_error_in(exc)
+        if error is not None and not isinstance(exc, click.ClickException):
+            raise WriteFailed(path, error) from None
+        raise
+
+
+def fsync_folder(folder):
+    """Flush a folder's entries to disk; a file system that cannot (some network ones) is let be."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def existing_outputs(out, names, overwrite):
+    """The files among `names` that an earlier run left in `out`; exit 2 unless told to overwrite them."""
+    existing = [name for name in names if (Path(out) / name).exists()]
+    if existing and not overwrite:
+        raise UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
+                        f"pass --overwrite or choose another --out")
+    return existing
+
+
+def save_checkpoint(path, state):
+    """torch.save through atomic_write: a checkpoint is whole or not there."""
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def read_metrics(path):
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def write_metrics(path, records):
+    """Rewrite the metrics file atomically, so it is never half-written."""
+    atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
+
+
+def rng_state():
+    state = dict(torch=torch.get_rng_state(), python=random.getstate())
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Interrupted(click.ClickException):
+    def __init__(self, signum):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; every file on disk is complete "
+                         f"(the last finished epoch is in the *_last.pt checkpoint: continue with --resume)")
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM end the run at once with a message; atomic writes keep the files whole."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# The lock file a run holds in its output folder (runs.run_folder); hidden, so that no image search
+# ever sees it.
+LOCK_NAME = ".mtlc-run.lock"
+
+
+@contextlib.contextmanager
+def run_folder(out, script, hold=True):
+    """While the block runs, this process is the only run writing `out` (created if need be): a
+    second run on the same folder exits 2 at once, naming this one. The lock is the OS's (flock on
+    LOCK_NAME): it ends with the process however it ends, so a killed run's folder is free again and
+    a lock is never stale. On failure, a folder this call created and left empty is removed, and so is
+a lock file it created in a folder that was there. hold=False
+    (a process that writes nothing, a benchmark without --out) does nothing."""
+    if not hold:
+        yield
+        return
+    out = Path(out)
+    created = not out.exists()
+    path = out / LOCK_NAME
+    lock_created = not path.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from None
+    locked_by_other = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            locked_by_other = True
+            holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "a process that has not said which"
+            raise UserError(f"{out} is being written by another run ({holder}): let it finish or stop it, or "
+                            f"choose another --out") from None
+        except OSError as exc:  # ENOLCK: a file system without locks (some network ones)
+            raise UserError(f"cannot lock {path} ({exc.strerror}): this file system does not let one run keep "
+                            f"others out of --out; choose an --out on a local disk") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{script}, pid {os.getpid()} on {socket.gethostname()}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        yield
+    except BaseException:
+        if created and os.listdir(out) == [LOCK_NAME]:
+            path.unlink()
+            out.rmdir()
+        elif lock_created and not locked_by_other:  # a refused start leaves the folder as it was
+            path.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def check_resume_flags(resume, **flags):
+    """--resume continues a run as it was: it excludes the flags given here that are set."""
+    for name, value in flags.items():
+        if resume and value:
+            raise UserError(f"--resume and --{name} exclude each other")

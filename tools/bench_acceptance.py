@@ -1,0 +1,67 @@
+"""What --max-error's promise costs and keeps, by simulation: held-out images drawn with known error
+rates, the acceptance threshold searched on them (calibration.acceptance_threshold, which pays for
+its search) beside the lowest of all thresholds whose bound passes at 95% (which does not). Prints
+the two tables of docs/label-the-rest.md.
+
+    python tools/bench_acceptance.py
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
+from mtlc.calibration import acceptance_threshold, error_upper_bound  # noqa: E402
+
+
+def lowest_passing(confidence, correct, max_error):
+    """The share of the held-out images the lowest passing threshold accepts (0: none passes)."""
+    order = np.argsort(-confidence, kind="stable")
+    conf = confidence[order]
+    errors, counts = np.cumsum(~correct[order]), np.arange(1, len(correct) + 1)
+    ends = np.flatnonzero(np.r_[conf[1:] != conf[:-1], True])  # never inside a group of equal confidences
+    passing = ends[error_upper_bound(errors[ends], counts[ends]) <= max_error]
+    return counts[passing[-1]] / len(correct) if len(passing) else 0.0
+
+
+def searched(confidence, correct, max_error):
+    found = acceptance_threshold(confidence, correct, max_error)
+    return found.held_out / len(correct) if found else 0.0
+
+
+def flat(rng, n, error):
+    return rng.random(n).round(4), rng.random(n) >= error
+
+
+def uniform(rng, n):
+    confidence = rng.uniform(0.5, 1, n).round(4)
+    return confidence, rng.random(n) < confidence
+
+
+def mostly_confident(rng, n):
+    confidence = (1 - rng.beta(1, 12, n) * 0.9).round(4)
+    return confidence, rng.random(n) < confidence
+
+
+def main():
+    rng = np.random.default_rng(0)
+    print("| held-out images | --max-error | true error | accepted anything: this search | the lowest passing threshold |")
+    print("| --- | --- | --- | --- | --- |")
+    for n, max_error, error in ((200, 5, 0.055), (1000, 5, 0.055), (5000, 5, 0.055), (1000, 10, 0.12)):
+        draws = [flat(rng, n, error) for _ in range(1500)]
+        ours = np.mean([searched(c, r, max_error) > 0 for c, r in draws])
+        theirs = np.mean([lowest_passing(c, r, max_error) > 0 for c, r in draws])
+        print(f"| {n:,} | {max_error} | {100 * error:g}% | {100 * ours:.1f}% | {100 * theirs:.1f}% |")
+    print()
+    print("| confidences | held-out images | --max-error 5 | --max-error 10 |")
+    print("| --- | --- | --- | --- |")
+    for name, draw in (("uniform in [0.5, 1]", uniform), ("mostly confident (1 - 0.9 Beta(1, 12))", mostly_confident)):
+        for n in (1000, 5000):
+            draws = [draw(rng, n) for _ in range(200)]
+            cells = [f"{100 * np.mean([searched(c, r, e) for c, r in draws]):.1f}% against "
+                     f"{100 * np.mean([lowest_passing(c, r, e) for c, r in draws]):.1f}%" for e in (5, 10)]
+            print(f"| {name} | {n:,} | {cells[0]} | {cells[1]} |")
+
+
+if __name__ == "__main__":
+    main()

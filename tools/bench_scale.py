@@ -1,0 +1,274 @@
+"""Scale benchmark: a synthetic folder of many small JPEGs (noise plus shapes, made with PIL) through
+the decode cache, a training step and prediction, each in its own process, with its time and peak
+memory. The numbers go into docs/scale.md; they are not a test.
+
+    python tools/bench_scale.py --images 1000000 --image-size 32 --root /data/scale --out docs/scale-1m-32px.json
+
+Measured, in order (each a fresh `python` process; peak RSS from the kernel's accounting of that
+process, peak private memory (RssAnon) sampled every 0.1 s):
+  imports        python -c "import data, batches, training, model"
+  first decode   load_dataset on an empty cache (MTLC_CACHE_DIR points at a fresh folder)
+  second start   the same with the cache in place (start-up, imports excluded, printed by the child)
+  training       train_mt.py --benchmark N on the folder (stats over every image, then N steps)
+  decode alone   find and decode every unlabeled file, batch after batch, nothing else
+  hash alone     find, read and hash (BLAKE2b, as the cache names its rows) every unlabeled file
+  rebuild        after 1,000 unlabeled files moved into labeled/ (renames, as label.py makes them), the
+                 cache rebuilt: load_dataset again; then moved back and rebuilt once more
+  model alone    the checkpoint's teacher over every image of the cache, nothing decoded
+  predict        evaluate.py --predict <folder>/unlabeled --csv (a checkpoint trained for one epoch on
+                 a small companion folder of the same classes and size)
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import click
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]  # the project's root: the scripts run there
+CLASSES = 10
+LABELED_PER_CLASS, TEST_PER_CLASS, PER_FOLDER = 20, 10, 1000
+
+
+def draw(args):
+    """JPEGs of noise plus a shape whose kind and colour follow the class, one folder's worth."""
+    from PIL import Image, ImageDraw
+    folder, names, classes, size, seed = args
+    rng = np.random.default_rng(seed)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, c in zip(names, classes):
+        img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+        pen = ImageDraw.Draw(img)
+        box = sorted(rng.integers(0, size, 2)) + sorted(rng.integers(0, size, 2))
+        box = [box[0], box[2], max(box[1], box[0] + 2), max(box[3], box[2] + 2)]
+        colour = tuple(int(v) for v in (40 + 20 * c, 255 - 20 * c, 128 + 12 * (c % 5)))
+        (pen.ellipse if c % 2 else pen.rectangle)(box, fill=colour)
+        img.save(Path(folder) / name, quality=90)
+
+
+def make_folder(folder, n_unlabeled, size):
+    """folder/labeled/c<k>/, folder/unlabeled/<shard of 1,000>/, folder/test/c<k>/ (skipped if there)."""
+    done = folder / "complete"
+    if done.exists():
+        return
+    jobs = []
+    for part, per_class in (("labeled", LABELED_PER_CLASS), ("test", TEST_PER_CLASS)):
+        for c in range(CLASSES):
+            jobs.append((folder / part / f"c{c}", [f"{i:04d}.jpg" for i in range(per_class)], [c] * per_class, size,
+                         hash((part, c)) % 2**32))
+    for start in range(0, n_unlabeled, PER_FOLDER):
+        count = min(PER_FOLDER, n_unlabeled - start)
+        jobs.append((folder / "unlabeled" / f"{start // PER_FOLDER:04d}", [f"{start + i:07d}.jpg" for i in range(count)],
+                     [(start + i) % CLASSES for i in range(count)], size, start))
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        for k, _ in enumerate(pool.map(draw, jobs)):
+            if k % 50 == 0:
+                print(f"  made {k}/{len(jobs)} folders of {folder}", file=sys.stderr, flush=True)
+    done.touch()
+
+
+def memory(pid):
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile") if k in fields}
+
+
+def measure(name, args, env=None):
+    """Run a command; its wall time, peak RSS (the kernel's ru_maxrss), peak RssAnon and RssFile
+    (sampled every 0.1 s) and the end of its stdout."""
+    start = time.perf_counter()
+    with open(os.devnull, "rb") as stdin, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, cwd=ROOT, stdin=stdin, stdout=out, stderr=err, env=dict(os.environ, **(env or {})))
+        peaks, running = {"RssAnon": 0, "RssFile": 0}, [True]
+
+        def sample():
+            while running[0]:
+                try:
+                    for k, v in memory(proc.pid).items():
+                        peaks[k] = max(peaks[k], v)
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, which Popen.wait would not report
+        wall = time.perf_counter() - start
+        running[0] = False
+        sampler.join()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise click.ClickException(f"{name} failed ({os.waitstatus_to_exitcode(status)}): {stderr[-2000:]}")
+    record = dict(wall_s=round(wall, 2), peak_rss_mb=round(usage.ru_maxrss / 1024),
+                  peak_rss_anon_mb=round(peaks["RssAnon"] / 2**20), peak_rss_file_mb=round(peaks["RssFile"] / 2**20),
+                  stdout_tail=stdout.strip().splitlines()[-3:])
+    print(f"{name}: {json.dumps(record)}", file=sys.stderr, flush=True)
+    return record
+
+
+LOAD = """
+import sys, time, json, resource
+t = time.perf_counter()
+from mtlc.data import load_dataset
+import mtlc.batches, mtlc.training, mtlc.model
+imported = time.perf_counter()
+data = load_dataset("folder", sys.argv[1], image_size=int(sys.argv[2]), echo=lambda line: None)
+loaded = time.perf_counter()
+print(json.dumps(dict(imports_s=imported - t, load_s=loaded - imported, images=len(data.train_x) + len(data.test_x),
+                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+
+DECODE_ALONE = """
+import sys, time, json, resource
+from mtlc.files import find_images
+from mtlc.images import decode_batches
+t = time.perf_counter()
+paths = find_images(sys.argv[1])[0]
+n = sum(len(chunk) for chunk, _, _ in decode_batches(paths, int(sys.argv[2]), int(sys.argv[3])))
+print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n / (time.perf_counter() - t),
+                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+
+
+HASH_ALONE = """
+import sys, time, json
+from mtlc.files import find_images
+from mtlc.images import file_digest, pooled, read_file
+t = time.perf_counter()
+paths = find_images(sys.argv[1])[0]
+n = sum(len(chunk) for chunk, _ in pooled(lambda path: file_digest(read_file(path)), paths, 1024))
+print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n / (time.perf_counter() - t))))
+"""
+
+MOVED = 1000  # files the rebuild part moves, as one round of label.py might
+
+
+def move_shard(folder, back=False):
+    """Rename the first unlabeled folder's MOVED files (0000000.jpg ...) into labeled/c0/, one rename a
+    file as label.py makes them, or back."""
+    shard, labeled = folder / "unlabeled" / "0000", folder / "labeled" / "c0"
+    for k in range(MOVED):
+        source, target = shard / f"{k:07d}.jpg", labeled / f"{k:07d}.jpg"
+        os.rename(*((target, source) if back else (source, target)))
+
+
+MODEL_ALONE = """
+import sys, time, json, torch
+from mtlc.checkpoints import load_checkpoint, restore_models
+from mtlc.data import load_dataset
+from mtlc.batches import normalization
+from mtlc.inference import outputs
+state = load_checkpoint(sys.argv[1])
+_, teacher = restore_models(state, torch.device("cpu"))
+data = load_dataset("folder", sys.argv[2], image_size=int(sys.argv[3]), echo=lambda line: None)
+mean, std = normalization(state["config"])
+t = time.perf_counter()
+n = len(outputs(teacher, data.train_x[:int(sys.argv[4])], mean, std)[1])
+print(json.dumps(dict(images=n, images_per_s=n / (time.perf_counter() - t))))
+"""
+
+PARTS = ("imports", "first_decode", "second_start", "training", "decode_alone", "hash_alone", "model_alone", "predict",
+         "rebuild")
+
+
+def last_json(record):
+    return json.loads(record["stdout_tail"][-1])
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--images", "n", type=click.IntRange(min=1000), default=200_000, help="Unlabeled images in the folder.")
+@click.option("--image-size", type=click.IntRange(min=16), default=64, help="Pixels square of the JPEGs and of training.")
+@click.option("--root", type=click.Path(file_okay=False), required=True,
+              help="Where the synthetic folders go (kept, and reused when there: making them takes minutes).")
+@click.option("--width", type=float, default=0.125, help="The network's width for the training step and predict.")
+@click.option("--steps", type=click.IntRange(min=1), default=20, help="Training steps timed (--benchmark).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="The JSON record written.")
+@click.option("--predict-images", type=click.IntRange(min=1000), default=None,
+              help="Predict the first this many unlabeled images (whole folders of 1,000) instead of all: at 96 px the "
+                   "network runs at a few hundred images/s on a CPU. [default: all]")
+@click.option("--model-images", type=click.IntRange(min=1000), default=50_000,
+              help="Images the model-alone rate is measured on (the first of the cache).")
+@click.option("--parts", default=",".join(PARTS),
+              help="The measurements to run, comma-separated; those left out keep their values from --out if it exists.")
+def main(n, image_size, root, width, steps, out, predict_images, model_images, parts):
+    """Make the folder, then time and weigh decoding, start-up, training and prediction on it."""
+    parts = parts.split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(PARTS)}", param_hint="--parts")
+    root = Path(root)
+    folder, small = root / f"{n}-{image_size}px", root / f"small-{image_size}px"
+    python = sys.executable
+    print(f"making {folder} (once)", file=sys.stderr)
+    make_folder(folder, n, image_size)
+    make_folder(small, 1000, image_size)
+    cache = root / f"cache-{n}-{image_size}px"
+    if "first_decode" in parts:
+        shutil.rmtree(cache, ignore_errors=True)
+    env = dict(MTLC_CACHE_DIR=str(cache))
+    record = json.loads(Path(out).read_text()) if Path(out).exists() and len(parts) < len(PARTS) else {}
+    record.update(images=n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS), unlabeled=n, image_size=image_size,
+                  decoded_gb=round((n + CLASSES * (LABELED_PER_CLASS + TEST_PER_CLASS)) * 3 * image_size ** 2 / 1e9, 2),
+                  width=width, cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
+                  .splitlines()[0].strip(), cores=os.cpu_count(),
+                  memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                  command=" ".join(sys.argv))
+    ckpt = root / f"ckpt-{image_size}px"
+    n_predicted = min(n, predict_images or n)
+    predicted = ([folder / "unlabeled"] if n_predicted == n else
+                 [folder / "unlabeled" / f"{k:04d}" for k in range(-(-n_predicted // PER_FOLDER))])
+    commands = dict(
+        imports=[python, "-c", "import mtlc.data, mtlc.batches, mtlc.training, mtlc.model"],
+        first_decode=[python, "-c", LOAD, folder, str(image_size)],
+        second_start=[python, "-c", LOAD, folder, str(image_size)],
+        training=[python, "train_mt.py", "--dataset", "folder", "--data-dir", folder, "--image-size", str(image_size),
+                  "--width", str(width), "--benchmark", str(steps), "--device", "cpu"],
+        decode_alone=[python, "-c", DECODE_ALONE, folder / "unlabeled", str(image_size), "256"],
+        hash_alone=[python, "-c", HASH_ALONE, folder / "unlabeled"],
+        rebuild=[python, "-c", LOAD, folder, str(image_size)],
+        model_alone=[python, "-c", MODEL_ALONE, ckpt / "mt_final.pt", folder, str(image_size), str(model_images)],
+        predict=[python, "evaluate.py", "--ckpt", ckpt / "mt_final.pt", "--predict", *predicted, "--csv",
+                 root / f"predictions-{n}-{image_size}px.csv", "--device", "cpu"])
+    for part in PARTS:
+        if part not in parts:
+            continue
+        if part in ("model_alone", "predict") and not (ckpt / "mt_final.pt").exists():
+            measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--data-dir", small, "--image-size",
+                                   str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
+                                   "--device", "cpu", "--out", ckpt], env)
+        if part == "rebuild":
+            move_shard(folder)
+            record[part] = dict(moved=MOVED, into_labeled=measure("rebuild", commands[part], env))
+            move_shard(folder, back=True)
+            record[part]["back"] = measure("rebuild back", commands[part], env)
+            continue
+        record[part] = measure(part.replace("_", " "), commands[part], env)
+        if part in ("decode_alone", "hash_alone"):
+            record[part]["images_per_s"] = round(n / record[part]["wall_s"])
+        if part == "predict":
+            record[part].update(images=n_predicted, images_per_s=round(n_predicted / record[part]["wall_s"]))
+        if part == "model_alone":
+            record[part]["images_per_s"] = round(last_json(record[part])["images_per_s"])
+        if part == "decode_alone":
+            assert last_json(record[part])["images"] == n
+    if "decode_alone" in record and "predict" in record:
+        record["predict_vs_decode"] = round(record["predict"]["images_per_s"] / record["decode_alone"]["images_per_s"], 3)
+    if "decode_alone" in record and "model_alone" in record:
+        # On shared cores decoding and the network take turns: the best predict can do is the rate of both in series.
+        both = 1 / (1 / record["decode_alone"]["images_per_s"] + 1 / record["model_alone"]["images_per_s"])
+        record["decode_and_model_in_series_per_s"] = round(both)
+    record["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2**20)
+    Path(out).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The GPU check in one command: the device and its versions, the LC-loss tests with real Triton, the
+kernel benchmark and its targets, the training step's speed against its FLOP floor, and CIFAR-10
+end to end (supervised-only, MT and MT+LC on a shortened schedule).
+
+    python tools/gpu_check.py --out gpu_check                     # a CUDA machine: all of it, about 9 min on an H100
+    python tools/gpu_check.py --out gpu_check --part step         # one part again; the others' results are kept
+    python tools/gpu_check.py --out /tmp/g --tiny --device cpu    # all of it in miniature on a CPU (a test runs this)
+
+CIFAR-10 comes from --archive, the JPEG copy (train/<class>/*, test/<class>/*) as a .tar.xz. Writes
+at most 8 files under --out: summary.json (each part's results, rewritten as each part ends, so a
+run cut short keeps what it measured), summary.md, a log per part and cifar10_curves.png. Datasets
+and training runs go to --work. Exits 1 when a part fails or misses a target.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
+from mtlc.devices import conv_rate, device_name, pick_device  # noqa: E402
+from mtlc.errors import UserError  # noqa: E402
+from mtlc.runs import atomic_write, read_metrics  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]  # the project's root: the scripts run there
+PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10")
+# Per setting: the kernel tests and benchmark sizes, the step benchmark, and the CIFAR-10 runs
+# (4,000 labels, the paper's protocol on a schedule shortened to fit: LC from MT's last
+# constant-lr epoch, the preset's eps and lambda2).
+SETTINGS = {
+    "full": dict(test_args=[], bench_args=[], step_width=1.0, step_steps=20, step_compile=True,
+                 cifar=dict(width=1.0, labels=4000, epochs=5, decay=2, cons_rampup=2, lc_epochs=3, lc_decay=2,
+                            lc_rampup=1)),
+    "tiny": dict(test_args=["-k", "by_hand"], bench_args=["--sizes", "160", "--repeat", "1", "--skip", "compiled ref"],
+                 step_width=0.0625,
+                 step_steps=2, step_compile=False,
+                 cifar=dict(width=0.0625, labels=20, epochs=1, decay=1, cons_rampup=1, lc_epochs=1, lc_decay=0,
+                            lc_rampup=1)),
+}
+
+
+class Check:
+    """Where a check writes, on what it runs, and the summary it keeps."""
+
+    def __init__(self, out, work, device, setting, archive):
+        self.out, self.work, self.device, self.setting, self.archive = out, work, device, setting, archive
+        self.summary_path = out / "summary.json"
+        self.summary = json.loads(self.summary_path.read_text()) if self.summary_path.exists() else {}
+
+    def run(self, log, *args, timeout=540, fail_ok=False):
+        """Run our Python with args from the repository root, appending command and output to the
+        part's log; returns its stdout. A non-zero exit raises with the output's last line, unless
+        fail_ok."""
+        cmd = [sys.executable, *map(str, args)]
+        start = time.perf_counter()
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        with open(self.out / log, "a") as f:
+            f.write(f"$ {' '.join(cmd[1:])}   # exit {res.returncode}, {time.perf_counter() - start:.1f} s\n"
+                    f"{res.stdout}{res.stderr}\n")
+        if res.returncode and not fail_ok:
+            last = (res.stderr.strip() or res.stdout.strip() or "no output").splitlines()[-1]
+            raise RuntimeError(f"{cmd[1]} exited {res.returncode}: {last}")
+        return res.stdout
+
+    def save(self):
+        atomic_write(self.summary_path, lambda f: f.write(json.dumps(self.summary, indent=1).encode()))
+        lines = []
+        for part, result in self.summary.items():
+            lines.append(f"## {part}: {'ok' if result['ok'] else 'FAILED'} ({result['seconds']:.0f} s)\n")
+            lines += [f"- {key}: {json.dumps(value)}" for key, value in result.items() if key not in ("ok", "seconds")]
+            lines.append("")
+        atomic_write(self.out / "summary.md", lambda f: f.write("\n".join(lines).encode()))
+
+
+def env(check):
+    """The device, and the versions of torch, triton and CUDA."""
+    import triton
+    result = dict(device=device_name(check.device), torch=torch.__version__, triton=triton.__version__,
+                  cuda=torch.version.cuda, python=sys.version.split()[0])
+    if check.device.type == "cuda":
+        props = torch.cuda.get_device_properties(check.device)
+        result.update(capability=f"{props.major}.{props.minor}", memory_gib=round(props.total_memory / 2**30, 1),
+                      cudnn=torch.backends.cudnn.version())
+    return result
+
+
+def kernel_tests(check):
+    """tests/test_lc_loss.py: every dtype and shape against the reference, gradients, determinism;
+    with real Triton on a GPU (its interpreter on a CPU)."""
+    out = check.run("kernel_tests.log", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_lc_loss.py",
+                    *check.setting["test_args"], fail_ok=True)
+    counts = {kind.rstrip("s"): int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped)",
+                                                                 out.strip().splitlines()[-1])}
+    return dict(ok=counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error"),
+                triton="real" if check.device.type == "cuda" else "interpreter", **counts)
+
+
+def kernel_bench(check):
+    """kernels/bench.py (fp32 features, forward + backward) and, on a GPU, its targets."""
+    out = check.run("kernel_bench.log", "kernels/bench.py", "--device", check.device.type, *check.setting["bench_args"])
+    targets = dict(re.findall(r"^target: (.*): (PASS|FAIL|n/a)$", out, re.M))
+    rows = [line for line in out.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\w", line)]
+    return dict(ok="FAIL" not in targets.values(), targets=targets, rows=rows)
+
+
+def step(check):
+    """A training step at the setting's width on the CIFAR-10 protocol's forward: bf16 eager,
+    torch.compile, fp32; the data path's share; the bf16 step against the FLOP floor at the
+    device's measured rate on conv-large's widest 3x3 convolution."""
+    s = check.setting
+    runs = {"bf16": ["--precision", "bf16"], "fp32": ["--precision", "fp32"]}
+    if s["step_compile"]:
+        runs["bf16 compile"] = ["--precision", "bf16", "--compile"]
+    result = {}
+    for label, args in runs.items():
+        out = check.run("step.log", "train_mt.py", "--dataset", "digits", "--forward", "split", "--width",
+                        s["step_width"], "--benchmark", s["step_steps"], "--device", check.device.type, *args)
+        result[label] = {k: v for k, v in json.loads(out.strip().splitlines()[-1]).items()
+                         if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step")}
+    rate = conv_rate(check.device, torch.bfloat16, repeats=5 if check.device.type == "cpu" else 50)
+    floor = result["bf16"]["gflop_per_step"] / rate
+    result.update(conv_gflops_per_sec_bf16=rate, floor_sec_per_step_bf16=floor,
+                  bf16_vs_floor=result["bf16"]["sec_per_step"] / floor,
+                  targets={"data share under 5%": result["bf16"]["data_share"] < 0.05,
+                           "bf16 step within 2x of the FLOP floor": result["bf16"]["sec_per_step"] <= 2 * floor})
+    result["ok"] = all(result["targets"].values()) or check.device.type == "cpu"  # targets are the GPU's
+    return result
+
+
+def cifar10(check):
+    """Supervised-only and MT (at once, on one device), then MT+LC from MT's mt.pt, on CIFAR-10
+    from the archive; test errors of student and teacher, LC's diagnostics, the error curves."""
+    c = check.setting["cifar"]
+    data_dir = check.work / "cifar10"
+    if not (data_dir / "test").is_dir():
+        with tarfile.open(check.archive) as tar:  # the "data" filter where this Python has it
+            tar.extractall(check.work / "extract", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        tops = [p.parent for p in (check.work / "extract").rglob("train") if (p.parent / "test").is_dir()]
+        if not tops:
+            raise UserError(f"{check.archive} holds no train/ and test/ folders")
+        tops[0].rename(data_dir)
+    common = ["--dataset", "cifar10", "--data-dir", data_dir, "--labels", c["labels"], "--width", c["width"],
+              "--epochs", c["epochs"], "--decay-epochs", c["decay"], "--cons-rampup", c["cons_rampup"],
+              "--eval-every", 1, "--device", check.device.type]
+    runs = {name: check.work / "runs" / name for name in ("supervised", "mt")}
+    procs = {name: subprocess.Popen([sys.executable, "train_mt.py", *map(str, common), "--overwrite", "--out", str(out),
+                                     *(["--cons-weight", "0"] if name == "supervised" else [])],
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, out in runs.items()}
+    for name, proc in procs.items():
+        output, _ = proc.communicate(timeout=540)
+        with open(check.out / "cifar10.log", "a") as f:
+            f.write(f"$ train_mt.py ({name})   # exit {proc.returncode}\n{output}\n")
+        if proc.returncode:
+            raise RuntimeError(f"train_mt.py ({name}) exited {proc.returncode}: {output.strip().splitlines()[-1]}")
+    lc_dir = check.work / "runs" / "lc"
+    check.run("cifar10.log", "finetune_lc.py", "--ckpt", runs["mt"] / "mt.pt", "--epochs", c["lc_epochs"],
+              "--decay-epochs", c["lc_decay"], "--lc-rampup", c["lc_rampup"], "--eval-every", 1,
+              "--device", check.device.type, "--overwrite", "--out", lc_dir)
+    out = check.run("cifar10.log", "evaluate.py", "--ckpt", runs["supervised"] / "mt_final.pt", runs["mt"] / "mt_final.pt",
+                    lc_dir / "lc.pt", "--json", "--device", check.device.type, "--curves", runs["mt"] / "mt_metrics.jsonl",
+                    "--curves", lc_dir / "lc_metrics.jsonl", "--plot", check.out / "cifar10_curves.png")
+    checkpoints = [json.loads(line) for line in out.splitlines() if line.startswith("{") and "checkpoint" in line]
+    result = dict(zip(("supervised", "MT", "MT+LC"), checkpoints))
+    result["epochs"] = {"supervised and MT": f"{c['epochs']}+{c['decay']}", "LC": f"{c['lc_epochs']}+{c['lc_decay']}",
+                        "seconds per MT epoch": [r["time_s"] for r in read_metrics(runs["mt"] / "mt_metrics.jsonl")]}
+    return result
+
+
+PART_FUNCTIONS = {"env": env, "kernel-tests": kernel_tests, "kernel-bench": kernel_bench, "step": step,
+                  "cifar10": cifar10}
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Folder for summary.json, summary.md, the parts' logs and cifar10_curves.png (at most 8 files).")
+@click.option("--part", "parts", type=click.Choice(PARTS), multiple=True,
+              help="Run only this part (repeat for several); the other parts' results in --out are kept. [default: all]")
+@click.option("--archive", type=click.Path(dir_okay=False), default="data/cifar10-jpeg.tar.xz",
+              help="CIFAR-10 as a .tar.xz of train/<class>/* and test/<class>/* (the JPEG copy).")
+@click.option("--work", type=click.Path(file_okay=False), default=None,
+              help="Where the extracted dataset and the training runs go. [default: a temporary folder]")
+@click.option("--tiny", is_flag=True, help="Miniature settings that run on a CPU in a minute or two.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
+def main(out, parts, archive, work, tiny, device):
+    """Run the GPU check's parts one after the other and write what they measured."""
+    parts = parts or PARTS
+    if "cifar10" in parts and not Path(archive).is_file():
+        raise UserError(f"--archive {archive} does not exist (copy ../shared/data/cifar10-jpeg.tar.xz there)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        check = Check(out, Path(work or scratch), pick_device(device), SETTINGS["tiny" if tiny else "full"],
+                      Path(archive).resolve())
+        check.work.mkdir(parents=True, exist_ok=True)
+        for part in parts:
+            (out / f"{part.replace('-', '_')}.log").unlink(missing_ok=True)
+            click.echo(f"gpu_check: {part} ...")
+            start = time.perf_counter()
+            try:
+                result = dict(ok=True) | PART_FUNCTIONS[part](check)
+            except Exception as exc:  # a failed part is recorded and the next one runs
+                result = dict(ok=False, error=f"{type(exc).__name__}: {exc}")
+            check.summary[part] = dict(result, seconds=round(time.perf_counter() - start, 1))
+            check.save()
+            click.echo(f"gpu_check: {part} {'ok' if result['ok'] else 'FAILED'} "
+                       f"({check.summary[part]['seconds']:.0f} s): {json.dumps(result)[:400]}")
+    if not all(check.summary[p]["ok"] for p in parts):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
