@@ -52,7 +52,7 @@ def benchmark(trainer, steps, warmup=3, echo=click.echo):
     batch = trainer.config["labeled_batch"] + trainer.config["unlabeled_batch"]
     return dict(sec_per_step=sec, images_per_sec=batch / sec, gflops_per_sec=flops / 1e9 / sec,
                 data_share=statistics.median(data_times) / sec, precision=trainer.precision,
-                gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, stage=trainer.stage.name,
+                gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, steps_per_epoch=trainer.steps_per_epoch, stage=trainer.stage.name,
                 dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
                 processes=trainer.procs.world, compile=bool(trainer.config["compile"]),
                 device=device_name(trainer.device), threads=torch.get_num_threads())

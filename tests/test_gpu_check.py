@@ -26,14 +26,22 @@ def test_gpu_check_in_miniature(tmp_path):
     assert list(summary) == ["env", "kernel-tests", "kernel-bench", "step", "cifar10"]
     assert all(part["ok"] for part in summary.values())
     assert summary["kernel-tests"]["passed"] > 0 and summary["step"]["bf16"]["sec_per_step"] > 0
-    assert {"supervised", "MT", "MT+LC"} <= set(summary["cifar10"])
-    assert "d2_ratio_end" in summary["cifar10"]["MT+LC"]
+    cifar = summary["cifar10"]
+    assert {"supervised", "MT", "control", "MT+LC"} <= set(cifar) and cifar["step"]["sec_per_step"] > 0
+    assert "d2_ratio_end" in cifar["MT+LC"] and cifar["control"]["checkpoint"].endswith("control/lc.pt")
+    assert [len(cifar["curves"][name]) for name in ("supervised", "mt", "control", "lc")] == [2, 2, 1, 1]
     assert (out / "cifar10_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list(out.iterdir())) <= 8
     # a part alone: rerun, the others' results kept
     res = gpu_check("--out", out, "--part", "env", "--device", "cpu")
     assert res.returncode == 0, res.stderr
     assert list(json.loads((out / "summary.json").read_text())) == list(summary)
+
+
+def test_shortened_schedule_fits_the_time():
+    from tools.gpu_check import shortened_schedule
+    assert shortened_schedule(700, 100, decay_share=0.3, ramp_share=0.4) == (5, 2, 2)
+    assert shortened_schedule(30, 100, decay_share=0.3, ramp_share=0.4) == (1, 1, 1)  # never under 1 + 1
 
 
 def test_gpu_check_needs_its_archive(tmp_path):

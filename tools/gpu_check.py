@@ -1,16 +1,18 @@
 """The GPU check in one command: the device and its versions, the LC-loss tests with real Triton, the
 kernel benchmark and its targets, the training step's speed against its FLOP floor, and CIFAR-10
-end to end (supervised-only, MT and MT+LC on a shortened schedule).
+end to end (supervised-only, MT, LC's control and MT+LC on a shortened schedule).
 
     python tools/gpu_check.py --out gpu_check                     # a CUDA machine: all of it, about 9 min on an H100
     python tools/gpu_check.py --out gpu_check --part step         # one part again; the others' results are kept
     python tools/gpu_check.py --out /tmp/g --tiny --device cpu    # all of it in miniature on a CPU (a test runs this)
+    python tools/gpu_check.py --out gpu_check --part cifar10 --cifar-seconds 300   # CIFAR-10 sized to 5 minutes
 
 CIFAR-10 comes from --archive, the JPEG copy (train/<class>/*, test/<class>/*) as a .tar.xz. Writes
 at most 8 files under --out: summary.json (each part's results, rewritten as each part ends, so a
 run cut short keeps what it measured), summary.md, a log per part and cifar10_curves.png. Datasets
 and training runs go to --work. Exits 1 when a part fails or misses a target.
 """
+import importlib.util
 import json
 import os
 import re
@@ -36,38 +38,57 @@ PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10")
 # constant-lr epoch, the preset's eps and lambda2).
 SETTINGS = {
     "full": dict(test_args=[], bench_args=[], step_width=1.0, step_steps=20, step_compile=True,
-                 cifar=dict(width=1.0, labels=4000, epochs=5, decay=2, cons_rampup=2, lc_epochs=3, lc_decay=2,
-                            lc_rampup=1)),
+                 cifar=dict(width=1.0, labels=4000, bench_steps=30, epochs=5, decay=2, cons_rampup=2, lc_epochs=3,
+                            lc_decay=2, lc_rampup=1)),
     "tiny": dict(test_args=["-k", "by_hand"], bench_args=["--sizes", "160", "--repeat", "1", "--skip", "compiled ref"],
                  step_width=0.0625,
                  step_steps=2, step_compile=False,
-                 cifar=dict(width=0.0625, labels=20, epochs=1, decay=1, cons_rampup=1, lc_epochs=1, lc_decay=0,
-                            lc_rampup=1)),
+                 cifar=dict(width=0.0625, labels=20, bench_steps=2, epochs=1, decay=1, cons_rampup=1, lc_epochs=1,
+                            lc_decay=0, lc_rampup=1)),
 }
 
 
 class Check:
     """Where a check writes, on what it runs, and the summary it keeps."""
 
-    def __init__(self, out, work, device, setting, archive):
+    def __init__(self, out, work, device, setting, archive, cifar_seconds=None):
         self.out, self.work, self.device, self.setting, self.archive = out, work, device, setting, archive
+        self.cifar_seconds = cifar_seconds
         self.summary_path = out / "summary.json"
         self.summary = json.loads(self.summary_path.read_text()) if self.summary_path.exists() else {}
 
     def run(self, log, *args, timeout=540, fail_ok=False):
-        """Run our Python with args from the repository root, appending command and output to the
-        part's log; returns its stdout. A non-zero exit raises with the output's last line, unless
-        fail_ok."""
+        """Run our Python with args from the repository root, its output streamed into the part's
+        log (so a part cut short by a time limit keeps what it printed); returns that output. A
+        non-zero exit raises with the output's last line, unless fail_ok."""
         cmd = [sys.executable, *map(str, args)]
         start = time.perf_counter()
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         with open(self.out / log, "a") as f:
-            f.write(f"$ {' '.join(cmd[1:])}   # exit {res.returncode}, {time.perf_counter() - start:.1f} s\n"
-                    f"{res.stdout}{res.stderr}\n")
-        if res.returncode and not fail_ok:
-            last = (res.stderr.strip() or res.stdout.strip() or "no output").splitlines()[-1]
-            raise RuntimeError(f"{cmd[1]} exited {res.returncode}: {last}")
-        return res.stdout
+            f.write(f"$ {' '.join(cmd[1:])}\n")
+            f.flush()
+            begin = f.tell()
+            returncode = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            f.write(f"# exit {returncode}, {time.perf_counter() - start:.1f} s\n\n")
+        with open(self.out / log) as f:
+            f.seek(begin)
+            output = f.read().rsplit("# exit", 1)[0]
+        if returncode and not fail_ok:
+            last = (output.strip() or "no output").splitlines()[-1]
+            raise RuntimeError(f"{cmd[1]} exited {returncode}: {last}")
+        return output
+
+    def run_together(self, log, runs, timeout=540):
+        """Run several of our scripts at once on the one device ({name: args}); their outputs go
+        into the part's log, one after the other. Raises if one fails."""
+        procs = {name: subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                 for name, args in runs.items()}
+        for name, proc in procs.items():
+            output, _ = proc.communicate(timeout=timeout)
+            with open(self.out / log, "a") as f:
+                f.write(f"$ {' '.join(map(str, runs[name]))}   # {name}, exit {proc.returncode}\n{output}\n")
+            if proc.returncode:
+                raise RuntimeError(f"{name} exited {proc.returncode}: {output.strip().splitlines()[-1]}")
 
     def save(self):
         atomic_write(self.summary_path, lambda f: f.write(json.dumps(self.summary, indent=1).encode()))
@@ -94,7 +115,9 @@ def env(check):
 def kernel_tests(check):
     """tests/test_lc_loss.py: every dtype and shape against the reference, gradients, determinism;
     with real Triton on a GPU (its interpreter on a CPU)."""
-    out = check.run("kernel_tests.log", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_lc_loss.py",
+    # Triton compiles each kernel configuration on the CPU: spread over the cores where pytest-xdist is there.
+    workers = ["-n", "8"] if check.device.type == "cuda" and importlib.util.find_spec("xdist") else []
+    out = check.run("kernel_tests.log", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "tests/test_lc_loss.py",
                     *check.setting["test_args"], fail_ok=True)
     counts = {kind.rstrip("s"): int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped)",
                                                                  out.strip().splitlines()[-1])}
@@ -134,10 +157,8 @@ def step(check):
     return result
 
 
-def cifar10(check):
-    """Supervised-only and MT (at once, on one device), then MT+LC from MT's mt.pt, on CIFAR-10
-    from the archive; test errors of student and teacher, LC's diagnostics, the error curves."""
-    c = check.setting["cifar"]
+def extract_cifar10(check):
+    """The JPEG archive extracted once under --work; returns the folder holding train/ and test/."""
     data_dir = check.work / "cifar10"
     if not (data_dir / "test").is_dir():
         with tarfile.open(check.archive) as tar:  # the "data" filter where this Python has it
@@ -146,31 +167,79 @@ def cifar10(check):
         if not tops:
             raise UserError(f"{check.archive} holds no train/ and test/ folders")
         tops[0].rename(data_dir)
+    return data_dir
+
+
+def shortened_schedule(seconds, epoch_s, *, decay_share, ramp_share):
+    """(constant epochs, decay epochs, ramp-up epochs) of a stage that fits `seconds` at `epoch_s`
+    seconds an epoch: at least 1 + 1 epochs, the decay and the ramp-up the given shares."""
+    total = max(2, int(seconds // epoch_s))
+    decay = max(1, round(total * decay_share))
+    constant = total - decay
+    return constant, decay, max(1, round(constant * ramp_share))
+
+
+# Sizing the CIFAR-10 runs to --cifar-seconds: stage 1 gets this share of the time left after the
+# step measurement, stage 2 what is left after stage 1; time kept for evaluate.py and the plot; a
+# process's start (imports, the memory-mapped cache, the model); two processes on one GPU are
+# assumed to run each at half speed until stage 1 has measured it; LC's step over MT's.
+STAGE1_SHARE, EVALUATE_S, STARTUP_S, TOGETHER_SLOWDOWN, LC_STEP_COST = 0.5, 45, 20, 2.0, 1.15
+
+
+def cifar10(check):
+    """On CIFAR-10 from the archive, 4,000 labels: a training step on the real data path (the
+    memory-mapped cache); supervised-only and MT at once on the device; then from MT's mt.pt, at
+    once, MT+LC and its control (the same stage 2 with lambda2 0, same schedule). With --cifar-seconds
+    the schedules are sized to fit, from the measured step and then from stage 1's own epochs. Test
+    errors of the final weights (no test-set selection), LC's diagnostics, the curves."""
+    c, start = check.setting["cifar"], time.perf_counter()
+    data_dir = extract_cifar10(check)
     common = ["--dataset", "cifar10", "--data-dir", data_dir, "--labels", c["labels"], "--width", c["width"],
-              "--epochs", c["epochs"], "--decay-epochs", c["decay"], "--cons-rampup", c["cons_rampup"],
-              "--eval-every", 1, "--device", check.device.type]
-    runs = {name: check.work / "runs" / name for name in ("supervised", "mt")}
-    procs = {name: subprocess.Popen([sys.executable, "train_mt.py", *map(str, common), "--overwrite", "--out", str(out),
-                                     *(["--cons-weight", "0"] if name == "supervised" else [])],
-                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name, out in runs.items()}
-    for name, proc in procs.items():
-        output, _ = proc.communicate(timeout=540)
-        with open(check.out / "cifar10.log", "a") as f:
-            f.write(f"$ train_mt.py ({name})   # exit {proc.returncode}\n{output}\n")
-        if proc.returncode:
-            raise RuntimeError(f"train_mt.py ({name}) exited {proc.returncode}: {output.strip().splitlines()[-1]}")
-    lc_dir = check.work / "runs" / "lc"
-    check.run("cifar10.log", "finetune_lc.py", "--ckpt", runs["mt"] / "mt.pt", "--epochs", c["lc_epochs"],
-              "--decay-epochs", c["lc_decay"], "--lc-rampup", c["lc_rampup"], "--eval-every", 1,
-              "--device", check.device.type, "--overwrite", "--out", lc_dir)
+              "--device", check.device.type]
+    bench = json.loads(check.run("cifar10.log", "train_mt.py", *common, "--forward", "split", "--benchmark",
+                                 c["bench_steps"]).strip().splitlines()[-1])
+    result = dict(step={k: bench[k] for k in ("sec_per_step", "data_share", "images_per_sec", "precision",
+                                               "steps_per_epoch")})
+
+    def left():
+        return check.cifar_seconds - (time.perf_counter() - start) - EVALUATE_S
+
+    if check.cifar_seconds:
+        epoch_s = bench["steps_per_epoch"] * bench["sec_per_step"] * TOGETHER_SLOWDOWN
+        epochs, decay, cons_rampup = shortened_schedule(left() * STAGE1_SHARE - STARTUP_S, epoch_s,
+                                                        decay_share=0.3, ramp_share=0.4)
+    else:
+        epochs, decay, cons_rampup = c["epochs"], c["decay"], c["cons_rampup"]
+    runs = {name: check.work / "runs" / name for name in ("supervised", "mt", "control", "lc")}
+    stage1 = ["--epochs", epochs, "--decay-epochs", decay, "--cons-rampup", cons_rampup, "--eval-every", 1,
+              "--overwrite"]
+    stage1_start = time.perf_counter()
+    check.run_together("cifar10.log", {
+        "supervised": ["train_mt.py", *common, *stage1, "--cons-weight", 0, "--out", runs["supervised"]],
+        "MT": ["train_mt.py", *common, *stage1, "--out", runs["mt"]]})
+    stage1_epoch_s = (time.perf_counter() - stage1_start - STARTUP_S) / (epochs + decay)
+    if check.cifar_seconds:
+        lc_epochs, lc_decay, lc_rampup = shortened_schedule(left() - STARTUP_S, stage1_epoch_s * LC_STEP_COST,
+                                                            decay_share=0.4, ramp_share=1 / 3)
+    else:
+        lc_epochs, lc_decay, lc_rampup = c["lc_epochs"], c["lc_decay"], c["lc_rampup"]
+    stage2 = ["finetune_lc.py", "--ckpt", runs["mt"] / "mt.pt", "--epochs", lc_epochs, "--decay-epochs", lc_decay,
+              "--lc-rampup", lc_rampup, "--eval-every", 1, "--device", check.device.type, "--overwrite"]
+    check.run_together("cifar10.log", {"MT+LC": [*stage2, "--out", runs["lc"]],
+                                       "control": [*stage2, "--lam", 0, "--out", runs["control"]]})
     out = check.run("cifar10.log", "evaluate.py", "--ckpt", runs["supervised"] / "mt_final.pt", runs["mt"] / "mt_final.pt",
-                    lc_dir / "lc.pt", "--json", "--device", check.device.type, "--curves", runs["mt"] / "mt_metrics.jsonl",
-                    "--curves", lc_dir / "lc_metrics.jsonl", "--plot", check.out / "cifar10_curves.png")
+                    runs["control"] / "lc.pt", runs["lc"] / "lc.pt", "--json", "--device", check.device.type,
+                    "--curves", runs["mt"] / "mt_metrics.jsonl", "--curves", runs["control"] / "lc_metrics.jsonl",
+                    "--curves", runs["lc"] / "lc_metrics.jsonl", "--plot", check.out / "cifar10_curves.png")
     checkpoints = [json.loads(line) for line in out.splitlines() if line.startswith("{") and "checkpoint" in line]
-    result = dict(zip(("supervised", "MT", "MT+LC"), checkpoints))
-    result["epochs"] = {"supervised and MT": f"{c['epochs']}+{c['decay']}", "LC": f"{c['lc_epochs']}+{c['lc_decay']}",
-                        "seconds per MT epoch": [r["time_s"] for r in read_metrics(runs["mt"] / "mt_metrics.jsonl")]}
+    result.update(zip(("supervised", "MT", "control", "MT+LC"), checkpoints))
+    result["schedule"] = {"supervised and MT": f"{epochs}+{decay} epochs, consistency ramp-up {cons_rampup}",
+                          "control and MT+LC": f"{lc_epochs}+{lc_decay} epochs from MT's epoch {epochs}, "
+                                               f"LC ramp-up {lc_rampup}"}
+    result["curves"] = {name: [[r["global_epoch"], r["student_error"], r["teacher_error"], r["time_s"]]
+                               for r in read_metrics(path / f"{'lc' if name in ('control', 'lc') else 'mt'}_metrics.jsonl")
+                               if "teacher_error" in r]
+                        for name, path in runs.items()}
     return result
 
 
@@ -187,9 +256,12 @@ PART_FUNCTIONS = {"env": env, "kernel-tests": kernel_tests, "kernel-bench": kern
               help="CIFAR-10 as a .tar.xz of train/<class>/* and test/<class>/* (the JPEG copy).")
 @click.option("--work", type=click.Path(file_okay=False), default=None,
               help="Where the extracted dataset and the training runs go. [default: a temporary folder]")
+@click.option("--cifar-seconds", type=click.IntRange(min=60), default=None,
+              help="Size the cifar10 part's schedules to end within this many seconds, from the measured step "
+                   "(then from stage 1's own epochs). [default: the fixed schedule: 5+2 epochs, LC 3+2]")
 @click.option("--tiny", is_flag=True, help="Miniature settings that run on a CPU in a minute or two.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(out, parts, archive, work, tiny, device):
+def main(out, parts, archive, work, cifar_seconds, tiny, device):
     """Run the GPU check's parts one after the other and write what they measured."""
     parts = parts or PARTS
     if "cifar10" in parts and not Path(archive).is_file():
@@ -198,7 +270,7 @@ def main(out, parts, archive, work, tiny, device):
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         check = Check(out, Path(work or scratch), pick_device(device), SETTINGS["tiny" if tiny else "full"],
-                      Path(archive).resolve())
+                      Path(archive).resolve(), cifar_seconds)
         check.work.mkdir(parents=True, exist_ok=True)
         for part in parts:
             (out / f"{part.replace('-', '_')}.log").unlink(missing_ok=True)
