@@ -1,11 +1,14 @@
 """gpu_check.py in miniature on a CPU, so the one-command GPU check cannot rot."""
 import json
+import os
+import subprocess
+import sys
 import tarfile
 
 import pytest
 
 from mtlc.data import CIFAR10_CLASSES
-from conftest import run
+from conftest import ROOT, run
 from fakedata import write_folder
 
 
@@ -47,3 +50,16 @@ def test_shortened_schedule_fits_the_time():
 def test_gpu_check_needs_its_archive(tmp_path):
     res = gpu_check("--out", tmp_path, "--part", "cifar10", "--archive", tmp_path / "nothing.tar.xz")
     assert res.returncode == 2 and "does not exist" in res.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_gpu_session_runs_the_parts_it_has_time_for(tmp_path):
+    """The lent machine's one command: imports checked, a part run under its limit into OUT, a part
+    with under 30 s left not started (and the exit says so)."""
+    session = ["bash", "tools/gpu_session.sh"]
+    env = dict(os.environ, PYTHON=sys.executable)
+    res = subprocess.run([*session, tmp_path, "60", "env"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and "imports ok" in res.stdout, res.stdout + res.stderr
+    assert list(json.loads((tmp_path / "summary.json").read_text())) == ["env"]
+    res = subprocess.run([*session, tmp_path / "late", "20", "env"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert res.returncode == 1 and "env not run" in res.stdout and not (tmp_path / "late").exists()
