@@ -27,7 +27,8 @@ from mtlc.devices import pick_device
 from mtlc.errors import UserError
 from mtlc.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
 from mtlc.neighbours import DISTANCE_IMAGES, checkpoint_distances
-from mtlc.predicting import PredictOptions, predict
+from mtlc.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
+from mtlc.predicting import PredictOptions, predict, run_audit
 from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
 from mtlc.review import DEFAULT_PER_CLASS
@@ -66,7 +67,22 @@ from mtlc.review import DEFAULT_PER_CLASS
 @click.option("--review", type=click.Path(dir_okay=False), default=None,
               help="With --predict: write a review page (one self-contained HTML file that opens in any browser): "
                    "thumbnails grouped by predicted class, least confident first, a class chooser for each and a "
-                   "Save button that downloads labels.csv for label.py. Without --csv, no CSV is written.")
+                   "Save button that downloads labels.csv for label.py. Without --csv, no CSV is written. With "
+                   "--audit: the doubtful labels (the suggested class one key away: y confirms the fix) and the "
+                   "copies, leaks and outliers found.")
+@click.option("--audit", type=click.Path(dir_okay=False), default=None,
+              help="Look at the checkpoint's own-images folder and write what may be wrong with it to this CSV, one "
+                   "row per finding: kind,path,score,suggestion (then given, detail). kind label: a labeled/ or test/ "
+                   "image whose label is likely wrong (scored out of sample: labeled/ by networks cross-fitted "
+                   "without its label), suggestion the class it more likely is; duplicate: the same image twice within "
+                   "labeled/ and unlabeled/ or within test/ (the same bytes, or a near copy), suggestion its copy; leak: a test/ "
+                   "image also in training; outlier: an image like no class. Rows of a kind by descending score; "
+                   "one line per kind on stderr. docs/audit.md.")
+@click.option("--audit-folds", type=click.IntRange(min=2), default=DEFAULT_FOLDS,
+              help="With --audit: folds of the labeled images' cross-fitting (fewer where a class has fewer images).")
+@click.option("--audit-steps", type=click.IntRange(min=1), default=DEFAULT_STEPS,
+              help="With --audit: training steps of each fold's network (at least one pass over the fold's unlabeled "
+                   "images and one of decay: on a large folder, more).")
 @click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
               help="With --review: at most this many images per predicted class on the page, the least confident.")
 @click.option("--skip-bad-images", is_flag=True,
@@ -104,7 +120,7 @@ from mtlc.review import DEFAULT_PER_CLASS
               help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, review,
-         review_per_class, skip_bad_images, batch_size, confusion, table, curves, plot, tsne, tsne_points, distances,
+         audit, audit_folds, audit_steps, review_per_class, skip_bad_images, batch_size, confusion, table, curves, plot, tsne, tsne_points, distances,
          pool_error, truth, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
@@ -124,8 +140,17 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
                         "--distances, --confusion, --pool-error): run evaluate.py again for those")
     if predict_paths and as_json and not csv_path:
         raise UserError("--predict with --json needs --csv: the JSON summary goes to stdout, the rows to the file")
-    if (max_error is not None or coverage or suggest_n or review or skip_bad_images) and not predict_paths:
-        raise UserError("--max-error, --coverage, --suggest, --review and --skip-bad-images go with --predict")
+    if audit and (predict_paths or len(ckpts) != 1 or table or curves or tsne or distances or confusion or pool_error):
+        raise UserError("--audit takes exactly one --ckpt and no other output: run evaluate.py again for those")
+    if audit and (as_json or review_per_class != DEFAULT_PER_CLASS):
+        raise UserError("--json and --review-per-class go with --predict, not --audit (the audit page shows every "
+                        "doubtful label)")
+    if audit and review and Path(audit).resolve() == Path(review).resolve():
+        raise UserError("--audit and --review name the same file: give the page another name")
+    if review and not (predict_paths or audit):
+        raise UserError("--review goes with --predict or --audit")
+    if (max_error is not None or coverage or suggest_n or skip_bad_images) and not predict_paths:
+        raise UserError("--max-error, --coverage, --suggest and --skip-bad-images go with --predict")
     if (table or tsne or distances or confusion) and not ckpts:
         raise UserError("--table, --tsne, --distances and --confusion need at least one --ckpt")
     if truth and not pool_error:
@@ -141,6 +166,10 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
                                  as_json=as_json, review=review, review_per_class=review_per_class)
         failed = predict(ckpts[0], states[0], predict_paths, device, options)
         sys.exit(1 if failed and not skip_bad_images else 0)
+    if audit:
+        run_audit(ckpts[0], states[0], audit, review, device, data_dir=data_dir, folds=audit_folds, steps=audit_steps,
+                  seed=seed)
+        return
     results = []
     for path, state in zip(ckpts, states):
         data = restore_data(state, data_dir, echo=lambda m: click.echo(m, err=as_json))  # --json: stdout is JSON only

@@ -6,9 +6,11 @@ learns from them.
     python label.py --data-dir mydata --undo                         # put the last applied batch back
 
 labels.csv has the columns path,label (the review page's Save button writes it; any CSV with those
-columns will do, UTF-8 or UTF-16). Every row is checked before anything moves: an unknown class
-(unless --new-classes), a missing file, a path outside unlabeled/ (or through a link leading out of
-the folder), a row listed twice, a class name the file system refuses, a file on another file
+columns will do, UTF-8 or UTF-16). A row for a labeled/ or test/ image (a label the audit page
+corrects, evaluate.py --audit) moves it to the class folder of its own part; --accepted takes
+unlabeled/ rows only. Every row is checked before anything moves: an unknown class (unless
+--new-classes; a test/ image only takes a class labeled/ has), a missing file, a path outside
+unlabeled/, labeled/ and test/ (or through a link leading out of the folder), a row listed twice, a class name the file system refuses, a file on another file
 system or a folder that cannot be written exits 2 naming the rows, with nothing moved. Files are
 never overwritten (a name already taken in labeled/<label>/ gets a suffix: photo-1.jpg), each moves
 with one atomic rename, and every move is logged in mydata/label-log.csv first, so a rerun skips
@@ -24,23 +26,25 @@ import click
 from mtlc.console import robust_streams
 from mtlc.errors import UserError
 from mtlc.label_files import LOG_NAME, read_labels
-from mtlc.labeling import apply, locked, plan, undo
+from mtlc.labeling import SOURCES, apply, locked, plan, undo
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--data-dir", type=click.Path(file_okay=False), required=True,
               help="The own-images folder (labeled/<class>/, unlabeled/).")
 @click.option("--apply", "labels_csv", type=click.Path(dir_okay=False), default=None,
-              help="A CSV with the columns path,label: move each image from unlabeled/ into labeled/<label>/.")
+              help="A CSV with the columns path,label: move each image from unlabeled/ into labeled/<label>/ (a labeled/ "
+                   "or test/ image, relabeled: into <its part>/<label>/).")
 @click.option("--accepted", is_flag=True,
               help="With --apply: the CSV is evaluate.py's predictions written with --max-error; apply the rows it "
-                   "accepted (accepted = 1), each with its prediction as the label.")
-@click.option("--undo", "undo_last", is_flag=True, help="Put the images of the last applied batch back into unlabeled/.")
+                   "accepted (accepted = 1), each with its prediction as the label; unlabeled/ images only.")
+@click.option("--undo", "undo_last", is_flag=True, help="Put the images of the last applied batch back where they were.")
 @click.option("--new-classes", is_flag=True,
               help="With --apply: a label that is not yet a folder under labeled/ creates that class.")
 @click.option("--dry-run", is_flag=True, help="With --apply: check every row and list the moves it would make, move nothing.")
 def main(data_dir, labels_csv, accepted, undo_last, new_classes, dry_run):
-    """Move labeled images from unlabeled/ into labeled/<class>/ (or put the last batch back)."""
+    """Move labeled images from unlabeled/ into labeled/<class>/, relabel labeled/ and test/ images (or put
+    the last batch back)."""
     robust_streams()
     data_dir = Path(data_dir)
     if bool(labels_csv) == undo_last:
@@ -55,12 +59,13 @@ def main(data_dir, labels_csv, accepted, undo_last, new_classes, dry_run):
             if result is None:
                 click.echo(f"nothing to undo in {data_dir / LOG_NAME}")
             else:
-                click.echo(f"put back the {result[1]:,} images of batch {result[0]} into unlabeled/")
+                click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were")
             return
         if not Path(labels_csv).is_file():
             raise UserError(f"--apply: {labels_csv} does not exist")
         rows = read_labels(labels_csv, accepted)
-        moves, skipped = plan(data_dir, rows, new_classes)
+        # --accepted turns predictions into labels: only for unlabeled/ images, never over a person's label.
+        moves, skipped = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES)
         done = f" ({skipped:,} applied before, skipped)" if skipped else ""
         if not moves:
             click.echo(f"nothing to move: all {len(rows):,} rows of {labels_csv} were applied before" if rows else

@@ -12,21 +12,22 @@ mt_last.pt (the state after the latest epoch, from which --resume continues).
 from pathlib import Path
 
 import click
-import torch
 
-from mtlc.batches import augment, channel_stats, max_shift
+from mtlc.batches import channel_stats
 from mtlc.benchmark import report_benchmark
-from mtlc.checkpoints import checkpoint_split, make_trainer, restore_data, restore_training, resume_checkpoint
+from mtlc.checkpoints import (checkpoint_split, fresh_training, make_trainer, restore_data, restore_training,
+                              resume_checkpoint)
 from mtlc.console import robust_streams
+from mtlc.copies import LEAK_CHECK_MAX, leaked_test
 from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.model import ModelConfig, build_models, check_image_size
+from mtlc.model import check_image_size
 from mtlc.options import run_options, speed_options
 from mtlc.presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
-from mtlc.training import make_optimizer, run_stage
+from mtlc.training import run_stage
 
 OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 
@@ -138,11 +139,24 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         lc_start_epoch = lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
         if lc_start_epoch > epochs + decay_epochs:
             raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")
+        leaked = leaked_test(data) if data.files and len(data.test_y) else []
+        if leaked is None:
+            procs.echo(f"train_mt: test/ was not checked for copies of training images (more than "
+                       f"{LEAK_CHECK_MAX:,} of them); evaluate.py --audit checks")
+        elif leaked and len(leaked) == len(data.test_y):
+            procs.echo(f"train_mt: every one of the {len(data.test_y)} test images is also in labeled/ or unlabeled/ (the "
+                       f"same image or a near copy; evaluate.py --audit lists them): the test error says nothing about "
+                       f"new images, and --max-error has no held-out image to calibrate on")
+        elif leaked:
+            procs.echo(f"train_mt: {len(leaked)} of the {len(data.test_y)} test images are also in labeled/ or unlabeled/ "
+                       f"(the same image or a near copy; evaluate.py --audit lists them): the test error counts "
+                       f"them, the error 'without its copies' leaves them out, and calibration (--max-error) too")
         mean, std = channel_stats(data.train_x)
         config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
                       val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
                       image_size=image_size, skip_bad_images=skip_bad_images, files=data.files, contents=data.contents,
+                      leaked_test=leaked or [],
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
@@ -154,13 +168,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                    f"{round(cons_rampup * steps_per_epoch):,}; mt.pt after epoch {lc_start_epoch}), {config['forward']} "
                    f"forward, device {device} x {procs.world}, {config['precision']}")
 
-        torch.manual_seed(seed)  # every process builds the same networks; DDP checks they agree
-        student, teacher = build_models(ModelConfig.of_run(config), device)
-        first_labeled = data.train_x[labeled_idx[:labeled_batch]].to(device)
-        student.data_init(augment(first_labeled, mean.to(device), std.to(device), dataset == "cifar10",
-                                  max_shift(image_size)))
-        teacher.load_state_dict(student.state_dict())
-        trainer = make_trainer("mt", config, data, split, (student, teacher, make_optimizer(student, lr)), device, procs)
+        trainer = make_trainer("mt", config, data, split, fresh_training(config, data, labeled_idx, device), device, procs)
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
             return

@@ -8,6 +8,8 @@ own needs none of this.
     python examples/own_images.py label --data-dir data/own-cifar --truth data/own-cifar-truth.csv \
         --pick next.csv --n 250 --out data/own-cifar-next   # (or --seed S: n at random) labeled "by hand"
     python examples/own_images.py answer --truth data/own-cifar-truth.csv --pick next.csv --n 200 --out labels.csv
+    python examples/own_images.py faults --data-dir data/own-cifar --truth data/own-cifar-truth.csv \
+        --foreign data/own-digits --out data/faulty-cifar   # a copy with wrong labels, copies and strays planted
 
 The folder gets labeled/<class>/* (--per-class images each), unlabeled/* (flat, shuffled, named
 u00000.<ext>... so that no name says the class) and test/<class>/*. The true classes of the
@@ -224,6 +226,86 @@ def label(data_dir, truth, out, pick, n, seed):
             os.link(source, target)
     click.echo(f"wrote {out}: {len(moved)} of its {len(unlabeled)} unlabeled images labeled "
                f"({'the first of ' + str(pick) if pick else f'at random, seed {seed}'})")
+
+
+def resaved(source, target, scale=0.8, quality=70):
+    """A near copy as a photo library makes one: resized to `scale` of its size and saved as a JPEG."""
+    from PIL import Image
+    with Image.open(source) as image:
+        image = image.convert("RGB")
+        image.resize((max(8, round(image.width * scale)), max(8, round(image.height * scale))), Image.BILINEAR).save(
+            target, format="JPEG", quality=quality)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False), required=True, help="The folder to copy.")
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The true classes of its unlabeled images (<folder>-truth.csv).")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--flip", type=click.FloatRange(0, 1), default=0.05,
+              help="Share of labeled/ and of test/ images moved into another class's folder.")
+@click.option("--exact", type=click.FloatRange(0, 1), default=0.02,
+              help="Share of all images copied, the same bytes, into another part (or the same one).")
+@click.option("--near", type=click.FloatRange(0, 1), default=0.02,
+              help="Share of all images copied resized (80%) and re-saved as JPEG (quality 70) the same way.")
+@click.option("--foreign", type=click.Path(exists=True, file_okay=False), default=None,
+              help="An image folder of another dataset whose images go into unlabeled/.")
+@click.option("--foreign-share", type=click.FloatRange(0, 1), default=0.01, help="Their share of all images.")
+@click.option("--seed", type=int, default=0, help="Seed of every draw.")
+def faults(data_dir, truth, out, flip, exact, near, foreign, foreign_share, seed):
+    """A copy of an own-images folder (hard links) with faults planted, and <out>-faults.csv listing
+    each (path, kind, truth): kind label (truth: the true class), duplicate or leak (truth: the
+    path of the copied image; leak where one side is in test/), outlier (an image of --foreign).
+    For measuring evaluate.py --audit; <out>-truth.csv holds the unlabeled images' classes."""
+    rng = random.Random(seed)
+    data_dir, out, classes = Path(data_dir), Path(out), read_truth(truth)
+    if out.exists():
+        raise click.UsageError(f"{out} exists; choose a new --out")
+    files = sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")
+                   if p.is_file() and not p.relative_to(data_dir).as_posix().startswith("mtlc-cache/"))
+    for relative in files:
+        (out / relative).parent.mkdir(parents=True, exist_ok=True)
+        os.link(data_dir / relative, out / relative)
+    images = [f for f in files if f.split("/")[0] in ("labeled", "unlabeled", "test")]
+    class_of = {f: (f.split("/")[1] if not f.startswith("unlabeled/") else classes[key(f)]) for f in images}
+    rows, truths = [], {f: class_of[f] for f in images if f.startswith("unlabeled/")}
+    names = sorted({f.split("/")[1] for f in images if f.startswith("labeled/")})
+    for part in ("labeled", "test"):
+        members = [f for f in images if f.startswith(part + "/")]
+        for f in rng.sample(members, round(flip * len(members))):
+            wrong = rng.choice([c for c in names if c != class_of[f]])
+            target = f"{part}/{wrong}/m{len(rows):04d}-{Path(f).name}"  # class folders may hold the same names
+            (out / target).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(out / f, out / target)
+            rows.append((target, "label", class_of[f]))
+            images[images.index(f)] = target
+            class_of[target] = class_of[f]
+    count = 0
+    for share, make in ((exact, shutil.copyfile), (near, resaved)):
+        for f in rng.sample(images, round(share * len(images))):
+            part = rng.choice(["unlabeled", "test"])
+            count += 1
+            suffix = Path(f).suffix if make is shutil.copyfile else ".jpg"
+            target = (f"unlabeled/c{count:05d}{suffix}" if part == "unlabeled" else
+                      f"test/{class_of[f]}/c{count:05d}{suffix}")
+            (out / target).parent.mkdir(parents=True, exist_ok=True)
+            make(out / f, out / target)
+            kind = "leak" if (part == "test") != f.startswith("test/") else "duplicate"
+            rows.append((target, kind, f))
+            if part == "unlabeled":
+                truths[target] = class_of[f]
+    if foreign:
+        strays = sorted(p for p in Path(foreign).rglob("*") if p.is_file() and p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+        for k, f in enumerate(rng.sample(strays, min(len(strays), round(foreign_share * len(images))))):
+            target = f"unlabeled/s{k:05d}{f.suffix}"
+            shutil.copyfile(f, out / target)
+            rows.append((target, "outlier", ""))
+    with open(out.parent / f"{out.name}-faults.csv", "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([("path", "kind", "truth")] + rows)
+    with open(out.parent / f"{out.name}-truth.csv", "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([("path", "class")] + sorted(truths.items()))
+    kinds = {k: sum(r[1] == k for r in rows) for k in ("label", "duplicate", "leak", "outlier")}
+    click.echo(f"wrote {out} and {out.name}-faults.csv: " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
 
 
 @main.command()

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import torch
 
+from .batches import augment, max_shift, normalization
 from .data import class_images, is_own_layout, listed, load_dataset, read_files
 from .files import describe_bad
 from .errors import UserError
@@ -31,7 +32,7 @@ LC_CONFIG_TYPES = dict(eps=(int, float), eps_auto=bool, eps_scale=str, start=dic
                        mt_step=int, mt_checkpoint=str)
 # Settings that runs from before they existed did not write, as those runs behaved.
 RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False)
+                    precision="fp32", compile=False, leaked_test=[])
 LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
 
 
@@ -159,6 +160,18 @@ def stage_of(config, name):
                  lc_pairs=lc["pairs"], **common)
 
 
+def fresh_training(config, data, labeled_idx, device):
+    """(student, teacher, optimizer) of a new run: the config's seed, the student data-initialized on
+    the first labeled batch (augmented as training augments it), the teacher its copy."""
+    torch.manual_seed(config["seed"])  # every process builds the same networks; DDP checks they agree
+    student, teacher = build_models(ModelConfig.of_run(config), device)
+    mean, std = normalization(config, device)
+    first_labeled = data.train_x[labeled_idx[:config["labeled_batch"]]].to(device)
+    student.data_init(augment(first_labeled, mean, std, config["dataset"] == "cifar10", max_shift(config["image_size"])))
+    teacher.load_state_dict(student.state_dict())
+    return student, teacher, make_optimizer(student, config["lr"])
+
+
 def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None):
     """The Trainer of stage `name` of a run: its config, data and split, and `training` (student,
     teacher, optimizer) fresh or restored from a checkpoint."""
@@ -185,10 +198,20 @@ def restore_data(state, data_dir=None, echo=click.echo):
 
 def held_out(state, data):
     """The labeled images a checkpoint never trained on: (uint8 images, classes, which): its test
-    images ("test"), else its --val hold-out ("validation"); none where it has neither."""
+    images ("test") but those that copy a training image (config["leaked_test"]), else its --val
+    hold-out ("validation"); none where it has neither."""
     if len(data.test_y):
-        return data.test_x, data.test_y, "test"
+        return without_leaked(state["config"], data.files and data.files["test"], data.test_x, data.test_y)
     return data.train_x[state["val_idx"]], data.train_y[state["val_idx"]], "validation"
+
+
+def without_leaked(config, names, x, y):
+    """(x, y, "test") of the test images whose names config["leaked_test"] does not list."""
+    leaked = set(config["leaked_test"])
+    if not leaked:
+        return x, y, "test"
+    keep = torch.tensor([i for i, name in enumerate(names) if name not in leaked], dtype=torch.long)
+    return x[keep], y[keep], "test"
 
 
 def restore_held_out(state, data_dir=None, echo=click.echo):
@@ -211,7 +234,7 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
     if bad and not config["skip_bad_images"]:
         raise UserError(describe_bad(bad, where))
     check_same_files(files, dict(test=names), where, config["contents"], dict(test=content), parts=("test",))
-    return x, y, "test"
+    return without_leaked(config, names, x, y)
 
 
 def check_same_files(then, now, where, contents_then=None, contents_now=None, parts=("train", "test")):

@@ -80,6 +80,12 @@ def inside(root, relative, first_parts):
     return parent == real_root or parent.startswith(real_root + os.sep)
 
 
+def target_part(source):
+    """Where a labeled file goes: an unlabeled/ or labeled/ image into labeled/<class>/, a test/
+    image (relabeled) into test/<class>/."""
+    return "test" if source.startswith("test/") else "labeled"
+
+
 def log_problem(data_dir, row, columns_ok):
     """Why a row of the log cannot be trusted, or None: another form than this project writes, or
     a path that leads outside the folder."""
@@ -92,12 +98,14 @@ def log_problem(data_dir, row, columns_ok):
         return None if not (source or target) else "an undo names no files"
     if action == "mkdir":
         ok = target.count("/") == 1 and target.split("/")[1] == label
-        return None if ok and inside(data_dir, target, ("labeled",)) else f"{target!r} is not a class folder labeled/<class> inside the folder"
+        return (None if ok and inside(data_dir, target, ("labeled", "test")) else
+                f"{target!r} is not a class folder labeled/<class> or test/<class> inside the folder")
     if action == "move":
-        if not inside(data_dir, source, ("unlabeled",)):
-            return f"{source!r} is not a path under unlabeled/ inside the folder"
-        if target.count("/") != 2 or target.split("/")[1] != label or not inside(data_dir, target, ("labeled",)):
-            return f"{target!r} is not a path labeled/{label}/<name> inside the folder"
+        if not inside(data_dir, source, ("unlabeled", "labeled", "test")):
+            return f"{source!r} is not a path under unlabeled/, labeled/ or test/ inside the folder"
+        part = target_part(source)
+        if target.count("/") != 2 or target.split("/")[1] != label or not inside(data_dir, target, (part,)):
+            return f"{target!r} is not a path {part}/{label}/<name> inside the folder"
         return None
     return f"its action {action!r} is none of move, mkdir, undo"
 

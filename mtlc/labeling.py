@@ -21,7 +21,10 @@ import click
 from .console import PATH_ENCODING, PATH_ERRORS, is_text
 from .errors import MoveFailed, UserError
 from .files import is_hidden
-from .label_files import Log, applied_moves, inside, read_log
+from .label_files import Log, applied_moves, inside, read_log, target_part
+
+# Where the images label.py moves may come from.
+SOURCES = ("unlabeled", "labeled", "test")
 
 
 @dataclass
@@ -90,12 +93,14 @@ def free_name(folder, name, taken):
     return candidate
 
 
-def plan(data_dir, rows, new_classes=False):
+def plan(data_dir, rows, new_classes=False, sources=SOURCES):
     """The moves the rows [(line, path, label)] ask for, in order (each with the free name it will
-    take), and the number of rows applied before; exits 2 naming every row that cannot be applied
-    (unknown class, missing file, a path outside unlabeled/ or through a link, a duplicate, a name
-    the file system refuses, a file on another file system, a folder that cannot be written) before
-    any move."""
+    take), and the number of rows applied before (or already so); exits 2 naming every row that
+    cannot be applied (unknown class, missing file, a path outside unlabeled/, labeled/ and test/ or
+    through a link, a duplicate, a name the file system refuses, a file on another file system, a
+    folder that cannot be written) before any move. An unlabeled/ image goes to labeled/<label>/; a
+    labeled/ or test/ image whose label is wrong (evaluate.py --audit) to <its part>/<label>/. `sources`:
+    the parts rows may come from (--accepted: unlabeled/ only, never a label a person gave)."""
     data_dir = Path(data_dir)
     labeled = data_dir / "labeled"
     classes, done = set(known_classes(data_dir)), applied_moves(read_log(data_dir))
@@ -106,13 +111,17 @@ def plan(data_dir, rows, new_classes=False):
         source = relative_source(data_dir, path)
         where = f"line {line} ({path})"
         problem = None
-        if source is None or not source.startswith("unlabeled/") or not inside(data_dir, source, ("unlabeled",)):
-            problem = (f"not a file under {data_dir / 'unlabeled'}" if source is None or not source.startswith("unlabeled/")
-                       else "it leads outside the folder through a link")
+        parts = None if source is None else source.split("/")
+        if parts is None or parts[0] not in sources or len(parts) < (2 if parts[0] == "unlabeled" else 3):
+            problem = f"not a file under {' or '.join(str(data_dir / part) for part in sources)}"
+        elif not inside(data_dir, source, SOURCES):
+            problem = "it leads outside the folder through a link"
         elif source in seen:
             problem = "listed twice"
         else:
             problem = label_problem(label, labeled, longest)
+        if problem is None and parts[0] == "test" and label not in classes:
+            problem = f"a test image can only take a class labeled/ has ({', '.join(sorted(classes))})"
         if problem is None and label not in classes and not new_classes:
             problem = f"unknown class {label!r} (labeled/ has {', '.join(sorted(classes))}; --new-classes creates it)"
         if problem is None and not os.path.isfile(data_dir / source):
@@ -121,10 +130,12 @@ def plan(data_dir, rows, new_classes=False):
                 skipped += 1
             else:
                 problem = "no such file"
+        elif problem is None and parts[0] != "unlabeled" and parts[1] == label:
+            skipped += 1  # labeled so already
         elif problem is None:
-            problem = move_problem(data_dir, source, label, device)
+            folder = f"{target_part(source)}/{label}"
+            problem = move_problem(data_dir, source, folder, device)
             if problem is None:
-                folder = f"labeled/{label}"
                 name = free_name(data_dir / folder, posixpath.basename(source), taken)
                 if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > longest:
                     problem = f"the name {name!r} is longer than the file system takes"
@@ -141,19 +152,24 @@ def plan(data_dir, rows, new_classes=False):
     return moves, skipped
 
 
-def move_problem(data_dir, source, label, device):
-    """Why the file `source` cannot be renamed into labeled/<label>/, or None: another file system
-    (a rename cannot cross one), or a folder that cannot be written."""
+def move_problem(data_dir, source, folder, device):
+    """Why the file `source` cannot be renamed into the class folder `folder` (labeled/<label> or
+    test/<label>), or None: another file system (a rename cannot cross one), a link out of the
+    folder, or a folder that cannot be written."""
     try:
         if os.stat(data_dir / source).st_dev != device:
             return "it lies on another file system (a mount or a link inside the folder): copy it into unlabeled/ first"
     except OSError as exc:
         return exc.strerror
-    target_folder = data_dir / "labeled" / label
-    for folder in (Path(data_dir / source).parent, target_folder if target_folder.is_dir() else data_dir / "labeled"):
-        if folder.exists() and not os.access(folder, os.W_OK):
-            return f"{folder.relative_to(data_dir)}/ cannot be written (read-only)"
-    if not (data_dir / "labeled").exists() and not os.access(data_dir, os.W_OK):
+    target_folder, part = data_dir / folder, data_dir / folder.split("/")[0]
+    if os.path.lexists(target_folder) and not target_folder.is_dir():
+        return f"{folder} is a file, not a class folder"
+    if target_folder.is_dir() and not inside(data_dir, f"{folder}/x", (folder.split("/")[0],)):
+        return f"{folder} leads outside the folder through a link"
+    for checked in (Path(data_dir / source).parent, target_folder if target_folder.is_dir() else part):
+        if checked.exists() and not os.access(checked, os.W_OK):
+            return f"{checked.relative_to(data_dir)}/ cannot be written (read-only)"
+    if not part.exists() and not os.access(data_dir, os.W_OK):
         return f"{data_dir} cannot be written (read-only)"
     return None
 

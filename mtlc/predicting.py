@@ -4,6 +4,7 @@ image to label next) streamed to a file or stdout; the review page; one summary 
 """
 import json
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,7 +19,7 @@ from .figures import plot_coverage
 from .files import describe_hidden
 from .predictions import image_paths, is_accepted, suggest_rows, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
-from .review import write_review
+from .review import write_audit_review, write_review
 from .runs import atomic_write
 
 
@@ -130,3 +131,21 @@ def predict(path, state, targets, device, options):
     if o.as_json:
         click.echo(json.dumps(summary))
     return failed
+
+
+def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed):
+    """--audit of the checkpoint at path: the findings (audit.py) to the CSV `out`, one line per
+    kind, and with `review` the page of doubtful labels and copies."""
+    from .audit import audit, describe_audit, write_audit
+    root = data_dir or state["config"]["data_dir"]
+    data = restore_data(state, data_dir, echo=say)
+    start = time.perf_counter()
+    findings = audit(state, data, root, device, folds=folds, steps=steps, seed=seed, echo=say)
+    write_audit(out, findings)
+    for line in describe_audit(findings):
+        say(line)
+    say(f"wrote {out} ({len(findings):,} findings, {time.perf_counter() - start:.0f} s)")
+    if review:
+        shown, _ = write_audit_review(review, findings, state["config"]["classes"],
+                                      title=f"Audit: {root}", summary=f"{len(findings):,} findings in {root}")
+        say(f"wrote {review}: {shown:,} doubtful labels shown, with the copies found")

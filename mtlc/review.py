@@ -47,6 +47,27 @@ def fill(template, values):
     return re.sub(r"__([A-Z]+)__", lambda m: values.get(m.group(1), m.group()), template)
 
 
+def thumbs(paths):
+    """The data: URL of each file's thumbnail, None where it could not be made (a pool of threads:
+    PIL releases the GIL while decoding)."""
+    with ThreadPoolExecutor(8) as pool:
+        jpegs = list(pool.map(lambda p: thumbnail_jpeg(p, THUMBNAIL_SIZE), paths))
+    return [None if j is None else "data:image/jpeg;base64," + base64.b64encode(j).decode() for j in jpegs]
+
+
+def write_page(out, title, data):
+    """The page, its data embedded: one self-contained HTML file."""
+    page = fill((ASSETS / "page.html").read_text(), dict(
+        CSS=(ASSETS / "page.css").read_text(), SCRIPT=(ASSETS / "page.js").read_text(),
+        TITLE=html.escape(title.encode("utf-8", "replace").decode()), DATA=script_json(data)))
+    atomic_write(out, lambda f: f.write(page.encode("utf-8", "replace")))
+
+
+def storage_key(paths):
+    """Where the page keeps its decisions in the browser: one place per set of images."""
+    return hashlib.sha256("\n".join(map(str, paths)).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, threshold=None, max_error=None,
                  title="Review the predictions", summary=""):
     """Write the page for these predictions (the Prediction rows of predictions.py; unreadable
@@ -56,22 +77,44 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, thre
     thumbnail failed)."""
     readable = [p for p in predictions if p.label is not None and is_text(str(p.path))]
     items, shown = shown_items(readable, classes, per_class)
-    with ThreadPoolExecutor(8) as pool:  # PIL releases the GIL while decoding
-        thumbnails = list(pool.map(lambda p: thumbnail_jpeg(p.path, THUMBNAIL_SIZE), items))
+    thumbnails = thumbs([p.path for p in items])
     failed = [dict(path=str(p.path), reason=p.reason) for p in predictions if p.label is None]
     failed += [dict(path=str(p.path).encode("utf-8", "replace").decode(), reason="its name is not valid UTF-8 text: "
                     "rename it to review it here") for p in predictions if p.label is not None and not is_text(str(p.path))]
     failed += [dict(path=str(p.path), reason="no thumbnail could be made") for p, t in zip(items, thumbnails) if t is None]
     data = dict(
         classes=list(classes), threshold=threshold, max_error=max_error, summary=summary, shown=shown, failed=failed,
-        storage_key=hashlib.sha256("\n".join(str(p.path) for p in predictions).encode("utf-8", "surrogateescape")).hexdigest()[:16],
+        storage_key=storage_key(p.path for p in predictions), findings=[], audit=False,
         items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
                     runner_up=p.runner_up, accepted=None if max_error is None else (
-                        threshold is not None and p.confidence >= threshold),
-                    thumb="data:image/jpeg;base64," + base64.b64encode(t).decode())
+                        threshold is not None and p.confidence >= threshold), thumb=t)
                for p, t in zip(items, thumbnails) if t is not None])
-    page = fill((ASSETS / "page.html").read_text(), dict(
-        CSS=(ASSETS / "page.css").read_text(), SCRIPT=(ASSETS / "page.js").read_text(),
-        TITLE=html.escape(title.encode("utf-8", "replace").decode()), DATA=script_json(data)))
-    atomic_write(out, lambda f: f.write(page.encode("utf-8", "replace")))
+    write_page(out, title, data)
+    return len(data["items"]), sum(t is None for t in thumbnails)
+
+
+def write_audit_review(out, findings, classes, *, title="Is the folder right?", summary=""):
+    """Write the page of an audit (audit.py's findings): the doubtful labels as cards grouped by the
+    class suggested for them, most doubtful first, the suggestion preselected (one key confirms the
+    fix; Save writes labels.csv, which label.py applies to labeled/ and test/ images), and the copies
+    and outliers found, each with its thumbnail (and its copy's). Returns (cards shown, thumbnails
+    that failed)."""
+    labels = [f for f in findings if f.kind == "label" and is_text(f.path)]
+    others = [f for f in findings if f.kind != "label" and is_text(f.path) and is_text(f.suggestion)]
+    thumbnails = thumbs([f.path for f in labels] + [f.path for f in others] + [f.suggestion for f in others if f.suggestion])
+    label_thumbs, other_thumbs = thumbnails[:len(labels)], thumbnails[len(labels):len(labels) + len(others)]
+    copy_thumbs = iter(thumbnails[len(labels) + len(others):])
+    shown = {c: (sum(f.suggestion == c for f in labels),) * 2 for c in classes}
+    data = dict(
+        classes=list(classes), threshold=None, max_error=None, summary=summary, shown=shown,
+        failed=[dict(path=f.path, reason="no thumbnail could be made") for f, t in zip(labels, label_thumbs) if t is None] +
+               [dict(path=f.path.encode("utf-8", "replace").decode(), reason=f"{f.kind}: its name (or its copy's) is not "
+                     "valid UTF-8 text: rename it to review it here; the audit CSV has it")
+                for f in findings if not (is_text(f.path) and is_text(f.suggestion))],
+        storage_key=storage_key(f.path for f in findings), audit=True,
+        items=[dict(path=f.path, name=Path(f.path).name, label=f.suggestion, confidence=1 - f.score, given=f.given,
+                    runner_up=None, accepted=None, thumb=t) for f, t in zip(labels, label_thumbs) if t is not None],
+        findings=[dict(kind=f.kind, path=f.path, name=Path(f.path).name, copy=f.suggestion, detail=f.detail, thumb=t,
+                       copy_thumb=next(copy_thumbs) if f.suggestion else None) for f, t in zip(others, other_thumbs)])
+    write_page(out, title, data)
     return len(data["items"]), sum(t is None for t in thumbnails)

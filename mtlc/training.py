@@ -115,6 +115,7 @@ class Trainer:
         self.batches = Batches(data, split, config, device, procs.rank, procs.world)
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
         self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
+        self.clean_test = clean_test_indices(config, data)  # the test images that are no copy of a training one
         self.precision = config["precision"]
         self.all_neighbours_reported = False
         self.lc_global = stage.name == "lc" and config["lc"]["scope"] == "global" and procs.world > 1
@@ -250,6 +251,8 @@ class Trainer:
         sets = dict(labeled_error=(b.train_x, b.lab_idx, b.train_y[b.lab_idx]))
         if len(self.test_y):
             sets["error"] = (self.test_x, None, self.test_y)
+        if self.clean_test is not None and len(self.clean_test):  # none left when every test image is a copy
+            sets["clean_error"] = (self.test_x, self.clean_test, self.test_y[self.clean_test])
         if len(b.val_idx):
             sets["val_error"] = (b.train_x, b.val_idx, b.train_y[b.val_idx])
         return {f"{name}_{key}": test_error(model, x, y, b.mean, b.std, idx)
@@ -283,10 +286,20 @@ class Trainer:
         return warnings
 
 
+def clean_test_indices(config, data):
+    """The indices of the test images that copy no training image (config["leaked_test"] names
+    those that do: train_mt.py looks for them), or None where none does."""
+    leaked = set(config.get("leaked_test") or ())
+    if not leaked or data.files is None:
+        return None
+    return torch.tensor([i for i, name in enumerate(data.files["test"]) if name not in leaked], dtype=torch.long)
+
+
 def describe_errors(record):
     """'test error student x% teacher y% | val error ...' of an evaluated record, for people."""
     parts = [f"{name} error student {record[f'student{key}_error']:.2f}% teacher {record[f'teacher{key}_error']:.2f}%"
-             for name, key in (("test", ""), ("val", "_val")) if f"student{key}_error" in record]
+             for name, key in (("test", ""), ("test without its copies of training images", "_clean"), ("val", "_val"))
+             if f"student{key}_error" in record]
     return " | ".join(parts) or "no test set, no validation hold-out"
 
 

@@ -1,13 +1,16 @@
 """What the tests share: the project's root, running a script as a user would (a child process)
 or in-process (click's runner), the CSV rows evaluate.py writes, a folder's files as bytes, and the
-tiny trained run that the prediction and review tests use."""
+tiny trained run that the prediction and review tests use, and a headless browser for the review pages."""
 import csv
 import hashlib
+import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,51 @@ def trained(tmp_path_factory):
     assert result["student_error"] != result["teacher_error"]  # half trained: the two models differ
     assert len({r["teacher_error"] for r in result["per_class"].values()}) > 1  # and so do the classes
     return root / "d", root / "run" / "mt_final.pt"
+
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def browser_missing():
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if importlib.util.find_spec("selenium") is None:
+        missing.append("the selenium package")
+    return missing
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium driven by selenium, and the folder its downloads go to; skipped where there is
+    none, except under MTLC_REQUIRE_BROWSER (CI), where it must run."""
+    missing = browser_missing()
+    if missing:
+        if os.environ.get("MTLC_REQUIRE_BROWSER"):  # CI installs the browser: there it must run
+            pytest.fail(f"MTLC_REQUIRE_BROWSER is set but {', '.join(missing)} is missing")
+        pytest.skip(f"no browser to test the page in: {', '.join(missing)} missing (apt-get install chromium "
+                    "chromium-driver; pip install selenium)")
+    os.environ["SE_AVOID_STATS"] = "true"  # or Selenium Manager tries the internet
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(arg)
+    options.binary_location = CHROMIUM
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                              "download.prompt_for_download": False})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver, downloads
+    driver.quit()
+
+
+def save_labels(driver, downloads):
+    """Click a review page's Save and wait for its download: (the labels.csv path, its rows)."""
+    from selenium.webdriver.common.by import By
+    driver.find_element(By.ID, "save").click()
+    saved = downloads / "labels.csv"
+    for _ in range(100):
+        if saved.exists() and saved.stat().st_size:
+            break
+        time.sleep(0.1)
+    return saved, list(csv.DictReader(io.StringIO(saved.read_text())))

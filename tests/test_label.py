@@ -41,7 +41,7 @@ def test_apply_moves_each_listed_image_into_its_class(folder, tmp_path):
 @pytest.mark.parametrize("rows, message", [  # all with --new-classes but the first
     ([("unlabeled/u0000.png", "cat"), ("unlabeled/u0001.png", "zebra")], "unknown class 'zebra'"),
     ([("unlabeled/u0000.png", "cat"), ("unlabeled/nope.png", "dog")], "no such file"),
-    ([("labeled/cat/0.png", "dog")], "not a file under"),
+    ([("mtlc-cache/0.png", "dog")], "not a file under"),
     ([("../elsewhere.png", "dog")], "not a file under"),
     ([("unlabeled/u0000.png", "cat"), ("unlabeled/u0000.png", "cat")], "listed twice"),
     ([("unlabeled/u0000.png", "")], "cannot be a class folder's name"),

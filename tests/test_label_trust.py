@@ -30,7 +30,7 @@ def write_log(folder, rows):
         writer.writerows(rows)
 
 
-@pytest.mark.parametrize("source", ["/tmp/elsewhere/x.png", "../x.png", "unlabeled/../../x.png", "labeled/cat/0.png",
+@pytest.mark.parametrize("source", ["/tmp/elsewhere/x.png", "../x.png", "unlabeled/../../x.png", "mtlc-cache/0.png",
                                     "unlabeled/link/x.png"])
 def test_undo_refuses_a_log_that_names_places_outside_the_folder(folder, tmp_path, source):
     """A log row that would put a file outside the folder (or outside unlabeled/): exit 2, nothing
@@ -218,3 +218,12 @@ def test_accepted_rows_of_a_predictions_csv_and_a_dry_run_that_lists_moves(folde
     no_column = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "p.csv", [], ("path", "prediction")),
                        "--accepted"])
     assert no_column.exit_code == 2 and "only with --max-error" in no_column.output
+    # A predictions CSV of the whole folder lists labeled/ and test/ images too: --accepted never
+    # puts a prediction over a label a person gave.
+    whole = tmp_path / "whole.csv"
+    whole.write_text("path,prediction,confidence,runner_up,accepted\n"
+                     f"{folder / 'labeled' / 'cat' / '0.png'},dog,0.9900,cat,1\n"
+                     f"{folder / 'test' / 'cat' / '0.png'},owl,0.9900,cat,1\n")
+    before = snapshot(folder)
+    refused = invoke(label, ["--data-dir", folder, "--apply", whole, "--accepted"])
+    assert refused.exit_code == 2 and "not a file under" in refused.output and snapshot(folder) == before

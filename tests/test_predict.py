@@ -158,8 +158,8 @@ def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, mon
     (["--csv", "p.csv"], "--csv goes with --predict"),
     (["--predict", ".", "--json"], "--predict with --json needs --csv"),
     (["--predict", ".", "--table", "t.md"], "--predict takes exactly one --ckpt"),
-    (["--max-error", "5"], "--max-error, --coverage, --suggest, --review and --skip-bad-images go with --predict"),
-    (["--suggest", "5"], "--max-error, --coverage, --suggest, --review and --skip-bad-images go with --predict"),
+    (["--max-error", "5"], "--max-error, --coverage, --suggest and --skip-bad-images go with --predict"),
+    (["--suggest", "5"], "--max-error, --coverage, --suggest and --skip-bad-images go with --predict"),
     (["--predict", ".", "--max-error", "100"], "--max-error"),
     (["--predict", ".", "--suggest", "0"], "--suggest"),
 ])

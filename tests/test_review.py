@@ -2,26 +2,19 @@
 would in headless Chromium (Debian's chromium and chromium-driver, driven by selenium): the
 thumbnails and groups are there, one label is corrected and one confirmed, Save downloads
 labels.csv, and label.py applies it."""
-import csv
-import importlib.util
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mtlc.predictions import Prediction
 from mtlc.review import write_review
-from conftest import ROOT, read_rows
-
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
+from conftest import ROOT, read_rows, save_labels
 
 def page_data(page):
     found = re.search(r'<script type="application/json" id="review-data">(.*?)</script>', page, re.S)
@@ -51,37 +44,6 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
     assert {d["accepted"] for d in page_data((tmp_path / "plain.html").read_text())["items"]} == {None}
     assert data["failed"] == [{"path": str(tmp_path / "broken.png"), "reason": "OSError: truncated"}]
     assert not re.search(r'(src|href)=["\']?(https?:)?//|url\(\s*["\']?https?:', page)  # opens offline
-
-
-def browser_missing():
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
-    if importlib.util.find_spec("selenium") is None:
-        missing.append("the selenium package")
-    return missing
-
-
-@pytest.fixture
-def browser(tmp_path):
-    missing = browser_missing()
-    if missing:
-        if os.environ.get("MTLC_REQUIRE_BROWSER"):  # CI installs the browser: there it must run
-            pytest.fail(f"MTLC_REQUIRE_BROWSER is set but {', '.join(missing)} is missing")
-        pytest.skip(f"no browser to test the page in: {', '.join(missing)} missing (apt-get install chromium "
-                    "chromium-driver; pip install selenium)")
-    os.environ["SE_AVOID_STATS"] = "true"  # or Selenium Manager tries the internet
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"):
-        options.add_argument(arg)
-    options.binary_location = CHROMIUM
-    downloads = tmp_path / "downloads"
-    downloads.mkdir()
-    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
-                                              "download.prompt_for_download": False})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver, downloads
-    driver.quit()
 
 
 @pytest.mark.slow
@@ -129,13 +91,7 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
     Select(driver.find_element(By.ID, "class-filter")).select_by_value(other)
     assert all(c.is_displayed() == (rows[c.get_attribute("data-path")]["prediction"] == other)
                for c in driver.find_elements(By.CSS_SELECTOR, ".card"))
-    driver.find_element(By.ID, "save").click()
-    saved = downloads / "labels.csv"
-    for _ in range(100):
-        if saved.exists() and saved.stat().st_size:
-            break
-        time.sleep(0.1)
-    labels = list(csv.DictReader(io.StringIO(saved.read_text())))
+    saved, labels = save_labels(driver, downloads)
     assert sorted((r["path"], r["label"]) for r in labels) == sorted(
         [(first_path, other), (second_path, rows[second_path]["prediction"])])
     driver.save_screenshot(str(tmp_path / "page.png"))

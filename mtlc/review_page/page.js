@@ -44,7 +44,9 @@ function makeCard(item) {
   name.textContent = item.name;
   const info = document.createElement("div");
   info.className = "confidence";
-  info.textContent = `${item.label} ${(100 * item.confidence).toFixed(1)}%` + (item.runner_up ? ` · ${item.runner_up}?` : "");
+  info.textContent = item.given ?  // a doubtful label (evaluate.py --audit): its class, and the one suggested
+    `labeled ${item.given} (${(100 * item.confidence).toFixed(1)}%) → ${item.label}?` :
+    `${item.label} ${(100 * item.confidence).toFixed(1)}%` + (item.runner_up ? ` · ${item.runner_up}?` : "");
   const select = document.createElement("select");
   select.setAttribute("aria-label", "class of " + item.name);
   select.add(new Option("— undecided —", ""));
@@ -76,13 +78,15 @@ function render() {
     const [shown, total] = data.shown[c];
     const h = document.createElement("h2");
     h.textContent = `${c}: ${total} image${total === 1 ? "" : "s"}` +
-      (shown < total ? ` (the ${shown} least confident shown)` : "") + ", least confident first";
+      (shown < total ? ` (the ${shown} least confident shown)` : "") +
+      (data.audit ? ` labeled otherwise, most doubtful first` : ", least confident first");
     const grid = document.createElement("div");
     grid.className = "grid";
     for (const item of items) { const card = makeCard(item); cards.push(card); grid.append(card.el); }
     section.append(h, grid);
     groups.append(section);
   }
+  renderFindings();
   const failed = document.getElementById("failed");
   for (const f of data.failed) { const li = document.createElement("li"); li.textContent = `${f.path}: ${f.reason}`; failed.append(li); }
   document.getElementById("failed-section").hidden = !data.failed.length;
@@ -90,6 +94,36 @@ function render() {
     data.threshold === null ? `none: no confidence keeps the error at most ${data.max_error}%` :
     `confidence at least ${data.threshold.toFixed(4)}, --max-error ${data.max_error}%`;
   document.getElementById("summary").textContent = data.summary;
+  if (data.audit) {  // evaluate.py --audit: each card a label in doubt, its chooser set to the class suggested
+    document.getElementById("confirm-what").textContent =
+      "the suggested class is right (label.py moves the image to it)";
+    document.getElementById("legend").hidden = true;
+  }
+}
+
+function thumbnail(src, name) {
+  const img = document.createElement("img");
+  img.src = src;
+  img.alt = name;
+  img.title = name;
+  return img;
+}
+
+// The copies and the images like no class that an audit found: shown, nothing to decide.
+function renderFindings() {
+  const list = document.getElementById("findings");
+  for (const f of data.findings) {
+    const row = document.createElement("div");
+    row.className = "finding " + f.kind;
+    const what = document.createElement("div");
+    what.className = "name";
+    what.textContent = `${f.kind}: ${f.path}` + (f.copy ? ` = ${f.copy}` : "") + ` (${f.detail})`;
+    if (f.thumb) row.append(thumbnail(f.thumb, f.name));
+    if (f.copy_thumb) row.append(thumbnail(f.copy_thumb, f.copy));
+    row.append(what);
+    list.append(row);
+  }
+  document.getElementById("findings-section").hidden = !data.findings.length;
 }
 
 function visible(card) {

@@ -1,0 +1,197 @@
+"""Is my folder right? The audit's parts against planted faults: near copies found at the cache's
+size and unrelated images left alone, images like no class, doubtful labels scored out of sample,
+the CSV contract; training's line about test images copied from training and the error without
+them; label.py moving a labeled or test image to the class it more likely is."""
+import csv
+import io
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import evaluate
+import label
+from conftest import invoke, run, save_labels, snapshot, write_labels
+from fakedata import write_own_folder
+from mtlc.audit import AUDIT_HEADER, KINDS, outlier_findings
+from mtlc.copies import copies_in, near_pairs
+from mtlc.crossfit import fold_config
+from mtlc.images import decode
+
+
+def photo(seed, size=(48, 40)):
+    """A smooth random image (as photos are: neighbouring pixels alike), RGB."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+    return Image.fromarray(small).resize(size, Image.BICUBIC)
+
+
+def test_near_copies_are_found_and_unrelated_images_left_alone(tmp_path):
+    """A copy resized to 80% and saved as a JPEG of quality 70, and one with its brightness moved, are
+    found at the cache's size; 60 unrelated photos pair with nothing."""
+    paths = []
+    for i in range(60):
+        paths.append(tmp_path / f"{i}.png")
+        photo(i).save(paths[-1])
+    original = Image.open(paths[7])
+    original.resize((38, 32), Image.BILINEAR).save(tmp_path / "resized.jpg", quality=70)
+    Image.eval(original, lambda v: min(255, v + 20)).save(tmp_path / "brighter.png")
+    paths += [tmp_path / "resized.jpg", tmp_path / "brighter.png"]
+    images = torch.stack([decode(p, 32) for p in paths])
+    assert sorted((i, j) for i, j, _ in near_pairs(images)) == [(7, 60), (7, 61), (60, 61)]
+    found = copies_in(images[60:], images[:60])
+    assert [(i, j) for i, j, _ in found] == [(0, 7), (1, 7)]
+
+
+def test_an_image_like_no_class_is_an_outlier():
+    """Three classes of smooth images in three colours; one image far from them in features, one in
+    pixels only (the network's features say nothing of it): both found, no other image."""
+    torch.manual_seed(0)
+    centres = torch.eye(4)[:3] * 5
+    n_labeled, n_unlabeled = 10, 20
+    features = torch.cat([c + 0.3 * torch.randn(n, 4) for n in (n_labeled, n_unlabeled) for c in centres])
+    colours = [(200, 40, 40), (40, 200, 40), (40, 40, 200)]
+    images = torch.stack([torch.from_numpy(np.array(photo(k, (32, 32)))).permute(2, 0, 1) // 4 +
+                          torch.tensor(colours[(k // n) % 3], dtype=torch.uint8)[:, None, None] // 4 * 3
+                          for n in (n_labeled, n_unlabeled) for k in range(3 * n)])
+    far_in_features = torch.tensor([[0.0, 0.0, 0.0, 5.0]])
+    stripes = torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
+    stripes[..., ::2, :] = 255  # a pattern no class has, its features those of a class
+    features = torch.cat([features, far_in_features, centres[:1]])
+    images = torch.cat([images, images[:1], stripes])
+    mask = np.arange(len(features)) < 3 * n_labeled
+    found = outlier_findings([f"i{k}" for k in range(len(features))], features, images, mask)
+    assert sorted(f.path for f in found) == [f"i{len(features) - 2}", f"i{len(features) - 1}"]
+    assert all(f.score > 1 for f in found)
+
+
+def test_the_fold_schedule_is_sized_to_the_steps():
+    config = dict(unlabeled_batch=10, epochs=999, decay_epochs=99, eval_every=5, cons_rampup=300.0)
+    fold = fold_config(config, n_unlabeled=100, steps=200)  # 10 steps an epoch
+    assert (fold["epochs"], fold["decay_epochs"]) == (16, 4) and fold["cons_rampup"] == pytest.approx(4.0)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """A learnable folder (each class its own colour) with a labeled image filed under the wrong
+    class, a test image copied into unlabeled/, an unlabeled image copied within unlabeled/ and a
+    stray image of no class; an MT checkpoint trained on it."""
+    root = tmp_path_factory.mktemp("audit")
+    folder = root / "d"
+    write_own_folder(folder, n_labeled=8, n_unlabeled=48, n_test=8)
+    (folder / "labeled" / "cat" / "3.png").rename(folder / "labeled" / "owl" / "cat3.png")
+    shutil.copyfile(folder / "test" / "dog" / "2.png", folder / "unlabeled" / "leaked.png")
+    shutil.copyfile(folder / "unlabeled" / "u0003.png", folder / "unlabeled" / "a" / "again.png")
+    Image.fromarray(np.full((30, 40, 3), (0, 255, 0), np.uint8)).save(folder / "unlabeled" / "stray.png")
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", "0.125", "--labeled-batch", "12",
+              "--unlabeled-batch", "16", "--lr", "0.02", "--cons-weight", "10", "--epochs", "8", "--decay-epochs", "2",
+              "--device", "cpu", "--out", root / "run")
+    assert res.returncode == 0, res.stderr
+    return folder, root / "run" / "mt_final.pt", res
+
+
+@pytest.mark.slow
+def test_training_says_which_test_images_are_copies_and_the_error_without_them(faulty):
+    folder, ckpt, res = faulty
+    assert "1 of the 24 test images are also in labeled/ or unlabeled/" in res.stdout
+    assert "test without its copies of training images error" in res.stdout
+    state = torch.load(ckpt, weights_only=True)
+    assert state["config"]["leaked_test"] == ["test/dog/2.png"]
+    result = run("evaluate.py", "--ckpt", ckpt, "--predict", folder / "unlabeled", "--json", "--csv", folder.parent / "p.csv")
+    assert result.returncode == 0 and '"n_held_out": 23' in result.stdout  # calibrated without the copied one
+
+
+@pytest.mark.slow
+def test_a_test_set_made_only_of_copies_is_said_and_training_goes_on(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=4, n_unlabeled=12, n_test=0)
+    for c in ("cat", "dog", "owl"):
+        (folder / "test" / c).mkdir(parents=True)
+        shutil.copyfile(folder / "labeled" / c / "0.png", folder / "test" / c / "copy.png")
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", "0.125", "--epochs", "1",
+              "--decay-epochs", "0", "--labeled-batch", "6", "--unlabeled-batch", "6", "--device", "cpu",
+              "--out", tmp_path / "run")
+    assert res.returncode == 0, res.stderr
+    assert "every one of the 3 test images is also in labeled/ or unlabeled/" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def audited(faulty, tmp_path_factory):
+    """evaluate.py --audit of the faulty folder's checkpoint: (folder, its CSV rows, its review page, the run)."""
+    folder, ckpt, _ = faulty
+    out = tmp_path_factory.mktemp("audited")
+    res = run("evaluate.py", "--ckpt", ckpt, "--audit", out / "audit.csv", "--audit-folds", "2",
+              "--audit-steps", "60", "--review", out / "audit.html")
+    assert res.returncode == 0, res.stderr
+    return folder, list(csv.DictReader(io.StringIO((out / "audit.csv").read_text()))), out / "audit.html", res
+
+
+@pytest.mark.slow
+def test_the_audit_finds_what_was_planted(audited):
+    folder, rows, page, res = audited
+    assert tuple(rows[0]) == AUDIT_HEADER
+    assert [r["kind"] for r in rows] == sorted((r["kind"] for r in rows), key=KINDS.index)
+    for kind in KINDS:
+        scores = [float(r["score"]) for r in rows if r["kind"] == kind]
+        assert scores == sorted(scores, reverse=True)
+    by_name = {(r["kind"], r["path"].split("/d/")[-1]): r for r in rows}
+    assert by_name[("label", "labeled/owl/cat3.png")]["suggestion"] == "cat"
+    assert by_name[("label", "labeled/owl/cat3.png")]["given"] == "owl"
+    assert by_name[("leak", "test/dog/2.png")]["suggestion"].endswith("unlabeled/leaked.png")
+    copies = {frozenset((r["path"].split("/d/")[-1], r["suggestion"].split("/d/")[-1])) for r in rows if r["kind"] == "duplicate"}
+    assert frozenset(("unlabeled/u0003.png", "unlabeled/a/again.png")) in copies
+    assert ("outlier", "unlabeled/stray.png") in by_name
+    assert all(line in res.stderr for line in ("doubtful labels", "duplicates", "test images that are also", "like no class"))
+
+
+@pytest.mark.slow
+def test_a_doubtful_label_is_fixed_with_one_key_in_a_real_browser(audited, browser):
+    """The audit's page as a person uses it: the doubtful label shown with its given class and the
+    suggested one, 'y' confirms the suggestion, Save writes labels.csv, label.py moves the image to
+    the suggested class and --undo puts it back; the copies and the stray are listed."""
+    from selenium.webdriver.common.by import By
+    driver, downloads = browser
+    folder, rows, page, _ = audited
+    before = snapshot(folder)
+    driver.get(page.as_uri())
+    card = next(c for c in driver.find_elements(By.CSS_SELECTOR, ".card")
+                if c.get_attribute("data-path").endswith("labeled/owl/cat3.png"))
+    assert "labeled owl" in card.text and "cat?" in card.text
+    card.find_element(By.TAG_NAME, "img").click()
+    driver.find_element(By.TAG_NAME, "body").send_keys("y")
+    findings = driver.find_element(By.ID, "findings").text
+    assert "leak: " in findings and "duplicate: " in findings and "stray.png" in findings
+    saved, rows_saved = save_labels(driver, downloads)
+    assert rows_saved == [{"path": card.get_attribute("data-path"), "label": "cat"}]
+    res = invoke(label, ["--data-dir", folder, "--apply", saved])
+    assert res.exit_code == 0 and (folder / "labeled" / "cat" / "cat3.png").is_file(), res.output
+    assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0
+    assert snapshot(folder) == before
+
+
+def test_label_py_relabels_a_labeled_and_a_test_image(tmp_path):
+    write_own_folder(tmp_path / "d", n_labeled=3, n_unlabeled=6, n_test=3)
+    folder = tmp_path / "d"
+    before = snapshot(folder)
+    rows = [("labeled/cat/1.png", "dog"), ("test/owl/0.png", "cat"), ("labeled/dog/0.png", "dog")]  # the last: so already
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows)])
+    assert res.exit_code == 0 and "moved 2 images" in res.output and "1 applied before" in res.output, res.output
+    assert (folder / "labeled" / "dog" / "1.png").is_file() and (folder / "test" / "cat" / "0.png").is_file()
+    assert "put back the 2 images" in invoke(label, ["--data-dir", folder, "--undo"]).output
+    assert snapshot(folder) == before
+    refused = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "m.csv", [("test/owl/0.png", "zebra")]),
+                             "--new-classes"])
+    assert refused.exit_code == 2 and "a test image can only take a class labeled/ has" in refused.output
+
+
+def test_audit_needs_one_checkpoint_and_an_image_folder(tmp_path):
+    assert invoke(evaluate, ["--review", tmp_path / "r.html", "--ckpt", tmp_path / "x.pt"]).exit_code == 2
+    res = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--ckpt", tmp_path / "a.pt", "--ckpt", tmp_path / "b.pt"])
+    assert res.exit_code == 2 and "--audit takes exactly one --ckpt" in res.output
+    same = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--review", tmp_path / "a.csv", "--ckpt", tmp_path / "a.pt"])
+    assert same.exit_code == 2 and "name the same file" in same.output
+    as_json = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--json", "--ckpt", tmp_path / "a.pt"])
+    assert as_json.exit_code == 2 and "--json and --review-per-class go with --predict" in as_json.output
+    assert not list(tmp_path.iterdir())
