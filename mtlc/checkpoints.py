@@ -19,6 +19,7 @@ from .files import describe_bad
 from .errors import UserError
 from .model import ModelConfig, build_models
 from .runs import set_rng_state, write_metrics
+from .splits import unleaked_test
 from .training import Stage, Trainer, make_optimizer
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx")
@@ -207,11 +208,8 @@ def held_out(state, data):
 
 def without_leaked(config, names, x, y):
     """(x, y, "test") of the test images whose names config["leaked_test"] does not list."""
-    leaked = set(config["leaked_test"])
-    if not leaked:
-        return x, y, "test"
-    keep = torch.tensor([i for i, name in enumerate(names) if name not in leaked], dtype=torch.long)
-    return x[keep], y[keep], "test"
+    keep = unleaked_test(config, names)
+    return (x, y, "test") if keep is None else (x[keep], y[keep], "test")
 
 
 def restore_held_out(state, data_dir=None, echo=click.echo):

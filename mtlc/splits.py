@@ -81,3 +81,12 @@ def true_classes(data, truth_csv=None, option="--truth"):
                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
     y[unknown] = torch.tensor([data.classes.index(rows[n]) for n in names])
     return y
+
+
+def unleaked_test(config, names):
+    """The positions of the test images (their names) that copy no training image, which
+    config["leaked_test"] names (train_mt.py looks for them); None where none does."""
+    leaked = set(config.get("leaked_test") or ())
+    if not leaked or names is None:
+        return None
+    return torch.tensor([i for i, name in enumerate(names) if name not in leaked], dtype=torch.long)

@@ -22,6 +22,7 @@ from .model import ModelConfig, SplitForward, recompute_bn_means
 from .neighbours import PairDistances, lc_features, lc_term
 from .progress import TimeEstimate, epoch_progress
 from .runs import read_metrics, rng_state, save_checkpoint, stop_on_signals, write_metrics
+from .splits import unleaked_test
 
 
 def sigmoid_rampup(progress, length):
@@ -115,7 +116,7 @@ class Trainer:
         self.batches = Batches(data, split, config, device, procs.rank, procs.world)
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
         self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
-        self.clean_test = clean_test_indices(config, data)  # the test images that are no copy of a training one
+        self.clean_test = unleaked_test(config, data.files and data.files["test"])  # the test images that are no copy of a training one
         self.precision = config["precision"]
         self.all_neighbours_reported = False
         self.lc_global = stage.name == "lc" and config["lc"]["scope"] == "global" and procs.world > 1
@@ -284,15 +285,6 @@ class Trainer:
                                        f"lambda2={self.stage.lc_weight:g} may be too large" if self.stage.name == "lc"
                                        else ""))
         return warnings
-
-
-def clean_test_indices(config, data):
-    """The indices of the test images that copy no training image (config["leaked_test"] names
-    those that do: train_mt.py looks for them), or None where none does."""
-    leaked = set(config.get("leaked_test") or ())
-    if not leaked or data.files is None:
-        return None
-    return torch.tensor([i for i, name in enumerate(data.files["test"]) if name not in leaked], dtype=torch.long)
 
 
 def describe_errors(record):

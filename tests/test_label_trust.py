@@ -47,6 +47,23 @@ def test_undo_refuses_a_log_that_names_places_outside_the_folder(folder, tmp_pat
     assert list(outside.iterdir()) == [] and not (tmp_path / "x.png").exists() and not os.path.exists("/tmp/elsewhere")
 
 
+@pytest.mark.parametrize("source, target", [("test/cat/0.png", "labeled/cat/t0.png"),
+                                            ("labeled/dog/0.png", "test/dog/l0.png")])
+def test_undo_refuses_a_log_that_crosses_between_labeled_and_test(folder, source, target):
+    """A relabel stays in its part: a forged log row whose undo would move a training image into
+    test/ (or a test image into labeled/) is refused, nothing moves."""
+    for c in ("cat", "dog"):
+        (folder / "test" / c).mkdir(parents=True)
+        (folder / "test" / c / "0.png").write_bytes((folder / "labeled" / c / "1.png").read_bytes())
+    (folder / target).parent.mkdir(parents=True, exist_ok=True)
+    os.rename(folder / source, folder / target)
+    write_log(folder, [(1, "t", "move", source, target, target.split("/")[1])])
+    before = snapshot(folder)
+    res = run("label.py", "--data-dir", folder, "--undo")
+    assert res.returncode == 2 and "cannot be trusted" in res.stderr, res.stderr
+    assert snapshot(folder) == before
+
+
 def test_a_target_through_a_link_is_refused(folder, tmp_path):
     (tmp_path / "outside").mkdir()
     (folder / "labeled" / "owl").rename(folder / "owl-real")
