@@ -26,19 +26,33 @@ def test_gpu_check_in_miniature(tmp_path):
     res = gpu_check("--out", out, "--tiny", "--device", "cpu", "--archive", tmp_path / "cifar.tar.xz", "--work", tmp_path / "w")
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert list(summary) == ["env", "kernel-tests", "kernel-bench", "step", "cifar10"]
+    assert list(summary) == ["env", "kernel-tests", "kernel-bench", "step", "cifar10-data", "cifar10"]
     assert all(part["ok"] for part in summary.values())
     assert summary["kernel-tests"]["passed"] > 0 and summary["step"]["bf16"]["sec_per_step"] > 0
     cifar = summary["cifar10"]
-    assert {"supervised", "MT", "control", "MT+LC"} <= set(cifar) and cifar["step"]["sec_per_step"] > 0
+    assert {"supervised", "MT", "control", "MT+LC", "MT+LC relative eps"} <= set(cifar) and cifar["step"]["sec_per_step"] > 0
     assert "d2_ratio_end" in cifar["MT+LC"] and cifar["control"]["checkpoint"].endswith("control/lc.pt")
-    assert [len(cifar["curves"][name]) for name in ("supervised", "mt", "control", "lc")] == [2, 2, 1, 1]
+    assert cifar["MT+LC relative eps"]["checkpoint"].endswith("lc_relative/lc.pt")
+    assert [len(cifar["curves"][name]) for name in ("supervised", "mt", "control", "lc", "lc_relative")] == [2, 2, 1, 1, 1]
     assert (out / "cifar10_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list(out.iterdir())) <= 8
     # a part alone: rerun, the others' results kept
     res = gpu_check("--out", out, "--part", "env", "--device", "cpu")
     assert res.returncode == 0, res.stderr
     assert list(json.loads((out / "summary.json").read_text())) == list(summary)
+
+
+def test_parts_recorded_by_two_processes_are_both_kept(tmp_path):
+    """The session decodes CIFAR-10 in one gpu_check process while another runs the step: each
+    keeps its own parts in the one summary.json, and a part recorded twice keeps its latest result."""
+    from tools.gpu_check import Check
+    first, second = (Check(tmp_path, tmp_path, None, {}, None) for _ in range(2))
+    first.record("step", {"ok": False, "seconds": 0, "bf16": 1})
+    second.record("cifar10-data", {"ok": True, "seconds": 3})
+    first.record("step", {"ok": True, "seconds": 9, "bf16": 1})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"step": {"ok": True, "seconds": 9, "bf16": 1}, "cifar10-data": {"ok": True, "seconds": 3}}
+    assert "## cifar10-data: ok (3 s)" in (tmp_path / "summary.md").read_text()
 
 
 def test_shortened_schedule_fits_the_time():

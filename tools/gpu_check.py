@@ -1,6 +1,7 @@
 """The GPU check in one command: the device and its versions, the LC-loss tests with real Triton, the
 kernel benchmark and its targets, the training step's speed against its FLOP floor, and CIFAR-10
-end to end (supervised-only, MT, LC's control and MT+LC on a shortened schedule).
+end to end (supervised-only, MT, LC's control, MT+LC, and MT+LC with eps chosen from the features
+and following their scale, on a shortened schedule).
 
     python tools/gpu_check.py --out gpu_check                     # a CUDA machine: all of it, about 10 min on an H200
     python tools/gpu_check.py --out gpu_check --part step         # one part again; the others' results are kept
@@ -32,7 +33,10 @@ from mtlc.errors import UserError  # noqa: E402
 from mtlc.runs import atomic_write, read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the project's root: the scripts run there
-PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10")
+PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10-data", "cifar10")
+# The step part's runs, in the order they run: eager bf16 first (the floor is measured against it).
+STEP_RUNS = {"bf16": ["--precision", "bf16"], "bf16-compile": ["--precision", "bf16", "--compile"],
+             "fp32": ["--precision", "fp32"]}
 # Per setting: the kernel tests and benchmark sizes, the step benchmark, and the CIFAR-10 runs
 # (4,000 labels, the paper's protocol on a schedule shortened to fit: LC from MT's last
 # constant-lr epoch, the preset's eps and lambda2).
@@ -51,9 +55,10 @@ SETTINGS = {
 class Check:
     """Where a check writes, on what it runs, and the summary it keeps."""
 
-    def __init__(self, out, work, device, setting, archive, cifar_seconds=None):
+    def __init__(self, out, work, device, setting, archive, *, cifar_seconds=None, step_runs=tuple(STEP_RUNS)):
         self.out, self.work, self.device, self.setting, self.archive = out, work, device, setting, archive
-        self.cifar_seconds = cifar_seconds
+        self.cifar_seconds, self.step_runs = cifar_seconds, step_runs
+        self.ran = set()  # the parts this process recorded
         self.summary_path = out / "summary.json"
         self.summary = json.loads(self.summary_path.read_text()) if self.summary_path.exists() else {}
 
@@ -89,6 +94,16 @@ class Check:
                 f.write(f"$ {' '.join(map(str, runs[name]))}   # {name}, exit {proc.returncode}\n{output}\n")
             if proc.returncode:
                 raise RuntimeError(f"{name} exited {proc.returncode}: {output.strip().splitlines()[-1]}")
+
+    def record(self, part, result):
+        """Keep a part's result in summary.json and summary.md. The file is read again first: a part
+        run meanwhile by another process (the session prepares CIFAR-10 beside the step) keeps its own."""
+        if self.summary_path.exists():
+            self.summary = json.loads(self.summary_path.read_text()) | {
+                name: value for name, value in self.summary.items() if name in self.ran}
+        self.ran.add(part)
+        self.summary[part] = result
+        self.save()
 
     def save(self):
         atomic_write(self.summary_path, lambda f: f.write(json.dumps(self.summary, indent=1).encode()))
@@ -134,25 +149,30 @@ def kernel_bench(check):
 
 
 def step(check):
-    """A training step at the setting's width on the CIFAR-10 protocol's forward: bf16 eager,
-    torch.compile, fp32; the data path's share; the bf16 step against the FLOP floor at the
-    device's measured rate on conv-large's widest 3x3 convolution."""
+    """A training step at the setting's width on the CIFAR-10 protocol's forward, the runs asked for
+    (bf16 eager, torch.compile, fp32; each kept in the summary as it ends, so a run cut short costs
+    only itself); the data path's share; the bf16 step against the FLOP floor at the device's
+    measured rate on conv-large's widest 3x3 convolution."""
     s = check.setting
-    runs = {"bf16": ["--precision", "bf16"], "fp32": ["--precision", "fp32"]}
-    if s["step_compile"]:
-        runs["bf16 compile"] = ["--precision", "bf16", "--compile"]
+    runs = [name for name in check.step_runs if s["step_compile"] or name != "bf16-compile"]
     result = {}
-    for label, args in runs.items():
+    for name in runs:
         out = check.run("step.log", "train_mt.py", "--dataset", "digits", "--forward", "split", "--width",
-                        s["step_width"], "--benchmark", s["step_steps"], "--device", check.device.type, *args)
-        result[label] = {k: v for k, v in json.loads(out.strip().splitlines()[-1]).items()
-                         if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step")}
+                        s["step_width"], "--benchmark", s["step_steps"], "--device", check.device.type,
+                        *STEP_RUNS[name])
+        result[name] = {k: v for k, v in json.loads(out.strip().splitlines()[-1]).items()
+                        if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step")}
+        check.record("step", dict(result, ok=False, seconds=0, unfinished=[r for r in runs if r not in result]))
+    if "bf16" not in result:
+        return result
     rate = conv_rate(check.device, torch.bfloat16, repeats=5 if check.device.type == "cpu" else 50)
     floor = result["bf16"]["gflop_per_step"] / rate
     result.update(conv_gflops_per_sec_bf16=rate, floor_sec_per_step_bf16=floor,
                   bf16_vs_floor=result["bf16"]["sec_per_step"] / floor,
                   targets={"data share under 5%": result["bf16"]["data_share"] < 0.05,
                            "bf16 step within 2x of the FLOP floor": result["bf16"]["sec_per_step"] <= 2 * floor})
+    if "bf16-compile" in result:
+        result["bf16_compile_vs_floor"] = result["bf16-compile"]["sec_per_step"] / floor
     result["ok"] = all(result["targets"].values()) or check.device.type == "cpu"  # targets are the GPU's
     return result
 
@@ -170,6 +190,16 @@ def extract_cifar10(check):
     return data_dir
 
 
+def cifar10_data(check):
+    """CIFAR-10 extracted from the archive and its images decoded into the memory-mapped cache, all
+    on the CPU (the session runs it beside the step, on the other half of the cores); the cifar10
+    part then starts training at once."""
+    from mtlc.data import load_dataset
+    start = time.perf_counter()
+    data = load_dataset("cifar10", extract_cifar10(check), echo=lambda message: None)
+    return dict(train=len(data.train_y), test=len(data.test_y), seconds_to_decode=round(time.perf_counter() - start, 1))
+
+
 def shortened_schedule(seconds, epoch_s, *, decay_share, ramp_share):
     """(constant epochs, decay epochs, ramp-up epochs) of a stage that fits `seconds` at `epoch_s`
     seconds an epoch: at least 1 + 1 epochs, the decay and the ramp-up the given shares."""
@@ -183,8 +213,15 @@ def shortened_schedule(seconds, epoch_s, *, decay_share, ramp_share):
 # step measurement, stage 2 what is left after stage 1; time kept for evaluate.py and the plot; a
 # process's start (imports, the memory-mapped cache, the model); the slowdown of two processes
 # sharing one GPU until stage 1 has measured it (on an H200 at width 1 the step is launch-bound: 53-58
-# ms alone, 55-62 ms with two at once); LC's step over MT's.
-STAGE1_SHARE, EVALUATE_S, STARTUP_S, TOGETHER_SLOWDOWN, LC_STEP_COST = 0.5, 45, 20, 1.25, 1.15
+# ms alone, 55-62 ms with two at once); LC's step over MT's; stage 2's third run beside the two
+# (a guess from the two-at-once cost, not yet measured).
+STAGE1_SHARE, EVALUATE_S, STARTUP_S, TOGETHER_SLOWDOWN, LC_STEP_COST, THIRD_RUN_COST = 0.5, 45, 20, 1.25, 1.15, 1.15
+# Stage 2's runs from the same mt.pt, same schedule: {name: (output folder, its options)}. Beside the
+# paper's MT+LC and its control, LC with the eps this project defaults to on folders: chosen from
+# the MT checkpoint's features and following their scale (the paper's fixed eps 50 made every pair a
+# neighbour after a short stage 1, docs/gpu-check.md).
+STAGE2_RUNS = {"MT+LC": ("lc", []), "control": ("control", ["--lam", 0]),
+               "MT+LC relative eps": ("lc_relative", ["--eps", "auto", "--eps-scale", "relative"])}
 
 
 def cifar10(check):
@@ -211,7 +248,7 @@ def cifar10(check):
                                                         decay_share=0.3, ramp_share=0.4)
     else:
         epochs, decay, cons_rampup = c["epochs"], c["decay"], c["cons_rampup"]
-    runs = {name: check.work / "runs" / name for name in ("supervised", "mt", "control", "lc")}
+    runs = {name: check.work / "runs" / name for name in ("supervised", "mt", *(d for d, _ in STAGE2_RUNS.values()))}
     stage1 = ["--epochs", epochs, "--decay-epochs", decay, "--cons-rampup", cons_rampup, "--eval-every", 1,
               "--overwrite"]
     stage1_start = time.perf_counter()
@@ -220,32 +257,35 @@ def cifar10(check):
         "MT": ["train_mt.py", *common, *stage1, "--out", runs["mt"]]})
     stage1_epoch_s = (time.perf_counter() - stage1_start - STARTUP_S) / (epochs + decay)
     if check.cifar_seconds:
-        lc_epochs, lc_decay, lc_rampup = shortened_schedule(left() - STARTUP_S, stage1_epoch_s * LC_STEP_COST,
+        lc_epochs, lc_decay, lc_rampup = shortened_schedule(left() - STARTUP_S,
+                                                            stage1_epoch_s * LC_STEP_COST * THIRD_RUN_COST,
                                                             decay_share=0.4, ramp_share=1 / 3)
     else:
         lc_epochs, lc_decay, lc_rampup = c["lc_epochs"], c["lc_decay"], c["lc_rampup"]
     stage2 = ["finetune_lc.py", "--ckpt", runs["mt"] / "mt.pt", "--epochs", lc_epochs, "--decay-epochs", lc_decay,
               "--lc-rampup", lc_rampup, "--eval-every", 1, "--device", check.device.type, "--overwrite"]
-    check.run_together("cifar10.log", {"MT+LC": [*stage2, "--out", runs["lc"]],
-                                       "control": [*stage2, "--lam", 0, "--out", runs["control"]]})
+    check.run_together("cifar10.log", {name: [*stage2, *options, "--out", runs[folder]]
+                                       for name, (folder, options) in STAGE2_RUNS.items()})
+    stage2_runs = [runs[folder] for folder, _ in STAGE2_RUNS.values()]
     out = check.run("cifar10.log", "evaluate.py", "--ckpt", runs["supervised"] / "mt_final.pt", runs["mt"] / "mt_final.pt",
-                    runs["control"] / "lc.pt", runs["lc"] / "lc.pt", "--json", "--device", check.device.type,
-                    "--curves", runs["mt"] / "mt_metrics.jsonl", "--curves", runs["control"] / "lc_metrics.jsonl",
-                    "--curves", runs["lc"] / "lc_metrics.jsonl", "--plot", check.out / "cifar10_curves.png")
+                    *(run / "lc.pt" for run in stage2_runs), "--json", "--device", check.device.type,
+                    "--curves", runs["mt"] / "mt_metrics.jsonl", *(a for run in stage2_runs
+                                                                   for a in ("--curves", run / "lc_metrics.jsonl")),
+                    "--plot", check.out / "cifar10_curves.png")
     checkpoints = [json.loads(line) for line in out.splitlines() if line.startswith("{") and "checkpoint" in line]
-    result.update(zip(("supervised", "MT", "control", "MT+LC"), checkpoints))
+    result.update(zip(("supervised", "MT", *STAGE2_RUNS), checkpoints))
     result["schedule"] = {"supervised and MT": f"{epochs}+{decay} epochs, consistency ramp-up {cons_rampup}",
-                          "control and MT+LC": f"{lc_epochs}+{lc_decay} epochs from MT's epoch {epochs}, "
+                          ", ".join(STAGE2_RUNS): f"{lc_epochs}+{lc_decay} epochs from MT's epoch {epochs}, "
                                                f"LC ramp-up {lc_rampup}"}
     result["curves"] = {name: [[r["global_epoch"], r["student_error"], r["teacher_error"], r["time_s"]]
-                               for r in read_metrics(path / f"{'lc' if name in ('control', 'lc') else 'mt'}_metrics.jsonl")
+                               for r in read_metrics(path / f"{'mt' if name in ('supervised', 'mt') else 'lc'}_metrics.jsonl")
                                if "teacher_error" in r]
                         for name, path in runs.items()}
     return result
 
 
 PART_FUNCTIONS = {"env": env, "kernel-tests": kernel_tests, "kernel-bench": kernel_bench, "step": step,
-                  "cifar10": cifar10}
+                  "cifar10-data": cifar10_data, "cifar10": cifar10}
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -260,18 +300,22 @@ PART_FUNCTIONS = {"env": env, "kernel-tests": kernel_tests, "kernel-bench": kern
 @click.option("--cifar-seconds", type=click.IntRange(min=60), default=None,
               help="Size the cifar10 part's schedules to end within this many seconds, from the measured step "
                    "(then from stage 1's own epochs). [default: the fixed schedule: 5+2 epochs, LC 3+2]")
+@click.option("--step-run", "step_runs", type=click.Choice(list(STEP_RUNS)), multiple=True,
+              help="The step part's runs (repeat for several), in the order bf16, bf16-compile, fp32; the FLOP "
+                   "floor and the targets need bf16. [default: all three]")
 @click.option("--tiny", is_flag=True, help="Miniature settings that run on a CPU in a minute or two.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
-def main(out, parts, archive, work, cifar_seconds, tiny, device):
+def main(out, parts, archive, work, cifar_seconds, step_runs, tiny, device):
     """Run the GPU check's parts one after the other and write what they measured."""
     parts = parts or PARTS
-    if "cifar10" in parts and not Path(archive).is_file():
+    if {"cifar10-data", "cifar10"} & set(parts) and not Path(archive).is_file():
         raise UserError(f"--archive {archive} does not exist (copy ../shared/data/cifar10-jpeg.tar.xz there)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         check = Check(out, Path(work or scratch), pick_device(device), SETTINGS["tiny" if tiny else "full"],
-                      Path(archive).resolve(), cifar_seconds)
+                      Path(archive).resolve(), cifar_seconds=cifar_seconds,
+                      step_runs=[name for name in STEP_RUNS if name in step_runs] if step_runs else tuple(STEP_RUNS))
         check.work.mkdir(parents=True, exist_ok=True)
         for part in parts:
             (out / f"{part.replace('-', '_')}.log").unlink(missing_ok=True)
@@ -281,8 +325,7 @@ def main(out, parts, archive, work, cifar_seconds, tiny, device):
                 result = dict(ok=True) | PART_FUNCTIONS[part](check)
             except Exception as exc:  # a failed part is recorded and the next one runs
                 result = dict(ok=False, error=f"{type(exc).__name__}: {exc}")
-            check.summary[part] = dict(result, seconds=round(time.perf_counter() - start, 1))
-            check.save()
+            check.record(part, dict(result, seconds=round(time.perf_counter() - start, 1)))
             click.echo(f"gpu_check: {part} {'ok' if result['ok'] else 'FAILED'} "
                        f"({check.summary[part]['seconds']:.0f} s): {json.dumps(result)[:400]}")
     if not all(check.summary[p]["ok"] for p in parts):
