@@ -232,8 +232,9 @@ class Trainer:
             recompute_bn_means(model, self.batches.training_images(BN_IMAGES))
 
     def report_all_neighbours(self, epoch, all_neighbours):
-        """Warn, once a run, of an epoch in which every LC pair was a neighbour in every step."""
-        if all_neighbours and not self.all_neighbours_reported:
+        """Warn, once a run, of an epoch in which every LC pair was a neighbour in every step (not in
+        LC's control, where lambda2 0 leaves the neighbours unused)."""
+        if all_neighbours and self.stage.lc_weight > 0 and not self.all_neighbours_reported:
             self.all_neighbours_reported = True
             click.echo(f"warning: every LC pair was a neighbour in every step of epoch {epoch}: eps is too large "
                        f"for these features, LC acts on all pairs", err=True)

@@ -319,6 +319,11 @@ def test_all_neighbours_is_reported(mt_run, tmp_path):
     assert res.stderr.count("every LC pair was a neighbour in every step of epoch 1") == 1
     assert "epoch 2" not in res.stderr  # logged once
     assert [r["all_neighbours"] for r in lines(tmp_path / "lc_metrics.jsonl")] == [True, True]
+    # LC's control (lambda2 0) uses no neighbours: measured, not warned of
+    res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "1e6", "--eps-scale", "fixed", "--lc-pairs", "all",
+              "--lam", "0", "--epochs", "1", "--decay-epochs", "0", "--out", tmp_path / "control")
+    assert res.returncode == 0 and "every LC pair" not in res.stderr, res.stderr
+    assert lines(tmp_path / "control" / "lc_metrics.jsonl")[-1]["all_neighbours"] is True
     # evaluate.py on a stage-2 checkpoint from before LC's first evaluation (a resume checkpoint)
     state = torch.load(tmp_path / "lc.pt", weights_only=True)
     state["metrics"] = state["metrics"][:1]

@@ -64,7 +64,8 @@ for part in "${parts[@]}"; do
   (( prep )) && kill -0 $prep 2>/dev/null && pin=("${lower[@]}")  # apart from the decoding
   timeout -k 10 "$budget" "${pin[@]}" "$python" "${check[@]}" --part "$part" "${extra[@]}"
   code=$?
-  (( code )) && { echo "gpu_session: $part exit $code (124: over its ${budget}s)"; status=1; }
+  (( code )) && { echo "gpu_session: $part exit $code (1: it failed or missed a target; 124: over its ${budget}s)"
+                  status=1; }
 done
 (( prep )) && { kill $prep 2>/dev/null; wait $prep; }
 exit $status
