@@ -135,12 +135,13 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def conv_rate(device, dtype, repeats):
-    """GFLOP/s of forward + backward of conv-large's widest 3x3 convolution, channels_last."""
-    x = torch.randn(160, 128, 32, 32, device=device, dtype=dtype).to(memory_format=torch.channels_last)
+def conv_rate(device, dtype, repeats, batch=160):
+    """GFLOP/s of forward + backward of conv-large's widest 3x3 convolution, channels_last, on a
+    batch of `batch` images (the training step's 160; fewer where only the code path is checked)."""
+    x = torch.randn(batch, 128, 32, 32, device=device, dtype=dtype).to(memory_format=torch.channels_last)
     conv = torch.nn.Conv2d(128, 128, 3, padding=1, bias=False).to(device, dtype, memory_format=torch.channels_last)
     x.requires_grad_()
-    flops = 3 * 2 * 160 * 128 * 32 * 32 * 128 * 9  # forward, grad input, grad weight
+    flops = 3 * 2 * batch * 128 * 32 * 32 * 128 * 9  # forward, grad input, grad weight
     times = []
     for i in range(repeats + 2):
         sync(device)

@@ -17,7 +17,7 @@ from conftest import ROOT
 # not on the 360 test images alone: one test image is 0.28 points, and on those alone the margin moved
 # with the machine (at 32 px and 1,150 steps 6.94% vs 4.17% on an Intel Xeon, 5.56% vs 4.72% on an
 # AMD EPYC). Measured on the AMD EPYC (supervised-only vs MT, teacher), seeds 1-4: 5.42 vs 1.89,
-# 4.07 vs 2.24, 4.83 vs 2.24, 5.48 vs 4.01. About 70 s on 2 cores.
+# 4.07 vs 2.24, 4.83 vs 2.24, 5.48 vs 4.01. About 200 s on 2 cores (198 s alone on 2026-11-27).
 SETTINGS = ["--dataset", "digits", "--width", "0.125", "--image-size", "16", "--epochs", "100", "--decay-epochs", "50",
             "--eval-every", "1000", "--seed", "1", "--split-seed", "1", "--device", "cpu"]
 MARGIN = 1.0  # points (17 of the 1,697 images); the smallest gap of the four seeds was 1.47

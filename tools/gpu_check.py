@@ -41,12 +41,12 @@ STEP_RUNS = {"bf16": ["--precision", "bf16"], "bf16-compile": ["--precision", "b
 # (4,000 labels, the paper's protocol on a schedule shortened to fit: LC from MT's last
 # constant-lr epoch, the preset's eps and lambda2).
 SETTINGS = {
-    "full": dict(test_args=[], bench_args=[], step_width=1.0, step_steps=20, step_compile=True,
+    "full": dict(test_args=[], bench_args=[], step_width=1.0, step_steps=20, step_compile=True, rate_batch=160,
                  cifar=dict(width=1.0, labels=4000, bench_steps=30, epochs=5, decay=2, cons_rampup=2, lc_epochs=3,
                             lc_decay=2, lc_rampup=1, compile=True)),
     "tiny": dict(test_args=["-k", "by_hand"], bench_args=["--sizes", "160", "--repeat", "1", "--skip", "compiled ref"],
                  step_width=0.0625,
-                 step_steps=2, step_compile=False,
+                 step_steps=2, step_compile=False, rate_batch=8,
                  cifar=dict(width=0.0625, labels=20, bench_steps=2, epochs=1, decay=1, cons_rampup=1, lc_epochs=1,
                             lc_decay=0, lc_rampup=1, compile=False)),
 }
@@ -165,7 +165,8 @@ def step(check):
         check.record("step", dict(result, ok=False, seconds=0, unfinished=[r for r in runs if r not in result]))
     if "bf16" not in result:
         return result
-    rate = conv_rate(check.device, torch.bfloat16, repeats=5 if check.device.type == "cpu" else 50)
+    rate = conv_rate(check.device, torch.bfloat16, repeats=5 if check.device.type == "cpu" else 50,
+                     batch=s["rate_batch"])
     floor = result["bf16"]["gflop_per_step"] / rate
     result.update(conv_gflops_per_sec_bf16=rate, floor_sec_per_step_bf16=floor,
                   bf16_vs_floor=result["bf16"]["sec_per_step"] / floor,
