@@ -1,22 +1,29 @@
 """Put corrected or confirmed labels back into an own-images folder, so that the next training run
-learns from them.
+learns from them, or set aside what the audit found.
 
     python label.py --data-dir mydata --apply labels.csv             # each listed image: unlabeled/ -> labeled/<label>/
     python label.py --data-dir mydata --apply preds.csv --accepted   # the rows --max-error accepted, as predicted
+    python label.py --data-dir mydata --apply audit.csv --set-aside duplicate,leak   # the audit's copies -> set-aside/
     python label.py --data-dir mydata --undo                         # put the last applied batch back
 
 labels.csv has the columns path,label (the review page's Save button writes it; any CSV with those
-columns will do, UTF-8 or UTF-16). A row for a labeled/ or test/ image (a label the audit page
-corrects, evaluate.py --audit) moves it to the class folder of its own part; --accepted takes
-unlabeled/ rows only. Every row is checked before anything moves: an unknown class (unless
---new-classes; a test/ image only takes a class labeled/ has), a missing file, a path outside
-unlabeled/, labeled/ and test/ (or through a link leading out of the folder), a row listed twice, a class name the file system refuses, a file on another file
+columns will do, UTF-8 or UTF-16), and optionally blake2b (the hash of the bytes of the image each row
+was written for: every CSV this project writes has it, and a row whose file holds another image now
+is refused) and action (label, or set-aside: the image goes to set-aside/<its path>, where training
+never looks). A row for a labeled/ or test/ image (a label the audit page corrects, evaluate.py
+--audit) moves it to the class folder of its own part; --accepted takes unlabeled/ rows only. Every
+row is checked before anything moves: an unknown class (unless --new-classes; a test/ image only
+takes a class labeled/ has), a class differing from another only in case, a missing file, a file two
+rows name, an image replaced since its row was written, a path outside unlabeled/, labeled/ and test/
+(or through a link leading out of the folder), a hidden file or one that is no image (training would
+never see it), a row listed twice, a class name the file system refuses, a file on another file
 system or a folder that cannot be written exits 2 naming the rows, with nothing moved. Files are
-never overwritten (a name already taken in labeled/<label>/ gets a suffix: photo-1.jpg), each moves
-with one atomic rename, and every move is logged in mydata/label-log.csv first, so a rerun skips
-rows already applied and a run killed midway leaves each file in its old place or its new one; a
-move the OS refuses midway (a full disk) puts the batch's earlier moves back. One label.py at a
-time per folder. The decode cache notices the moved files by itself.
+never replaced (a name already taken in the folder, in any case, gets a suffix: photo-1.jpg; each
+moves with one rename that the OS refuses to make over a file), and every move is logged in
+mydata/label-log.csv first, so a rerun skips rows already applied (also where the image was
+relabeled since) and a run killed midway leaves each file in its old place or its new one; a move
+the OS refuses midway (a full disk) puts the batch's earlier moves back. The log is never followed
+through a link. One label.py at a time per folder. The decode cache notices the moved files by itself.
 """
 import collections
 from pathlib import Path
@@ -25,8 +32,32 @@ import click
 
 from mtlc.console import robust_streams
 from mtlc.errors import UserError
-from mtlc.label_files import LOG_NAME, read_labels
-from mtlc.labeling import SOURCES, apply, locked, plan, undo
+from mtlc.label_files import ASIDE, ASIDE_KINDS, LOG_NAME, SOURCES, read_labels
+from mtlc.labeling import apply, locked, plan, undo
+
+
+def aside_kinds(ctx, param, value):
+    """--set-aside's comma-separated kinds, checked."""
+    if value is None:
+        return ()
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in ASIDE_KINDS]
+    if unknown or not kinds:
+        raise click.BadParameter(f"{value!r}: give one or more of {','.join(ASIDE_KINDS)}, comma-separated")
+    return kinds
+
+
+def describe_moves(moves):
+    """'into labeled/ (cat 2, dog 1), into other classes of test/ (cat 1), into set-aside/ (3)': where a
+    batch's images go."""
+    groups = {}
+    for move in moves:
+        part = move.source.split("/")[0]
+        what = (f"into {ASIDE}/" if move.aside else "into labeled/" if part == "unlabeled"
+                else f"into other classes of {part}/")
+        groups.setdefault(what, collections.Counter())[move.label] += 1
+    return ", ".join(f"{what} ({', '.join(f'{label} {n}' if label else str(n) for label, n in sorted(counts.items()))})"
+                     for what, counts in groups.items())
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -39,18 +70,25 @@ from mtlc.labeling import SOURCES, apply, locked, plan, undo
               help="With --apply: the CSV is evaluate.py's predictions written with --max-error; apply the rows it "
                    "accepted (accepted = 1), each with its prediction as the label; unlabeled/ images only.")
 @click.option("--undo", "undo_last", is_flag=True, help="Put the images of the last applied batch back where they were.")
+@click.option("--set-aside", "set_aside", callback=aside_kinds, default=None, metavar="KINDS",
+              help=f"With --apply: the CSV is evaluate.py --audit's; move the images of its findings of these kinds "
+                   f"(comma-separated: {','.join(ASIDE_KINDS)}) into {ASIDE}/<their path> (a duplicate: the second "
+                   f"copy; a leak: the test/ image; an outlier: the image), where training never looks; logged and "
+                   f"undone as every move.")
 @click.option("--new-classes", is_flag=True,
               help="With --apply: a label that is not yet a folder under labeled/ creates that class.")
 @click.option("--dry-run", is_flag=True, help="With --apply: check every row and list the moves it would make, move nothing.")
-def main(data_dir, labels_csv, accepted, undo_last, new_classes, dry_run):
-    """Move labeled images from unlabeled/ into labeled/<class>/, relabel labeled/ and test/ images (or put
-    the last batch back)."""
+def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_run):
+    """Move labeled images from unlabeled/ into labeled/<class>/, relabel labeled/ and test/ images, set
+    aside the audit's copies, leaks and strays (or put the last batch back)."""
     robust_streams()
     data_dir = Path(data_dir)
     if bool(labels_csv) == undo_last:
         raise UserError("give either --apply labels.csv or --undo")
-    if (new_classes or dry_run or accepted) and not labels_csv:
-        raise UserError("--new-classes, --accepted and --dry-run go with --apply")
+    if (new_classes or dry_run or accepted or set_aside) and not labels_csv:
+        raise UserError("--new-classes, --accepted, --set-aside and --dry-run go with --apply")
+    if accepted and set_aside:
+        raise UserError("--accepted takes a predictions CSV, --set-aside an audit CSV: one at a time")
     if not (data_dir / "unlabeled").is_dir():
         raise UserError(f"{data_dir} has no unlabeled/ folder: is it an own-images folder?")
     with locked(data_dir):
@@ -61,24 +99,22 @@ def main(data_dir, labels_csv, accepted, undo_last, new_classes, dry_run):
             else:
                 click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were")
             return
-        if not Path(labels_csv).is_file():
-            raise UserError(f"--apply: {labels_csv} does not exist")
-        rows = read_labels(labels_csv, accepted)
+        rows = read_labels(labels_csv, accepted, set_aside)
         # --accepted turns predictions into labels: only for unlabeled/ images, never over a person's label.
         moves, skipped = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES)
         done = f" ({skipped:,} applied before, skipped)" if skipped else ""
         if not moves:
             click.echo(f"nothing to move: all {len(rows):,} rows of {labels_csv} were applied before" if rows else
-                       f"nothing to move: {labels_csv} has no " + ("accepted rows" if accepted else "rows"))
+                       f"nothing to move: {labels_csv} has no " + ("accepted rows" if accepted else
+                                                                   "findings of those kinds" if set_aside else "rows"))
             return
-        per_class = ", ".join(f"{label} {n}" for label, n in sorted(collections.Counter(m.label for m in moves).items()))
         if dry_run:
             for move in moves:
                 click.echo(f"{move.source} -> {move.target}")
-            click.echo(f"would move {len(moves):,} images into labeled/ ({per_class}){done}; nothing moved")
+            click.echo(f"would move {len(moves):,} images {describe_moves(moves)}{done}; nothing moved")
             return
         batch = apply(data_dir, moves)
-        click.echo(f"moved {len(moves):,} images into labeled/ ({per_class}){done}; logged as batch {batch} in "
+        click.echo(f"moved {len(moves):,} images {describe_moves(moves)}{done}; logged as batch {batch} in "
                    f"{data_dir / LOG_NAME}; python label.py --data-dir {data_dir} --undo puts them back")
 
 

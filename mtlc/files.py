@@ -1,6 +1,8 @@
 """Image files on disk: which files are images (by extension, of the formats read), finding them
-under a folder in the order sorted paths have, hidden files, and the lines that name them.
+under a folder in the order sorted paths have, hidden files, reading a file's bytes and the hash of
+them that binds a CSV's row to its image, and the lines that name them.
 """
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -15,6 +17,36 @@ FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 # The extensions of those formats, lower case: .jpg .jpeg .mpo .png .bmp .gif .tif .tiff .webp .ppm .pgm ...
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
 READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
+
+
+# The bytes of the hash that names a file's content in the decode cache and in every CSV the project
+# writes (BLAKE2b, 256 bits: no one can make two images with the same one).
+DIGEST_BYTES = 32
+# The CSV column that holds it: which image a row was written for.
+DIGEST_COLUMN = "blake2b"
+
+
+class NotRegular(OSError):
+    """A path that is no regular file (a pipe, a socket, a device named like an image)."""
+
+
+def read_regular(path):
+    """The bytes of a regular file, links followed. A pipe named like an image would block a plain
+    read forever: the file is opened without waiting and refused (NotRegular) unless it is a regular
+    file; OSError where it cannot be read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular("not a regular file (a pipe, a socket or a device)")
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def file_digest(data):
+    """The hash of a file's bytes (BLAKE2b, DIGEST_BYTES) as hex."""
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).hexdigest()
 
 
 def is_image_name(name):

@@ -2,17 +2,15 @@
 a time on a pool of threads; the file's bytes are read once (and hashed, for the decode cache).
 """
 import functools
-import hashlib
 import io
 import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .files import FORMATS, READ_AS
+from .files import FORMATS, READ_AS, file_digest, read_regular
 
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
@@ -58,27 +56,11 @@ def as_seen(img):
 
 
 def read_file(path):
-    """The bytes of an image file. BadImage for what is not a regular file (a pipe named like an
-    image would block a plain read forever; it is opened without waiting and refused) or cannot be
-    read."""
+    """The bytes of an image file (files.read_regular: never a pipe); BadImage where it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return read_regular(path)
     except OSError as exc:
-        raise BadImage(exc.strerror or type(exc).__name__) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadImage("not a regular file (a pipe, a socket or a device)")
-        with open(fd, "rb", closefd=False) as f:
-            return f.read()
-    except OSError as exc:
-        raise BadImage(exc.strerror or type(exc).__name__) from None
-    finally:
-        os.close(fd)
-
-
-def file_digest(data):
-    """The hash of a file's bytes that names its row in the decode cache (BLAKE2b, 128 bits)."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+        raise BadImage(exc.strerror or str(exc) or type(exc).__name__) from None
 
 
 def open_as_seen(data, size):

@@ -1,33 +1,52 @@
-"""What label.py reads and writes besides the images: the labels file (labels.csv, or a predictions
-CSV's accepted rows), the log of every move (<folder>/label-log.csv), and the check that a path read
-from either names a place inside the folder. Both files may come with a folder from someone else:
-nothing in them is trusted.
+"""What label.py reads and writes besides the images: the labels file (labels.csv, a predictions
+CSV's accepted rows, or an audit CSV's findings to set aside), the log of every move
+(<folder>/label-log.csv), and the check that a path read from either names a place inside the
+folder. Both files may come with a folder from someone else: nothing in them is trusted, and the log
+is opened without following a link (nofollow.py).
 """
 import contextlib
 import csv
 import io
 import os
 import posixpath
+import re
 import time
-from pathlib import Path
+from typing import NamedTuple, Optional
 
-from .console import PATH_ERRORS, path_text
+from .console import PATH_ERRORS, csv_writer, path_text
 from .errors import MoveFailed, UserError
-
+from .files import DIGEST_COLUMN, read_regular
+from .nofollow import open_kept, read_kept
 
 LOG_NAME = "label-log.csv"
-LOG_HEADER = ("batch", "time", "action", "source", "target", "label")  # paths relative to the folder
+# Paths relative to the folder; blake2b: the hash of the moved file's bytes (logs written before it
+# have the first six columns only).
+LOG_HEADER = ("batch", "time", "action", "source", "target", "label", DIGEST_COLUMN)
+# Where label.py sets an image aside (a copy, a leak into test/, an image like no class): training
+# reads labeled/, unlabeled/ and test/ only. The image keeps its path under it:
+# test/dog/2.png -> set-aside/test/dog/2.png.
+ASIDE = "set-aside"
+# The parts of a folder label.py moves images from.
+SOURCES = ("unlabeled", "labeled", "test")
+# The values of a labels file's optional `action` column.
+ACTIONS = ("label", "set-aside")
+# The kinds of an audit CSV's findings that --set-aside takes (audit.KINDS but `label`).
+ASIDE_KINDS = ("duplicate", "leak", "outlier")
 
 
-def decoded_csv(path, what):
-    """The text of a CSV file: UTF-16 where it starts with that byte-order mark (Excel's "Unicode
-    text"), else UTF-8 (a BOM skipped) with undecodable bytes kept as surrogate escapes: a path
+class LabelRow(NamedTuple):
+    line: int
+    path: str
+    label: str             # "" for a row that sets its image aside
+    digest: Optional[str]  # the hash of the bytes of the image the row was written for; None: not given
+    aside: bool = False
+
+
+def decoded_csv(data, path, what):
+    """The text of a CSV file's bytes: UTF-16 where it starts with that byte-order mark (Excel's
+    "Unicode text"), else UTF-8 (a BOM skipped) with undecodable bytes kept as surrogate escapes: a path
     written from a name that is not UTF-8 reads back to the same name, and a path in another encoding
     (cp1252) names no file and is refused as such."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
         try:
             return data.decode("utf-16")
@@ -46,38 +65,73 @@ def csv_rows(text, path, what):
         raise UserError(f"cannot read {what} {path} as CSV: {exc}") from None
 
 
-def read_labels(csv_path, accepted=False):
-    """[(line, path, label)] of a labels.csv (columns path,label) or, with accepted, of the rows of a
-    predictions CSV (evaluate.py --predict --max-error --csv) that --max-error accepted, the
-    prediction as the label. A row without a path or label is refused here, naming its line."""
-    rows, columns = csv_rows(decoded_csv(csv_path, "labels file"), csv_path, "labels file")
-    needed = ("path", "prediction", "accepted") if accepted else ("path", "label")
+def read_labels(csv_path, accepted=False, set_aside=()):
+    """[LabelRow] of a labels.csv (columns path,label; optional blake2b, the image each row was
+    written for, and action: label or set-aside), or, with accepted, of the rows of a predictions CSV
+    (evaluate.py --predict --max-error --csv) that --max-error accepted, the prediction as the label,
+    or, with set_aside (kinds), of the findings of those kinds of an audit CSV (evaluate.py --audit),
+    each to be set aside. A row without a path or label, or with an action it does not know, is
+    refused here, naming its line. The file may be a link (you named it), never a pipe."""
+    try:
+        data = read_regular(csv_path)
+    except FileNotFoundError:
+        raise UserError(f"--apply: {csv_path} does not exist") from None
+    except OSError as exc:
+        raise UserError(f"cannot read labels file {csv_path}: {exc.strerror or exc}") from None
+    rows, columns = csv_rows(decoded_csv(data, csv_path, "labels file"), csv_path, "labels file")
+    needed = (("kind", "path") if set_aside else ("path", "prediction", "accepted") if accepted else ("path", "label"))
     if not set(needed) <= set(columns):
         hint = (" (evaluate.py --predict writes `accepted` only with --max-error)" if accepted and
-                {"path", "prediction"} <= set(columns) else "")
+                {"path", "prediction"} <= set(columns) else " (evaluate.py --audit writes it)" if set_aside else "")
         raise UserError(f"{csv_path} must have the columns {','.join(needed)} (it has {', '.join(columns)}){hint}")
     if accepted:
         rows = [(line, r) for line, r in rows if (r.get("accepted") or "").strip() == "1"]
-    column = "prediction" if accepted else "label"
-    short = [line for line, r in rows if r.get("path") is None or r.get(column) is None]
+    if set_aside:
+        rows = [(line, r) for line, r in rows if (r.get("kind") or "").strip() in set_aside]
+    column = "kind" if set_aside else "prediction" if accepted else "label"
+    short = [line for line, r in rows if r.get("path") is None or r.get(column) is None or None in r]
     if short:
-        raise UserError(f"nothing was moved: line {short[0]} of {csv_path} has fewer columns than its header"
-                        + (f" (and {len(short) - 1} more lines)" if len(short) > 1 else ""))
-    return [(line, r["path"], r[column].strip()) for line, r in rows]
+        raise UserError(f"nothing was moved: line {short[0]} of {csv_path} has another number of columns than its "
+                        f"header" + (f" (and {len(short) - 1} more lines)" if len(short) > 1 else ""))
+    result = []
+    for line, r in rows:
+        action = "set-aside" if set_aside else (r.get("action") or "label").strip()
+        if action not in ACTIONS:
+            raise UserError(f"nothing was moved: line {line} of {csv_path}: action {action!r} is none of "
+                            f"{', '.join(ACTIONS)}")
+        label = "" if set_aside else r[column].strip()
+        if action == "set-aside" and label:
+            raise UserError(f"nothing was moved: line {line} of {csv_path} sets its image aside and gives it the "
+                            f"label {label!r}: one or the other")
+        digest = (r.get(DIGEST_COLUMN) or "").strip().lower() or None
+        result.append(LabelRow(line, r["path"], label, digest, action == "set-aside"))
+    return result
+
+
+def outside_reason(root, relative, first_parts):
+    """Why `relative` ('/'-separated, as the log and the plan write paths) does not name a place
+    inside the folder root under one of first_parts, or None: an absolute path, a '..', '.' or
+    empty part, a NUL, another first part, or a parent folder that leads outside root through a
+    link (links resolved). A backslash is a character of a name like any other."""
+    if not relative or "\0" in relative:
+        return "an empty path or one with a NUL byte"
+    if relative.startswith("/"):
+        return "an absolute path"
+    parts = relative.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "a path with an empty, '.' or '..' part"
+    if parts[0] not in first_parts:
+        return f"not a path under {' or '.join(f'{p}/' for p in first_parts)}"
+    real_root = os.path.realpath(root)
+    parent = os.path.realpath(os.path.join(real_root, posixpath.dirname(relative)))
+    if parent != real_root and not parent.startswith(real_root + os.sep):
+        return "it leads outside the folder through a link"
+    return None
 
 
 def inside(root, relative, first_parts):
-    """Whether `relative` ('/'-separated) names a place inside the folder root: no absolute path, no
-    '..', '.' or empty part, no NUL, its first part one of first_parts, and its parent folder, links
-    resolved, inside root (a link to a folder elsewhere is refused)."""
-    if not relative or "\0" in relative or relative.startswith("/") or "\\" in relative:
-        return False
-    parts = relative.split("/")
-    if parts[0] not in first_parts or any(p in ("", ".", "..") for p in parts):
-        return False
-    real_root = os.path.realpath(root)
-    parent = os.path.realpath(os.path.join(real_root, posixpath.dirname(relative)))
-    return parent == real_root or parent.startswith(real_root + os.sep)
+    """Whether `relative` names a place inside root under one of first_parts (outside_reason)."""
+    return outside_reason(root, relative, first_parts) is None
 
 
 def target_part(source):
@@ -86,81 +140,145 @@ def target_part(source):
     return "test" if source.startswith("test/") else "labeled"
 
 
-def log_problem(data_dir, row, columns_ok):
+def is_batch_number(text):
+    """A batch number as this project writes it: ASCII digits ('²' is a digit to str.isdigit)."""
+    return re.fullmatch(r"[0-9]{1,18}", text) is not None
+
+
+def log_problem(data_dir, row):
     """Why a row of the log cannot be trusted, or None: another form than this project writes, or
     a path that leads outside the folder."""
-    if not columns_ok or None in row.values() or None in row:
+    if None in row.values() or None in row:
         return "it does not have the log's columns"
-    if not row["batch"].isdigit():
+    if not is_batch_number(row["batch"]):
         return f"its batch {row['batch']!r} is not a number"
     action, source, target, label = row["action"], row["source"], row["target"], row["label"]
+    digest = row.get(DIGEST_COLUMN) or ""
+    if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
+        return f"its {DIGEST_COLUMN} {digest!r} is not a hash this project writes"
     if action == "undo":
-        return None if not (source or target) else "an undo names no files"
+        return None if not (source or target or label or digest) else "an undo names no files"
     if action == "mkdir":
-        ok = target.count("/") == 1 and target.split("/")[1] == label
-        return (None if ok and inside(data_dir, target, ("labeled", "test")) else
-                f"{target!r} is not a class folder labeled/<class> or test/<class> inside the folder")
-    if action == "move":
-        if not inside(data_dir, source, ("unlabeled", "labeled", "test")):
-            return f"{source!r} is not a path under unlabeled/, labeled/ or test/ inside the folder"
-        part = target_part(source)
-        if target.count("/") != 2 or target.split("/")[1] != label or not inside(data_dir, target, (part,)):
-            return f"{target!r} is not a path {part}/{label}/<name> inside the folder"
-        return None
-    return f"its action {action!r} is none of move, mkdir, undo"
+        parts = target.split("/")
+        ok = (not source and not digest and inside(data_dir, target, ("labeled", "test", ASIDE)) and (
+            (target == "labeled" and not label) or (len(parts) == 2 and parts[0] in ("labeled", "test") and parts[1] == label)
+            or (parts[0] == ASIDE and not label)))
+        return None if ok else (f"{target!r} is not a folder label.py makes (labeled/, labeled/<class>, test/<class> or "
+                                f"under {ASIDE}/) inside the folder")
+    if action not in ("move", "aside"):
+        return f"its action {action!r} is none of move, aside, mkdir, undo"
+    if not inside(data_dir, source, SOURCES):
+        return f"{source!r} is not a path under unlabeled/, labeled/ or test/ inside the folder"
+    if action == "aside":
+        folder = posixpath.dirname(target)
+        ok = (not label and folder == f"{ASIDE}/{posixpath.dirname(source)}" and inside(data_dir, target, (ASIDE,)))
+        return None if ok else f"{target!r} is not a path under {ASIDE}/{posixpath.dirname(source)}/ inside the folder"
+    part = target_part(source)
+    if target.count("/") != 2 or target.split("/")[1] != label or not inside(data_dir, target, (part,)):
+        return f"{target!r} is not a path {part}/{label}/<name> inside the folder"
+    return None
 
 
 def read_log(data_dir):
     """The rows of <folder>/label-log.csv (dicts), each checked: exit 2 naming the line where one
-    is not a row this project writes (a log edited, or come with a folder from elsewhere); its paths
-    must lie inside the folder. A last line without its newline (a write a full disk cut short)
-    is left out: Log cuts it off before writing."""
+    is not a row this project writes (a log edited, or come with the folder from elsewhere); its paths
+    must lie inside the folder, and the log must be a regular file (not a link, not a pipe). A last
+    line without its newline (a write a full disk cut short) is left out: Log cuts it off before
+    writing."""
     path = data_dir / LOG_NAME
-    if not path.exists():
+    data = read_kept(path, "move log")
+    if data is None:
         return []
-    text = decoded_csv(path, "log")
+    text = decoded_csv(data, path, "log")
     if text and not text.endswith("\n"):
         text = text[:text.rfind("\n") + 1]
     rows, columns = csv_rows(text, path, "log")
-    columns_ok = tuple(columns) == LOG_HEADER
+    if tuple(columns) not in (LOG_HEADER, LOG_HEADER[:-1]):
+        raise UserError(f"{path} cannot be trusted: its columns are not the log's ({', '.join(LOG_HEADER)}); the "
+                        f"log may have been edited, or come with the folder from elsewhere: nothing was moved")
     for line, row in rows:
-        problem = log_problem(data_dir, row, columns_ok)
+        problem = log_problem(data_dir, row)
         if problem:
             raise UserError(f"{path} line {line} cannot be trusted: {problem}; the log may have been edited, or "
                             f"come with the folder from elsewhere: nothing was moved (mend or remove that line)")
     return [row for _, row in rows]
 
 
+def undone_batches(log):
+    return {r["batch"] for r in log if r["action"] == "undo"}
+
+
+class Journey:
+    """The moves of batches not undone that one file made, in order: where it was before the first
+    and where the last took it."""
+
+    def __init__(self, first):
+        self.first, self.now = first, first
+
+
+class Applied(NamedTuple):
+    """One move of a batch not undone, and where its file is now."""
+    journey: Journey
+    label: str             # the class the move gave it ("" for a move aside)
+    digest: Optional[str]  # the hash of its bytes when it was moved (None: not known)
+
+
 def applied_moves(log):
-    """{source: (target, label)} of the moves of batches not undone."""
-    undone = {r["batch"] for r in log if r["action"] == "undo"}
-    return {r["source"]: (r["target"], r["label"]) for r in log if r["action"] == "move" and r["batch"] not in undone}
+    """{the source of every move of a batch not undone: Applied}, each file's moves followed in
+    order (a file labeled, then relabeled from the audit: its journey ends where the last move took
+    it), in one pass over the log."""
+    undone = undone_batches(log)
+    journeys, applied = {}, {}
+    for r in log:
+        if r["action"] in ("move", "aside") and r["batch"] not in undone:
+            journey = journeys.pop(r["source"], None) or Journey(r["source"])
+            journey.now = r["target"]
+            journeys[r["target"]] = journey
+            applied[r["source"]] = Applied(journey, r["label"], r.get(DIGEST_COLUMN) or None)
+    return applied
+
+
+def relabeled_paths(log):
+    """The paths (relative to the folder) of the labeled/ and test/ images that label.py moved from
+    one class folder of their part to another (relabeled, e.g. from the audit's suggestion) in
+    batches not undone, where they are now: held-out images among them are no longer independent of
+    the model that suggested their new label."""
+    journeys = {id(a.journey): a.journey for a in applied_moves(log).values()}.values()
+    return sorted(j.now for j in journeys if j.first.split("/")[0] in ("labeled", "test") and j.now != j.first
+                  and j.now.split("/")[0] == j.first.split("/")[0])
 
 
 class Log:
-    """label-log.csv, appended a row at a time and flushed to disk before the move it records. A
+    """label-log.csv, appended a row at a time and flushed to disk before the move it records, opened
+    without following a link and checked to be a regular file of one name (nofollow.open_kept). A
     torn last line (no newline: a write a full disk cut short, whose move never happened) is cut off
     first and said."""
 
     def __init__(self, data_dir, echo):
         self.path = data_dir / LOG_NAME
         try:
-            new = not self.path.exists()
-            if not new:
-                with open(self.path, "rb+") as f:
-                    data = f.read()
-                    if data and not data.endswith(b"\n"):
-                        f.truncate(data.rfind(b"\n") + 1)
-                        echo(f"cut off the torn last line of {self.path} (a write cut short: its move never happened)")
-            self.file = path_text(open(self.path, "ab"))
+            fd = open_kept(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, "move log", writing=True)
         except OSError as exc:
             raise MoveFailed(f"nothing was moved: cannot write {self.path}: {exc.strerror}") from None
-        self.writer = csv.writer(self.file, lineterminator="\n")
-        if new:
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0) if size else b""
+            if data and not data.endswith(b"\n"):
+                os.ftruncate(fd, data.rfind(b"\n") + 1)
+                echo(f"cut off the torn last line of {self.path} (a write cut short: its move never happened)")
+            self.header = data[:data.find(b"\n")].strip() if data else None
+            self.file = path_text(open(fd, "ab"))
+        except OSError as exc:
+            os.close(fd)
+            raise MoveFailed(f"nothing was moved: cannot write {self.path}: {exc.strerror}") from None
+        self.writer = csv_writer(self.file)
+        self.columns = len(LOG_HEADER) if self.header is None or self.header.count(b",") + 1 == len(LOG_HEADER) \
+            else len(LOG_HEADER) - 1  # a log from before the hash was kept keeps its six columns
+        if self.header is None:
             self.put(LOG_HEADER)
 
-    def write(self, batch, action, source, target, label):
-        self.put((batch, time.strftime("%Y-%m-%dT%H:%M:%S"), action, source, target, label))
+    def write(self, batch, action, source="", target="", label="", digest=""):
+        self.put((batch, time.strftime("%Y-%m-%dT%H:%M:%S"), action, source, target, label, digest or "")[:self.columns])
 
     def put(self, row):
         self.writer.writerow(row)

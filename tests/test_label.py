@@ -99,7 +99,7 @@ def test_a_rerun_is_idempotent_and_undo_restores_the_folder_bitwise(folder, tmp_
 def test_a_run_cut_short_leaves_each_file_in_one_place(folder, tmp_path, monkeypatch):
     before = snapshot(folder)[0]
     rows = [(f"unlabeled/u{i:04d}.png", "cat") for i in (0, 3, 6)]
-    renames, real_rename = [], os.rename
+    renames, real_rename = [], labeling.rename_no_replace
 
     class Killed(Exception):
         pass
@@ -109,7 +109,7 @@ def test_a_run_cut_short_leaves_each_file_in_one_place(folder, tmp_path, monkeyp
             raise Killed  # after logging the third move, before making it
         renames.append(dst)
         real_rename(src, dst)
-    monkeypatch.setattr(labeling.os, "rename", rename_twice_then_die)
+    monkeypatch.setattr(labeling, "rename_no_replace", rename_twice_then_die)
     labels = write_labels(tmp_path / "l.csv", rows)
     assert isinstance(invoke(label, ["--data-dir", folder, "--apply", labels]).exception, Killed)
     monkeypatch.undo()
