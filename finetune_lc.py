@@ -99,7 +99,7 @@ class EpsParam(click.ParamType):
                    "found across the whole global batch, as on one device. No effect in one process.")
 @speed_options("lc")
 def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
-         resume, lc_scope, precision, compile_, benchmark):
+         resume, lc_scope, precision, compile_, step_mode, benchmark):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
@@ -140,7 +140,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
             true_classes(data, truth)  # every unlabeled image's class known, before any work
         training = restore_training(state, device)
         student = training[0]
-        config.update(precision=resolve_precision(precision, device), compile=compile_,
+        config.update(precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
                       processes=procs.world)
         batches = Batches(data, checkpoint_split(state), config, device)
         eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config["forward"] == "split"))

@@ -89,7 +89,7 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
          lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, image_size, skip_bad_images,
-         seed, device, out, overwrite, resume, precision, compile_, benchmark):
+         seed, device, out, overwrite, resume, precision, compile_, step_mode, benchmark):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
@@ -161,7 +161,8 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
                       eval_every=eval_every or defaults["eval_every"],
-                      precision=resolve_precision(precision, device), compile=compile_, processes=procs.world)
+                      precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
+                      processes=procs.world)
         procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(val_idx)} validation / "
                    f"{len(data.test_y)} test, {image_size} px, width {width}, {epochs}+{decay_epochs} epochs of "
                    f"{steps_per_epoch} steps ({(epochs + decay_epochs) * steps_per_epoch:,} steps, consistency ramp "

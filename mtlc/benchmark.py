@@ -1,17 +1,17 @@
 """The training step timed: `--benchmark N` of both stages. Medians over N steps after warm-up, the
-data path's share of a step (index, gather, augment both views), throughput, and the model work's
-FLOPs as torch counts them, for the speed docs and the GPU check.
+data path's share of a step (index, gather, augment both views; for the graphed step timed on its
+own graph), throughput, and the model work's FLOPs as torch counts them, for the speed docs and the
+GPU check.
 """
 import json
 import statistics
-import time
 from pathlib import Path
 
 import click
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .devices import device_name, sync
+from .devices import device_name
 from .runs import atomic_write
 
 
@@ -27,34 +27,28 @@ def step_flops(trainer, student_view, teacher_view):
     return counter.get_total_flops()
 
 
-def benchmark(trainer, steps, warmup=3, echo=click.echo):
-    """Time `steps` training steps after `warmup` ones (the steps train for real; nothing is saved).
-    Returns medians over the timed steps, throughput of all processes together, and the share of
-    each step spent on the data path (index, gather, augment both views)."""
+def benchmark(trainer, steps, echo=click.echo):
+    """Time `steps` training steps after the warm-up ones (the steps train for real; nothing is
+    saved). Returns medians over the timed steps, throughput of all processes together, and the share
+    of each step spent on the data path (index, gather, augment both views)."""
     first = trainer.stage.first_step
+    warmup = trainer.steps.benchmark_warmup
     step_times, data_times = [], []
     for i in range(warmup + steps):
-        sync(trainer.device)
-        t0 = time.perf_counter()
-        views = trainer.batches.views(first + i)
-        sync(trainer.device)
-        t1 = time.perf_counter()
-        trainer.train_step(first + i, *views)
-        sync(trainer.device)
-        t2 = time.perf_counter()
+        seconds, data_seconds = trainer.steps.time_step(first + i)
         if i >= warmup:
-            step_times.append(t2 - t0)
-            data_times.append(t1 - t0)
+            step_times.append(seconds)
+            data_times.append(data_seconds)
         echo(f"benchmark {'warm-up' if i < warmup else 'step'} {i + 1 - warmup * (i >= warmup)}/"
-             f"{warmup if i < warmup else steps}: {t2 - t0:.4f} s (data {t1 - t0:.4f} s)")
+             f"{warmup if i < warmup else steps}: {seconds:.4f} s (data {data_seconds:.4f} s)")
     sec = statistics.median(step_times)
-    flops = step_flops(trainer, *views[:2]) * trainer.procs.world
+    flops = step_flops(trainer, *trainer.batches.views(first)[:2]) * trainer.procs.world
     batch = trainer.config["labeled_batch"] + trainer.config["unlabeled_batch"]
     return dict(sec_per_step=sec, images_per_sec=batch / sec, gflops_per_sec=flops / 1e9 / sec,
                 data_share=statistics.median(data_times) / sec, precision=trainer.precision,
                 gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, steps_per_epoch=trainer.steps_per_epoch, stage=trainer.stage.name,
                 dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
-                processes=trainer.procs.world, compile=bool(trainer.config["compile"]),
+                processes=trainer.procs.world, compile=bool(trainer.config["compile"]), step_mode=trainer.step_mode,
                 device=device_name(trainer.device), threads=torch.get_num_threads())
 
 

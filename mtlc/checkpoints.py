@@ -33,7 +33,7 @@ LC_CONFIG_TYPES = dict(eps=(int, float), eps_auto=bool, eps_scale=str, start=dic
                        mt_step=int, mt_checkpoint=str)
 # Settings that runs from before they existed did not write, as those runs behaved.
 RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False, leaked_test=[])
+                    precision="fp32", compile=False, leaked_test=[], step_mode="eager")
 LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
 
 

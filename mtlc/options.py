@@ -2,6 +2,7 @@
 import click
 
 from .devices import PRECISIONS
+from .graphed import GUARD_EVERY, STEP_MODES
 
 
 def decorated_by(options):
@@ -23,7 +24,7 @@ def run_options(stage_name):
 
 
 def speed_options(stage_name):
-    """The --precision, --compile and --benchmark options that both training stages take."""
+    """The --precision, --compile, --step-mode and --benchmark options that both training stages take."""
     options = [
         click.option("--precision", type=click.Choice(PRECISIONS), default="auto",
                      help="bf16 runs the networks under autocast; the losses, the EMA and the weights stay fp32. "
@@ -32,8 +33,17 @@ def speed_options(stage_name):
         click.option("--compile", "compile_", is_flag=True,
                      help="torch.compile the networks: faster steps after a slower start (about a minute at width 1 "
                           "on a CPU)."),
+        click.option("--step-mode", type=click.Choice(STEP_MODES), default="auto",
+                     help="graphed: the training images kept on the device, each step's batch, lr and ramp weights "
+                          "read from tables filled once an epoch, both views augmented on the device, the guards "
+                          f"(non-finite loss, collapse) read every {GUARD_EVERY} steps, and on a GPU the whole step "
+                          "recorded once as a CUDA graph and replayed (on a CPU it runs uncaptured); its augmentation "
+                          "and dropout draw from a generator seeded once an epoch, not once a step. eager: the "
+                          "reference, every step gathered on the host and checked at once. auto: graphed on one "
+                          "CUDA GPU whose free memory holds the images (as uint8), eager otherwise."),
         click.option("--benchmark", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Time N training steps after 3 warm-up steps instead of training; the last line printed "
+                     help="Time N training steps after warm-up steps (3; 5 with the graphed step: 3 before its "
+                          "capture, the capture, a replay) instead of training; the last line printed "
                           "is one JSON object (sec_per_step, images_per_sec, gflops_per_sec, data_share, precision, "
                           f"...). Writes nothing, unless --out is given: then {stage_name}_benchmark.json there."),
     ]

@@ -15,13 +15,15 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .batches import Batches
-from .devices import Processes, average_buffers
+from .devices import Processes, average_buffers, sync
 from .errors import TrainingFailed
+from .graphed import GraphedSteps, resolve_step_mode
 from .inference import test_error
 from .model import ModelConfig, SplitForward, recompute_bn_means
 from .neighbours import PairDistances, lc_features, lc_term
 from .progress import TimeEstimate, epoch_progress
-from .runs import read_metrics, rng_state, save_checkpoint, stop_on_signals, write_metrics
+from .runs import (prepare_staging, publish, read_metrics, rng_state, save_checkpoint, staging_folder, stop_on_signals,
+                   write_metrics, writing_folder)
 from .splits import unleaked_test
 
 
@@ -134,6 +136,8 @@ class Trainer:
         model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
         compile_ = torch.compile if config["compile"] else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
+        self.step_mode = resolve_step_mode(config["step_mode"], device, procs.world, data.train_x.nbytes)
+        self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
     def schedule(self, step):
         """(lr, lambda1 * r, lambda2 * r2) at a global step: r counts epochs from the start of MT,
@@ -145,16 +149,16 @@ class Trainer:
         lc_w = stage.lc_weight * sigmoid_rampup(progress, stage.lc_rampup) if stage.name == "lc" else 0.0
         return lr, cons_w, lc_w
 
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+    def autocast(self, cache=True):
+        """bf16 autocast where the run asks for it; a captured step needs it without its weight cache."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
+                              cache_enabled=cache)
 
-    def train_step(self, step, student_view, teacher_view, labels):
-        """One SGD step and the EMA update (Eq. 3). Returns (loss, ce, cons, lc, neighbour fraction,
-        1 if every LC pair was a neighbour)."""
-        lr, cons_w, lc_w = self.schedule(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        with self.autocast():  # the convolutions; every loss below is computed in fp32
+    def objective(self, student_view, teacher_view, labels, cons_w, lc_w, true_classes=None, autocast_cache=True):
+        """(loss, ce, cons, lc, neighbour fraction, feature spread) of one step: the MT objective (Eq. 2)
+        and in stage 2 lambda2 * r2 * L_lc on top (Eq. 6); the weights may be floats or 0-dim tensors.
+        true_classes: the step's images' true classes, for lc_pairs true-class."""
+        with self.autocast(autocast_cache):  # the convolutions; every loss below is computed in fp32
             z, logits = self.student_forward(student_view)
             with torch.no_grad():
                 _, teacher_logits = self.teacher_forward(teacher_view)
@@ -163,16 +167,33 @@ class Trainer:
         loss = ce + cons_w * cons
         if self.stage.name == "lc":
             z = z.float()
-            lc, fraction = self.lc_loss(step, z, labels, teacher_logits)
+            lc, fraction = self.lc_loss(z, labels, teacher_logits, true_classes)
             loss = loss + lc_w * lc
             spread = feature_spread(z)
         else:
             lc = fraction = spread = torch.zeros((), device=self.device)
-        self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
+        return loss, ce, cons, lc, fraction, spread
+
+    def backward(self, loss):
+        """The student's gradients of `loss`, clipped in stage 2 (LC_MAX_GRAD_NORM)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.stage.name == "lc":
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), LC_MAX_GRAD_NORM)
+
+    def train_step(self, step, student_view, teacher_view, labels):
+        """One SGD step and the EMA update (Eq. 3), the eager reference: the schedule and the guards
+        read on the host. Returns (loss, ce, cons, lc, neighbour fraction, 1 if every LC pair was a
+        neighbour)."""
+        lr, cons_w, lc_w = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        true_classes = (self.true_classes[self.batches.indices(step)].to(self.device)
+                        if self.stage.lc_pairs == "true-class" and self.stage.name == "lc" else None)
+        loss, ce, cons, lc, fraction, spread = self.objective(student_view, teacher_view, labels, cons_w, lc_w,
+                                                              true_classes)
+        self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
+        self.backward(loss)
         self.optimizer.step()
         ema_update(self.teacher, self.student, self.stage.ema)
         if self.procs.world > 1:
@@ -180,7 +201,7 @@ class Trainer:
         fraction = fraction.float()
         return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction, (fraction >= 1).float()])
 
-    def lc_loss(self, step, z, labels, teacher_logits):
+    def lc_loss(self, z, labels, teacher_logits, true_classes=None):
         """(L_lc, neighbour fraction) of the step's student features z (labeled images first), in the
         stage's form (neighbours.lc_term) and over the pairs it keeps."""
         stage, n_lab = self.stage, self.batches.n_lab
@@ -191,13 +212,17 @@ class Trainer:
         if stage.lc_pairs == "same-prediction":
             classes = torch.cat([labels, teacher_logits[n_lab:].argmax(1)])
         elif stage.lc_pairs == "true-class":
-            classes = self.true_classes[self.batches.indices(step)].to(self.device)
+            classes = true_classes
         if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
             z_lab, z_unl = (torch.cat(dist_nn.all_gather(t)) for t in (z_lab, z_unl))
             if classes is not None:  # in z's order: every rank's labeled images, then every rank's unlabeled
                 n = len(labels)
                 classes = torch.cat([torch.cat(dist_nn.all_gather(t)) for t in (classes[:n], classes[n:])])
         return lc_term(z_lab, z_unl, stage.lc_eps, stage.lc_eps_scale, stage.lc_eps_ratio, stage.lc_loss_unit, classes)
+
+    def collapsed(self, spread, reference):
+        """Whether the features' spread fell under COLLAPSE_FRACTION of its value when LC started."""
+        return spread < COLLAPSE_FRACTION * reference
 
     def check(self, step, loss, spread, parts):
         """Stop on a non-finite loss or, in LC, on collapsed features: one host sync per step, and
@@ -207,24 +232,34 @@ class Trainer:
             dist.all_reduce(status)
         nonfinite, spread = status.tolist()
         spread /= self.procs.world
-        epoch = (step - self.stage.first_step) // self.steps_per_epoch + 1
-        where = f"at step {step} (epoch {epoch} of stage {self.stage.name})"
         if nonfinite:
-            values = " ".join(f"{k}={v.item():.4g}" for k, v in parts.items())
-            lc = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
-                  f"or eps, or a smaller --lr)" if self.stage.name == "lc" else "")
-            raise TrainingFailed(f"non-finite loss {where}: {values}{lc}; the checkpoints of the finished epochs "
-                                 f"are kept")
+            self.fail_nonfinite(step, {k: v.item() for k, v in parts.items()})
         if self.stage.name != "lc":
             return
         if self.reference_spread is None:
             self.reference_spread = spread
-        if spread < COLLAPSE_FRACTION * self.reference_spread:
-            raise TrainingFailed(f"distribution collapse {where}: the features' spread fell to {spread:.3g}, under "
-                                 f"{COLLAPSE_FRACTION:g} of its {self.reference_spread:.3g} when LC started; "
-                                 f"eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} pull every image "
-                                 f"onto one point (the paper saw this for eps > 500 or lambda2 > 50); the "
-                                 f"checkpoints of the finished epochs are kept")
+        if self.collapsed(spread, self.reference_spread):
+            self.fail_collapse(step, spread)
+
+    def where(self, step):
+        epoch = (step - self.stage.first_step) // self.steps_per_epoch + 1
+        return f"at step {step} (epoch {epoch} of stage {self.stage.name})"
+
+    def fail_nonfinite(self, step, parts):
+        """Stop the run: the loss of `step` was not finite (parts: its terms' values)."""
+        values = " ".join(f"{k}={v:.4g}" for k, v in parts.items())
+        lc = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
+              f"or eps, or a smaller --lr)" if self.stage.name == "lc" else "")
+        raise TrainingFailed(f"non-finite loss {self.where(step)}: {values}{lc}; the checkpoints of the finished "
+                             f"epochs are kept")
+
+    def fail_collapse(self, step, spread):
+        """Stop the run: the features' spread at `step` says LC pulled every image onto one point."""
+        raise TrainingFailed(f"distribution collapse {self.where(step)}: the features' spread fell to {spread:.3g}, "
+                             f"under {COLLAPSE_FRACTION:g} of its {self.reference_spread:.3g} when LC started; "
+                             f"eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} pull every image "
+                             f"onto one point (the paper saw this for eps > 500 or lambda2 > 50); the "
+                             f"checkpoints of the finished epochs are kept")
 
     def recompute_bn_means(self):
         """Eval-mode statistics of student and teacher that match their weights now (model.recompute_bn_means)."""
@@ -288,6 +323,37 @@ class Trainer:
         return warnings
 
 
+class EagerSteps:
+    """The eager steps of a Trainer (Trainer.train_step): every step's batch gathered on the host and
+    moved to the device, the schedule and the guards read on the host. fit drives it as it drives
+    graphed.GraphedSteps: start_epoch, step, end_epoch (the epoch's sums)."""
+    benchmark_warmup = 3
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def start_epoch(self, first_step):
+        self.sums = torch.zeros(6, device=self.trainer.device)
+
+    def step(self, step):
+        self.sums += self.trainer.train_step(step, *self.trainer.batches.views(step))
+
+    def end_epoch(self):
+        return self.sums
+
+    def time_step(self, step):
+        """(seconds of one step, seconds of its data path: index, gather, augment both views)."""
+        t = self.trainer
+        sync(t.device)
+        start = time.perf_counter()
+        views = t.batches.views(step)
+        sync(t.device)
+        data = time.perf_counter() - start
+        t.train_step(step, *views)
+        sync(t.device)
+        return time.perf_counter() - start, data
+
+
 def describe_errors(record):
     """'test error student x% teacher y% | val error ...' of an evaluated record, for people."""
     parts = [f"{name} error student {record[f'student{key}_error']:.2f}% teacher {record[f'teacher{key}_error']:.2f}%"
@@ -312,12 +378,13 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
                             (lambda line: None))
     for epoch in range(start_epoch + 1, total_epochs + 1):
         start = time.perf_counter()
-        sums = torch.zeros(6, device=trainer.device)  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
         first = stage.first_step + (epoch - 1) * spe
+        trainer.steps.start_epoch(first)
         for step in epoch_progress(range(first, first + spe), f"{stage.name} epoch {epoch}/{total_epochs}",
                                    procs.main, echo):
-            sums += trainer.train_step(step, *trainer.batches.views(step))
+            trainer.steps.step(step)
             estimate.tick()
+        sums = trainer.steps.end_epoch()  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
         if procs.world > 1:
             dist.all_reduce(sums)
         means = (sums / (spe * procs.world)).tolist()
@@ -361,15 +428,22 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
 
 def run_stage(trainer, out, milestones, start_epoch, replacing=()):
     """fit the trainer's stage from start_epoch, stopping at once on SIGINT or SIGTERM, and say what
-    it wrote (the main process). replacing: an earlier run's outputs in out (--overwrite), removed
-    first by the main process."""
+    it wrote (the main process). replacing: an earlier run's outputs in out (--overwrite): the run
+    writes into a staging folder in out, and its outputs replace those only once they all exist
+    (runs.publish); a run killed before leaves them as they were, and --resume continues it where its
+    checkpoint is (runs.writing_folder)."""
+    name = trainer.stage.name
     if trainer.procs.main:
         out.mkdir(parents=True, exist_ok=True)
-        for name in replacing:
-            (out / name).unlink()
+    if replacing:
+        folder = prepare_staging(out, name) if trainer.procs.main else staging_folder(out, name)
+    else:
+        folder = writing_folder(out, name) if start_epoch else out
     with stop_on_signals():
-        last = fit(trainer, out, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
+        last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
     if trainer.procs.main:
+        if folder != out:
+            publish(folder, out, replacing)
         written = [out / name for names in milestones.values() for name in names]
         click.echo(f"done: {describe_errors(last)}; wrote {', '.join(map(str, written))}, "
                    f"{out / f'{trainer.stage.name}_metrics.jsonl'}")

@@ -52,9 +52,9 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
                 Image.fromarray(pixels.squeeze(-1) if mode == "L" else pixels, mode).save(folder / f"{i}.png")
 
 
-def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None):
+def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None, **trainer_options):
     """A Trainer on CPU for `config` (what it leaves out as a run from before those settings had it;
-    seed 0 weights, data-initialized on the first labeled images)."""
+    seed 0 weights, data-initialized on the first labeled images); trainer_options go to Trainer."""
     import torch
 
     from mtlc.batches import augment
@@ -72,7 +72,8 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None):
     optimizer = make_optimizer(student, 0.05)
     split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled,
                  val_idx=val if val is not None else torch.zeros(0, dtype=torch.long))
-    return Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs)
+    return Trainer(student, teacher, optimizer, data, split, config, stage, torch.device("cpu"), procs,
+                   **trainer_options)
 
 
 def write_own_folder(root, classes=("cat", "dog", "owl"), n_labeled=6, n_unlabeled=30, n_test=3, size=(40, 30),

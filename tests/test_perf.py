@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from mtlc.model import Dropout, ModelConfig, build_models
 from mtlc.devices import resolve_precision
@@ -41,7 +42,7 @@ def test_benchmark_writes_nothing_and_ends_with_json(tmp_path):
 def test_benchmark_full_width_flop_count():
     """The counted work of one step at the paper's width is 935 GFLOP (701 + 234), docs/speed.md's anchor."""
     student, _ = build_models(ModelConfig(num_classes=10, width=1.0), torch.device("meta"))
-    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter:
         student(torch.empty(160, 3, 32, 32, device="meta"))
     assert counter.get_total_flops() / 160 / 1e9 == pytest.approx(1.46, abs=0.01)
 

@@ -1,0 +1,231 @@
+"""--step-mode graphed on a CPU (the captured path runs uncaptured here; tools/gpu_check.py checks the
+capture on a GPU): it computes the eager step given the same random draws, its guards stop a run at
+the step the eager ones would, its SGD and EMA are torch's, and its runs resume exactly."""
+import pytest
+import torch
+
+import train_mt
+from mtlc.batches import seed_step
+from mtlc.data import load_digits
+from mtlc.devices import Processes
+from mtlc.errors import TrainingFailed, UserError
+from mtlc.graphed import DeviceGuards, GraphedSteps, ema_step, resolve_step_mode, sgd_step
+from mtlc.splits import balanced_split
+from mtlc.training import EagerSteps, Stage, ema_update, make_optimizer
+from conftest import invoke
+from fakedata import tiny_trainer
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_digits()
+    labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
+    return data, labeled, unlabeled
+
+
+def config(mode, **changes):
+    return dict(dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
+                     bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", step_mode=mode), **changes)
+
+
+MT = Stage(name="mt", epochs=2, decay_epochs=1, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1, eval_every=1,
+           first_step=0)
+# Stage 2 from step 40, LC ramping up, its lr decaying: every table column moves within the run.
+LC = dict(name="lc", epochs=1, decay_epochs=1, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=5, eval_every=1,
+          first_step=40, lc_eps=1.0, lc_weight=2.0, lc_rampup=1)
+STAGES = {"mt": MT,
+          "lc fixed eps": Stage(**LC),
+          "lc relative, same-prediction": Stage(**LC, lc_eps_scale="relative", lc_eps_ratio=0.4, lc_loss_unit=2.0,
+                                               lc_pairs="same-prediction"),
+          "lc true-class": Stage(**LC, lc_pairs="true-class")}
+
+
+def copy_training_state(source, target):
+    """target's student, teacher and momentum buffers set to source's, in place (a captured step keeps
+    the addresses of the tensors it updates)."""
+    for part in ("student", "teacher"):
+        getattr(target, part).load_state_dict(getattr(source, part).state_dict())
+    for p_source, p_target in zip(source.student.parameters(), target.student.parameters()):
+        if "momentum_buffer" in source.optimizer.state[p_source]:
+            buffer = source.optimizer.state[p_source]["momentum_buffer"]
+            target.optimizer.state[p_target].setdefault("momentum_buffer", torch.zeros_like(buffer)).copy_(buffer)
+
+
+def assert_same_training_state(a, b, **tolerance):
+    for part in ("student", "teacher"):
+        state_a, state_b = getattr(a, part).state_dict(), getattr(b, part).state_dict()
+        for key in state_a:
+            torch.testing.assert_close(state_b[key], state_a[key], **tolerance, msg=f"{part}.{key}")
+    for p_a, p_b in zip(a.student.parameters(), b.student.parameters()):
+        torch.testing.assert_close(b.optimizer.state[p_b]["momentum_buffer"], a.optimizer.state[p_a]["momentum_buffer"],
+                                   **tolerance)
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_graphed_step_computes_the_eager_step(digits, name):
+    """Every step from the same state, given the eager step's random draws (seeded as views() seeds
+    them, every step): the graphed step gives the same losses, weights, teacher, BN running means and
+    momentum, step after step and across an epoch's end. Tolerance 1e-5: SGD's last multiply is
+    ordered differently (one rounding), and this network amplifies a one-ulp change of one weight to
+    1e-2 in the loss within 5 steps, so each step starts from the eager state."""
+    data, labeled, unlabeled = digits
+    stage = STAGES[name]
+    truth = dict(true_classes=data.train_y.clone()) if stage.lc_pairs == "true-class" else {}
+    eager = tiny_trainer(data, labeled, unlabeled, config("eager"), stage, **truth)
+    graphed = tiny_trainer(data, labeled, unlabeled, config("graphed"), stage, **truth)
+    assert isinstance(eager.steps, EagerSteps) and isinstance(graphed.steps, GraphedSteps)
+    graphed.steps.start_epoch(stage.first_step)
+    for step in range(stage.first_step, stage.first_step + graphed.steps_per_epoch + 3):
+        copy_training_state(eager, graphed)
+        expected = eager.train_step(step, *eager.batches.views(step))
+        seed_step(3, step)
+        before = graphed.steps.sums.clone()
+        graphed.steps.step(step)
+        torch.testing.assert_close(graphed.steps.sums - before, expected, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+        assert_same_training_state(eager, graphed, rtol=1e-5, atol=1e-6)
+    graphed.steps.end_epoch()
+    assert graphed.optimizer.param_groups[0]["lr"] == eager.optimizer.param_groups[0]["lr"]
+    if stage.name == "lc":
+        assert graphed.reference_spread == pytest.approx(eager.reference_spread, rel=1e-5)
+
+
+def test_graphed_epoch_draws_from_its_own_seed_and_sums_its_steps(digits):
+    """Without the per-step seeds the augmentation and dropout draws are the epoch's own (seeded from
+    (seed, epoch)): the same epoch twice gives the same sums, another seed other draws; the epoch's
+    sums are those of its steps, and the images are BatchStream's."""
+    data, labeled, unlabeled = digits
+
+    def epoch_sums(seed):
+        trainer = tiny_trainer(data, labeled, unlabeled, config("graphed", seed=seed), MT)
+        trainer.steps.start_epoch(0)
+        for step in range(trainer.steps_per_epoch):
+            assert torch.equal(trainer.steps.tables.indices[step], trainer.batches.indices(step))
+            trainer.steps.step(step)
+        return trainer.steps.end_epoch()
+    first, again, other = epoch_sums(3), epoch_sums(3), epoch_sums(4)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert first[0] > 0 and torch.isfinite(first).all()
+
+
+def test_graphed_views_draw_fresh_augmentations_every_step(digits):
+    """The draws move on from step to step (the same image is shifted and flipped anew), with the
+    statistics of batches.augment: shifts uniform over 0..4 px, both views independent."""
+    data, labeled, unlabeled = digits
+    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed", dataset="cifar10"), MT)
+    steps = trainer.steps
+    steps.start_epoch(0)
+    indices = torch.zeros(16 + 64, dtype=torch.long)  # one image, so that only the draws differ
+    views = [steps.views(indices) for _ in range(50)]
+    first_views = torch.stack([v[0][0] for v in views])
+    assert len({tuple(v.flatten()[:64].tolist()) for v in first_views}) > 10
+    student, teacher = (torch.stack([v[i] for v in views]) for i in (0, 1))
+    assert not torch.equal(student, teacher)
+
+
+def test_guards_stop_at_the_step_the_eager_guards_stop_at(digits, monkeypatch):
+    """A non-finite loss at step 5: both step modes stop naming step 5 (the graphed one when it reads
+    its guards, at the epoch's end here), and the graphed guards name the earlier of a non-finite loss
+    and a collapse."""
+    data, labeled, unlabeled = digits
+    failures = {}
+    for mode in ("eager", "graphed"):
+        trainer = tiny_trainer(data, labeled, unlabeled, config(mode), MT)
+        real_schedule = trainer.schedule
+        monkeypatch.setattr(trainer, "schedule", lambda step, real=real_schedule: (
+            (real(step)[0], float("nan"), 0.0) if step == 5 else real(step)))
+        trainer.steps.start_epoch(0)
+        with pytest.raises(TrainingFailed) as failed:
+            for step in range(trainer.steps_per_epoch):
+                trainer.steps.step(step)
+            trainer.steps.end_epoch()
+        failures[mode] = failed.value.message
+    for message in failures.values():
+        assert "non-finite loss at step 5 (epoch 1 of stage mt)" in message and "cons=" in message
+
+
+def test_device_guards_read_a_collapse_and_keep_the_reference_spread(digits):
+    data, labeled, unlabeled = digits
+    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), STAGES["lc fixed eps"])
+    guards = DeviceGuards(trainer)
+    finite, parts = torch.tensor(1.0), torch.zeros(3)
+    for step, spread in ((40, 2.0), (41, 0.021)):
+        guards.observe(torch.tensor(step), finite, torch.tensor(spread), parts)
+    guards.read()  # just above 1% of the first step's spread
+    assert trainer.reference_spread == 2.0
+    for step, spread in ((42, 0.019), (43, 0.001)):
+        guards.observe(torch.tensor(step), finite, torch.tensor(spread), parts)
+    with pytest.raises(TrainingFailed, match=r"collapse at step 42 \(epoch 1 of stage lc\).* fell to 0.019"):
+        guards.read()
+    guards = DeviceGuards(trainer)  # a reference restored from a checkpoint; a NaN loss first
+    guards.observe(torch.tensor(44), torch.tensor(float("nan")), torch.tensor(0.5), torch.tensor([1.0, 2.0, 3.0]))
+    guards.observe(torch.tensor(45), finite, torch.tensor(0.001), parts)
+    with pytest.raises(TrainingFailed, match=r"non-finite loss at step 44 .*ce=1 cons=2 lc=3"):
+        guards.read()
+
+
+def test_sgd_step_is_torchs_sgd_with_a_tensor_lr():
+    torch.manual_seed(0)
+    params = torch.nn.ParameterList([torch.randn(shape) for shape in ((5, 3), (7,), (2, 2, 3, 3))])
+    copies = torch.nn.ParameterList([p.detach().clone() for p in params])
+    reference, ours = make_optimizer(params, 0.05), make_optimizer(copies, 0.05)
+    for lr in (0.05, 0.05, 0.03, 0.0):
+        grads = [torch.randn_like(p) for p in params]
+        for ps in (params, copies):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        reference.param_groups[0]["lr"] = lr
+        reference.step()
+        sgd_step(ours, torch.tensor(lr))
+        for a, b in zip(params, copies):
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+    assert [set(ours.state[p]) for p in copies] == [{"momentum_buffer"}] * 3
+    for a, b in zip(params, copies):
+        torch.testing.assert_close(ours.state[b]["momentum_buffer"], reference.state[a]["momentum_buffer"])
+
+
+def test_ema_step_is_eq_3_with_a_tensor_decay():
+    torch.manual_seed(0)
+    student, teacher = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    copy = torch.nn.Linear(4, 3)
+    copy.load_state_dict(teacher.state_dict())
+    ema_update(teacher, student, 0.99)
+    ema_step(copy, student, torch.tensor(0.99), torch.tensor(1 - 0.99))
+    for a, b in zip(teacher.parameters(), copy.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_step_mode_resolution():
+    cpu = torch.device("cpu")
+    assert resolve_step_mode("auto", cpu, 1, 10) == "eager"  # a CPU keeps the eager step, bitwise as before
+    assert resolve_step_mode("graphed", cpu, 1, 10) == "graphed"
+    assert resolve_step_mode("auto", cpu, 2, 10) == "eager"
+    with pytest.raises(UserError, match="several processes"):
+        resolve_step_mode("graphed", cpu, 2, 10)
+
+
+@pytest.mark.slow
+def test_graphed_run_resumes_to_the_same_files(tmp_path, monkeypatch):
+    """train_mt.py --step-mode graphed killed after its first epoch, then --resume: the files of an
+    uninterrupted graphed run, bitwise."""
+    from test_resume import MT_ARGS, MT_FILES, assert_same_run, interrupt_write
+    args = [*MT_ARGS, "--step-mode", "graphed"]
+    assert invoke(train_mt, [*args, "--out", tmp_path / "straight"]).exit_code == 0
+    interrupt_write(monkeypatch, "mt_last.pt", 2)
+    assert invoke(train_mt, [*args, "--out", tmp_path / "resumed"]).exit_code != 0
+    monkeypatch.undo()
+    result = invoke(train_mt, ["--resume", "--out", tmp_path / "resumed"])
+    assert result.exit_code == 0, result.output
+    assert_same_run(tmp_path / "straight", tmp_path / "resumed", MT_FILES)
+    state = torch.load(tmp_path / "straight" / "mt.pt", weights_only=True)
+    assert state["config"]["step_mode"] == "graphed"
+
+
+@pytest.mark.slow
+def test_graphed_benchmark_reports_its_mode_and_data_share(tmp_path):
+    from test_perf import TINY, last_json, run
+    res = run("train_mt.py", *TINY, "--benchmark", "2", "--step-mode", "graphed", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    result = last_json(res.stdout)
+    assert result["step_mode"] == "graphed" and result["warmup"] == 5 and result["steps"] == 2
+    assert result["sec_per_step"] > 0 and 0 < result["data_share"] < 1
+    assert list(tmp_path.iterdir()) == []
