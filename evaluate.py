@@ -32,6 +32,7 @@ from mtlc.predicting import PredictOptions, predict, run_audit
 from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
 from mtlc.review import DEFAULT_PER_CLASS
+from mtlc.runs import check_outputs
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -145,8 +146,10 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     if audit and (as_json or review_per_class != DEFAULT_PER_CLASS):
         raise UserError("--json and --review-per-class go with --predict, not --audit (the audit page shows every "
                         "doubtful label)")
-    if audit and review and Path(audit).resolve() == Path(review).resolve():
-        raise UserError("--audit and --review name the same file: give the page another name")
+    check_outputs(dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
+                            "--distances"), (csv_path, review, audit, coverage, confusion, table, plot, tsne, distances))),
+                  {**{f"--ckpt {c}": c for c in ckpts}, **{f"--curves {c}": c for c in curves}, "--truth": truth,
+                   **{f"--predict {p}": p for p in predict_paths if not Path(p).is_dir()}})
     if review and not (predict_paths or audit):
         raise UserError("--review goes with --predict or --audit")
     if (max_error is not None or coverage or suggest_n or skip_bad_images) and not predict_paths:

@@ -1,6 +1,7 @@
 """The memory-mapped decode cache that training reads a folder's images from: written a batch at a
-time, published atomically, keyed by the files it holds, and rebuilt copying only what is certainly
-the same file (cache.DecodeCache).
+time, published atomically, keyed by the files it holds, sealed so that only a cache this machine made
+is ever used (a folder may come with a cache painted by someone else), and rebuilt copying only what
+is certainly the same file (cache.DecodeCache).
 """
 import contextlib
 import errno
@@ -9,6 +10,7 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import tempfile
 import time
 import weakref
@@ -18,15 +20,18 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .errors import WriteFailed
+from .errors import UserError, WriteFailed
 from .images import pooled, read_for_cache
+from .nofollow import check_folder, open_kept
 from .runs import atomic_write
+from .seal import holds, seal, secret
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
 # orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped
 # array of a folder's training (labeled, then unlabeled) or test images. 4: keyed by the change
-# time too; each row's file named with the hash of its bytes; only the allowed formats.
-CACHE_VERSION = 4
+# time too; each row's file named with the hash of its bytes; only the allowed formats. 5: sealed with
+# this machine's secret and bound to the very files it wrote.
+CACHE_VERSION = 5
 # The .u8 cache file's header: its key, padded to one alignment-friendly block.
 HEADER_BYTES = 128
 # Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.
@@ -42,12 +47,29 @@ def cache_dir(data_dir):
     writable) ~/.cache/mtlc/<data_dir's hash>; with $MTLC_CACHE_DIR set, $MTLC_CACHE_DIR/<data_dir's
     hash>: one folder per image folder, so that no folder's cache replaces another's as stale."""
     data_dir = Path(data_dir).resolve()
-    folder_key = hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+    folder_key = hashlib.sha256(str(data_dir).encode("utf-8", "surrogateescape")).hexdigest()[:16]
     if os.environ.get("MTLC_CACHE_DIR"):
         return Path(os.environ["MTLC_CACHE_DIR"]) / folder_key
     if os.access(data_dir, os.W_OK):
+        check_folder(data_dir / CACHE_DIR_NAME, "decode cache folder")  # a link would take the cache elsewhere
         return data_dir / CACHE_DIR_NAME
     return Path.home() / ".cache" / "mtlc" / folder_key
+
+
+def identity(st):
+    """What tells one file from every other and from itself after a change: its device, inode, size,
+    modification and change time (no program can set a change time back)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def open_identified(path, expected):
+    """An open binary file of the kept file `path` (never through a link), checked to be the very
+    file whose identity was sealed; ValueError otherwise."""
+    f = open_cache_file(path)
+    if identity(os.fstat(f.fileno())) != expected:
+        f.close()
+        raise ValueError(f"{path.name} is not the file this machine wrote (changed, replaced or copied since)")
+    return f
 
 
 # The memory maps behind mapped_images' tensors, by the address of their first image: what
@@ -55,16 +77,22 @@ def cache_dir(data_dir):
 _MAPS = weakref.WeakValueDictionary()
 
 
-def mapped_images(file, count, size, offset=0):
-    """count uint8 images (3, size, size) stored one after another in file (a path or an open file)
-    from offset, as a tensor backed by a private, copy-on-write memory map: pages are read when a
+def open_cache_file(path):
+    """An open binary file of a file of the cache, never through a link, never a pipe (ValueError)."""
+    try:
+        return open(open_kept(path, os.O_RDONLY, "decode cache file"), "rb")
+    except UserError:
+        raise ValueError(f"{path.name} is not a regular file (a link or a pipe)") from None
+
+
+def mapped_images(f, count, size, offset=0):
+    """count uint8 images (3, size, size) stored one after another in the open file f from offset, as a tensor backed by a private, copy-on-write memory map: pages are read when a
     batch touches them and the page cache holds one copy for every process that maps the file. The
     map is advised random: a scattered batch reads its own pages, not megabytes of read-ahead each."""
     if count == 0:
         return torch.zeros(0, 3, size, size, dtype=torch.uint8)
-    with open(file, "rb") if isinstance(file, (str, Path)) else contextlib.nullcontext(file) as f:
-        length = offset + count * 3 * size * size
-        mm = mmap.mmap(f.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    length = offset + count * 3 * size * size
+    mm = mmap.mmap(f.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     mm.madvise(mmap.MADV_RANDOM)
     x = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=length - offset, offset=offset)).view(count, 3, size, size)
     _MAPS[x.untyped_storage().data_ptr()] = mm
@@ -163,6 +191,12 @@ class DecodeCache:
     current key and the .u8 has the size they imply: a run killed mid-write leaves only a hidden
     temporary file, never a cache that looks valid. Read memory-mapped (mapped_images).
 
+    A folder may come with a cache made elsewhere, its rows painted and its listing to match. The
+    .json holds the identity (device, inode, size, times) of the .u8 and the .files.json this machine
+    wrote, and a seal (seal.py: an HMAC under a secret kept outside the folder) of all it says: a cache
+    is used, or its rows copied, only where the seal holds and both files are still those very files.
+    Anything else (another machine's cache, a tar round trip, a file changed since) is decoded again.
+
     When files change (label.py moves some from unlabeled/ to labeled/), the new cache copies a row
     of the previous one only for the very same file: the same path, size and times, or the same
     bytes (each other file is read and its digest looked up; identical bytes decode to identical
@@ -179,41 +213,50 @@ class DecodeCache:
     def load(self):
         """(images, bad files as [(relative path, reason)], content fingerprint) or None when there
         is no usable cache."""
-        if not self.meta.exists():
+        if not os.path.lexists(self.meta):
             return None
         try:
-            return self.read(self.meta, self.entries)
+            return self.read(self.meta, self.entries)[:3]
         except Exception as exc:
             self.echo(f"cache {self.meta} is unusable ({type(exc).__name__}: {str(exc)[:100]}): decoding again")
             return None
 
     def read(self, meta_path, entries=None):
-        """(images, bad, content fingerprint) of the cache whose .json is meta_path, checked against
-        its header and size (and, given entries, against them: the current key)."""
-        meta = json.loads(meta_path.read_text())
+        """(images, bad, content fingerprint, the checked metadata) of the cache whose .json is
+        meta_path: sealed by this machine, its .u8 the very file it wrote, checked against its header
+        and size (and, given entries, against them: the current key). ValueError for anything else."""
+        with open_cache_file(meta_path) as f:
+            meta = json.loads(f.read())
+        if not isinstance(meta, dict) or not holds({k: v for k, v in meta.items() if k != "seal"}, meta.get("seal")):
+            raise ValueError("not made by this machine's runs, or changed since")
         if meta["version"] != CACHE_VERSION or (entries is not None and meta["key"] != self.key):
             raise ValueError("made from other files")
         bad, count = [tuple(b) for b in meta["bad"]], meta["images"]
-        path = meta_path.with_suffix(".u8")
-        with open(path, "rb") as f:
+        with open_identified(meta_path.with_suffix(".u8"), meta["u8"]) as f:
             header, length = f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size
-        if header != f"mtlc decode cache {CACHE_VERSION} {meta['key']}\n".encode().ljust(HEADER_BYTES):
-            raise ValueError("its images were made from other files")
-        if (entries is not None and count != len(entries) - len(bad)) or length != HEADER_BYTES + count * 3 * self.size ** 2:
-            raise ValueError("wrong size")
-        return mapped_images(path, count, self.size, HEADER_BYTES), bad, meta["content"]
+            if header != f"mtlc decode cache {CACHE_VERSION} {meta['key']}\n".encode().ljust(HEADER_BYTES):
+                raise ValueError("its images were made from other files")
+            if (entries is not None and count != len(entries) - len(bad)) or length != HEADER_BYTES + count * 3 * self.size ** 2:
+                raise ValueError("wrong size")
+            return mapped_images(f, count, self.size, HEADER_BYTES), bad, meta["content"], meta
 
     def previous(self):
         """A Previous: the rows of this group's most recent other cache at this size that hold the
         very files of self.entries (same path, size and times) or files with known bytes; None
-        where there is no such cache or any doubt about it."""
-        metas = sorted((m for m in self.folder.glob(f"{self.group}-{self.size}px-*.json")
-                        if not m.name.endswith(".files.json") and m != self.meta), key=lambda m: m.stat().st_mtime)
+        where there is no such cache or any doubt about it (read's checks: this machine's own)."""
+        metas = []
+        for m in self.folder.glob(f"{self.group}-{self.size}px-*.json"):
+            with contextlib.suppress(OSError):
+                st = os.lstat(m)
+                if stat.S_ISREG(st.st_mode) and not m.name.endswith(".files.json") and m != self.meta:
+                    metas.append((st.st_mtime_ns, m))
         if not metas:
             return None
+        latest = max(metas)[1]
         try:
-            old, _, _ = self.read(metas[-1])
-            held = json.loads(metas[-1].with_suffix(".files.json").read_text())
+            old, _, _, meta = self.read(latest)
+            with open_identified(latest.with_suffix(".files.json"), meta["rows"]) as f:
+                held = json.loads(f.read())
             if len(held) != len(old):
                 return None
             by_file = {tuple(row[:4]): (r, row[4]) for r, row in enumerate(held)}
@@ -247,9 +290,10 @@ class DecodeCache:
             failed, digests = outcome
             bad, count, content = self.outcome(failed, digests)
             atomic_write(self.folder / f"{self.stem}.files.json", lambda f: self.write_rows(f, failed, digests))
-            atomic_write(self.meta, lambda f: f.write(json.dumps(dict(
-                version=CACHE_VERSION, key=self.key, size=self.size, images=count,
-                bad=[list(b) for b in bad], content=content)).encode()))
+            meta = dict(version=CACHE_VERSION, key=self.key, size=self.size, images=count, bad=[list(b) for b in bad],
+                        content=content, u8=identity(os.lstat(self.path)),
+                        rows=identity(os.lstat(self.folder / f"{self.stem}.files.json")))
+            atomic_write(self.meta, lambda f: f.write(json.dumps(dict(meta, seal=seal(meta))).encode()))
         except (OSError, WriteFailed) as exc:
             if exc.errno in OUT_OF_SPACE:
                 raise (WriteFailed(self.path, exc) if isinstance(exc, OSError) else exc) from None
@@ -258,7 +302,11 @@ class DecodeCache:
                       f"decoded again next time (set MTLC_CACHE_DIR to cache elsewhere)")
             return (*self.unnamed(paths, progress), 0)
         self.remove_stale()
-        return mapped_images(self.path, count, self.size, HEADER_BYTES), bad, content, self.path.stat().st_size
+        if secret()[1]:
+            self.echo(f"note: {secret()[1]}: this cache will be decoded again by the next run (set MTLC_CONFIG_DIR "
+                      f"to a folder you can write)")
+        with open_cache_file(self.path) as f:
+            return mapped_images(f, count, self.size, HEADER_BYTES), bad, content, os.fstat(f.fileno()).st_size
 
     def readable(self, failed):
         """The indices of the files that were read, in order."""
@@ -297,7 +345,7 @@ class DecodeCache:
                 old.unlink(missing_ok=True)
         for tmp in self.folder.glob(f".{self.group}-{self.size}px-*.tmp"):
             with contextlib.suppress(OSError):
-                if time.time() - tmp.stat().st_mtime > 3600:
+                if time.time() - os.lstat(tmp).st_mtime > 3600:
                     tmp.unlink()
 
 

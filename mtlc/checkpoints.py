@@ -7,33 +7,104 @@ A checkpoint is a plain dict: the student's and teacher's weights, the optimizer
 (model.ModelConfig: what builds the network), `config` (the run's settings, the class names, the
 normalization and, for an image folder, its files), the split, the RNG states and the metrics.
 """
+import math
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 import torch
+from torch.torch_version import TorchVersion
 
 from .batches import augment, max_shift, normalization
 from .data import class_images, is_own_layout, listed, load_dataset, read_files
 from .files import describe_bad
 from .errors import UserError
-from .model import ModelConfig, build_models
-from .runs import set_rng_state, write_metrics
+from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
+from .presets import DATASETS
+from .runs import set_rng_state, write_metrics, writing_folder
 from .splits import unleaked_test
 from .training import Stage, Trainer, make_optimizer
 
-CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx")
-# What the scripts read from a checkpoint's config, by type (an LC checkpoint's "lc" too).
-CONFIG_TYPES = dict(dataset=str, data_dir=str, labels=int, labeled_batch=int, unlabeled_batch=int, width=(int, float),
-                    num_classes=int, classes=list, mean=list, std=list, seed=int, lr=(int, float), ema=(int, float),
-                    cons_weight=(int, float), cons_rampup=(int, float), epochs=int, decay_epochs=int, eval_every=int,
-                    bn_momentum=(int, float))
-LC_CONFIG_TYPES = dict(eps=(int, float), eps_auto=bool, eps_scale=str, start=dict, lam=(int, float),
-                       lc_rampup=(int, float), epochs=int, decay_epochs=int, lr=(int, float), eval_every=int,
-                       mt_step=int, mt_checkpoint=str)
+CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx",
+                   "stage")
+# The first torch whose torch.load(weights_only=True) a crafted file cannot get round (CVE-2025-32434).
+SAFE_TORCH = "2.6"
+# The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
+MAX_IMAGE_SIZE = 4096
+
+
+def is_int(value, low=None):
+    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+
+
+def is_number(value, low=None):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (low is None or value >= low))
+
+
+def is_names(value):
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def is_index(value):
+    """A 1-d tensor of non-negative integer positions (a split)."""
+    return (isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in (torch.int64, torch.int32)
+            and (value.numel() == 0 or int(value.min()) >= 0))
+
+
+def is_part_dict(value, check):
+    return isinstance(value, dict) and set(value) == {"train", "test"} and all(check(v) for v in value.values())
+
+
+# What the scripts read from a checkpoint, each with the check of what this project writes there; a
+# value that fails it ends the run in one line (exit 2), never in a traceback or a silently wrong run.
+STATE_CHECKS = dict(
+    stage=lambda v: v in ("mt", "lc"), epoch=lambda v: is_int(v, 0), step=lambda v: is_int(v, 0),
+    labeled_idx=is_index, unlabeled_idx=is_index, val_idx=is_index,
+    student=lambda v: isinstance(v, dict), teacher=lambda v: isinstance(v, dict), optimizer=lambda v: isinstance(v, dict),
+    model_args=lambda v: isinstance(v, dict), reference_spread=lambda v: v is None or is_number(v),
+    rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict))
+CONFIG_CHECKS = dict(
+    dataset=lambda v: v in DATASETS, data_dir=lambda v: isinstance(v, str) and v and "\0" not in v,
+    labels=is_int, labeled_batch=lambda v: is_int(v, 1), unlabeled_batch=lambda v: is_int(v, 1),
+    width=lambda v: is_number(v) and v > 0, num_classes=lambda v: is_int(v, 2), seed=is_int,
+    classes=lambda v: is_names(v) and len(set(v)) == len(v), lr=is_number, ema=is_number, cons_weight=is_number,
+    cons_rampup=is_number, epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
+    eval_every=lambda v: is_int(v, 1), bn_momentum=is_number, lc_start_epoch=lambda v: is_int(v, 1),
+    mean=lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) for x in v),
+    std=lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) and x > 0 for x in v),
+    image_size=lambda v: is_int(v, MIN_IMAGE_SIZE) and v <= MAX_IMAGE_SIZE,
+    skip_bad_images=lambda v: isinstance(v, bool), compile=lambda v: isinstance(v, bool),
+    files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
+    leaked_test=is_names, relabeled=is_names, forward=lambda v: v in ("joint", "split"),
+    precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str))
+LC_CONFIG_CHECKS = dict(
+    eps=lambda v: is_number(v) and v > 0, eps_auto=lambda v: isinstance(v, bool),
+    eps_scale=lambda v: v in ("fixed", "relative", "normalized"), lam=lambda v: is_number(v, 0),
+    lc_rampup=lambda v: is_number(v, 0), epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
+    lr=is_number, eval_every=lambda v: is_int(v, 1), mt_step=lambda v: is_int(v, 0), mt_checkpoint=lambda v: isinstance(v, str),
+    start=lambda v: isinstance(v, dict) and all(is_number(v[k]) for k in METRIC_NUMBERS if k in v),
+    loss_unit=lambda v: is_number(v) and v > 0, pairs=lambda v: v in ("all", "same-prediction", "true-class"),
+    scope=lambda v: v in ("local", "global"), truth=lambda v: v is None or isinstance(v, str),
+    eps_ratio=lambda v: v is None or is_number(v))
+# What a metrics record may hold that the scripts read, by name: a number (or None: an error not measured).
+METRIC_NUMBERS = ("neighbour_fraction", "d2_ratio", "d2_mean", "student_error", "teacher_error")
+
+
+def metrics_problem(metrics, required):
+    """Why a checkpoint's metrics (the records of its epochs) are not what this project writes, or None."""
+    if metrics is None:
+        return "it has no metrics (an LC checkpoint keeps the records of its epochs)" if required else None
+    if not isinstance(metrics, list) or not all(isinstance(r, dict) and is_int(r.get("epoch"), 0) for r in metrics):
+        return "its metrics are not a list of the records of its epochs"
+    if any(not (r[k] is None or is_number(r[k])) for r in metrics for k in METRIC_NUMBERS if k in r):
+        return "its metrics hold a measurement that is not a number"
+    return None
+
+
 # Settings that runs from before they existed did not write, as those runs behaved.
 RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False, leaked_test=[], step_mode="eager")
+                    precision="fp32", compile=False, leaked_test=[], step_mode="eager", relabeled=[])
 LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
 
 
@@ -46,34 +117,38 @@ def unpickling_refusal(exc):
 
 
 def config_problem(state):
-    """What a checkpoint's config lacks or holds of the wrong type, or None."""
-    config = state.get("config")
-    if not isinstance(config, dict):
-        return "it has no config"
-    wrong = [k for k, kind in CONFIG_TYPES.items() if not isinstance(config.get(k), kind)]
+    """What a checkpoint (with_defaults: the settings older runs did not write filled in) lacks or holds
+    of another type or value than this project writes, or None: every key the scripts read."""
+    wrong = [k for k, check in STATE_CHECKS.items() if not check(state.get(k))]
+    config = state.get("config") if isinstance(state.get("config"), dict) else {}
+    wrong += [f"config.{k}" for k, check in CONFIG_CHECKS.items() if not check(config.get(k))]
     if state.get("stage") == "lc":
         lc = config.get("lc")
-        if not isinstance(lc, dict):
-            wrong.append("lc")
-        else:
-            wrong += [f"lc.{k}" for k, kind in LC_CONFIG_TYPES.items() if not isinstance(lc.get(k), kind)]
+        wrong += ["config.lc"] if not isinstance(lc, dict) else [f"config.lc.{k}" for k, check in LC_CONFIG_CHECKS.items()
+                                                                if not check(lc.get(k))]
     if wrong:
-        return f"its config lacks {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''} (or holds another type)"
-    if len(config["classes"]) != config["num_classes"] or len(config["mean"]) != 3 or len(config["std"]) != 3:
-        return "its config's classes, mean or std do not fit its class count and 3 colour channels"
-    return None
+        return f"it lacks {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''} (or holds another type or value there)"
+    if len(config["classes"]) != config["num_classes"]:
+        return f"its config's {len(config['classes'])} classes do not fit its class count ({config['num_classes']})"
+    return metrics_problem(state.get("metrics"), required=state["stage"] == "lc")
 
 
 def with_defaults(state):
     """The checkpoint with what older runs did not write filled in: RUN_DEFAULTS, LC_DEFAULTS, mt.pt
     at the end of the constant-lr phase, no validation hold-out, model_args from the config."""
     config = dict(RUN_DEFAULTS, **state["config"])
-    config.setdefault("lc_start_epoch", config["epochs"])
+    config.setdefault("lc_start_epoch", config.get("epochs"))
     if isinstance(config.get("lc"), dict):
         config["lc"] = dict(LC_DEFAULTS, **config["lc"])
     state = dict(state, config=config)
     state.setdefault("val_idx", torch.zeros(0, dtype=torch.long))
-    state.setdefault("model_args", asdict(ModelConfig.of_run(config)))
+    state.setdefault("reference_spread", None)
+    state.setdefault("rng", {})
+    if "model_args" not in state:
+        try:
+            state["model_args"] = asdict(ModelConfig.of_run(config))
+        except (KeyError, TypeError, ValueError):
+            state["model_args"] = None  # config_problem names what is missing
     return state
 
 
@@ -84,6 +159,9 @@ def load_checkpoint(path):
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
+    if TorchVersion(torch.__version__) < SAFE_TORCH:
+        raise UserError(f"torch {torch.__version__} loads checkpoints with a weights_only that a crafted file can get "
+                        f"round (CVE-2025-32434): install torch {SAFE_TORCH} or later (pip install -r requirements.txt)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -97,10 +175,13 @@ def load_checkpoint(path):
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise UserError(f"{path} is not a checkpoint of this project (missing {', '.join(missing)})")
+    if not isinstance(state["config"], dict) or not all(isinstance(k, str) for k in state["config"]):
+        raise UserError(f"{path} is not a checkpoint this project can use: its config is not a dict of settings")
+    state = with_defaults(state)
     problem = config_problem(state)
     if problem:
         raise UserError(f"{path} is not a checkpoint this project can use: {problem}")
-    return with_defaults(state)
+    return state
 
 
 def checkpoint_split(state):
@@ -114,7 +195,7 @@ def restore_models(state, device):
         student, teacher = build_models(ModelConfig(**state["model_args"]), device)
         student.load_state_dict(state["student"])
         teacher.load_state_dict(state["teacher"])
-    except (KeyError, TypeError, RuntimeError) as exc:
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise UserError(f"checkpoint does not fit this project's model: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:200]}") from None
     return student, teacher
@@ -132,19 +213,24 @@ def restore_training(state, device):
 
 
 def resume_checkpoint(out, stage_name, write=True):
-    """The `<stage>_last.pt` of an interrupted run in `out`, its RNG states restored, and (by the
-    process that writes) the metrics file rewritten to the epochs that checkpoint has seen (it holds
-    their records)."""
-    path = Path(out) / f"{stage_name}_last.pt"
+    """The `<stage>_last.pt` of an interrupted run in `out` (or in the folder a run with --overwrite
+    writes into until it ends: runs.writing_folder), its RNG states restored, and (by the process that
+    writes) the metrics file rewritten to the epochs that checkpoint has seen (it holds their records)."""
+    folder = writing_folder(out, stage_name)
+    path = folder / f"{stage_name}_last.pt"
     if not path.exists():
         raise UserError(f"--resume: {path} does not exist (nothing to resume in {out}; a run stopped in its "
                         f"first epoch starts again without --resume)")
     state = load_checkpoint(path)
     if state.get("stage") != stage_name:
         raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
-    set_rng_state(state["rng"])
+    try:
+        set_rng_state(state["rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        raise UserError(f"--resume: {path} holds no random states this project writes ({type(exc).__name__}): "
+                        f"start the run again without --resume") from None
     if write:
-        write_metrics(Path(out) / f"{stage_name}_metrics.jsonl", state["metrics"])
+        write_metrics(folder / f"{stage_name}_metrics.jsonl", state["metrics"])
     return state
 
 
@@ -182,15 +268,20 @@ def make_trainer(name, config, data, split, training, device, procs, *, referenc
 
 def restore_data(state, data_dir=None, echo=click.echo):
     """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
-    image folder must hold the very files it was trained on."""
+    image folder must hold the very files it was trained on, by name before anything is decoded (so
+    a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
+    is downloaded: a checkpoint never makes a tool fetch data or make a folder for it."""
     config = state["config"]
     where = data_dir or config["data_dir"]
-    data = load_dataset(config["dataset"], where, config["image_size"], config["skip_bad_images"], echo)
+    listing = None if config["files"] is None else (lambda now: check_names_held(config["files"], now, where))
+    data = load_dataset(config["dataset"], where, config["image_size"], config["skip_bad_images"], echo,
+                        download=False, check_listing=listing)
     if config["files"] is not None:
         check_same_files(config["files"], data.files, where, config["contents"], data.contents)
     n_train = len(data.train_y)
     split = torch.cat(list(checkpoint_split(state).values()))
-    if data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train:
+    if (data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train
+            or len(torch.unique(split)) != n_train):
         raise UserError(f"the {config['dataset']} data in {data_dir or config['data_dir']} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config['num_classes']} and {len(split)} in the checkpoint)")
@@ -233,6 +324,13 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
         raise UserError(describe_bad(bad, where))
     check_same_files(files, dict(test=names), where, config["contents"], dict(test=content), parts=("test",))
     return without_leaked(config, names, x, y)
+
+
+def check_names_held(then, now, where):
+    """Exit 2 (check_same_files' line) where a folder, listed but not yet decoded, lacks a file the
+    checkpoint was trained on (it may hold more: the unreadable ones --skip-bad-images left out)."""
+    if any(set(then[part]) - set(now[part]) for part in ("train", "test")):
+        check_same_files(then, now, where)
 
 
 def check_same_files(then, now, where, contents_then=None, contents_now=None, parts=("train", "test")):

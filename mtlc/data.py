@@ -47,11 +47,14 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 
 def _ensure_files(data_dir, files, download, what, or_else=""):
-    """Download a dataset into data_dir when its files are missing; exit 2 naming them (and what
-    else would do, `or_else`) if that fails."""
+    """Download a dataset into data_dir when its files are missing (download None: never, say so);
+    exit 2 naming them (and what else would do, `or_else`) if that fails."""
     missing = [f for f in files if not (data_dir / f).is_file()]
     if not missing:
         return
+    if download is None:
+        raise UserError(f"{what} files missing in {data_dir} ({', '.join(missing)}): only train_mt.py downloads a "
+                        f"dataset (--dataset with --data-dir); give this command --data-dir where the files are")
     try:
         download()
     except Exception as exc:  # offline, a proxy, a full disk: all end the same way for the user
@@ -62,16 +65,17 @@ def _ensure_files(data_dir, files, download, what, or_else=""):
         raise UserError(f"{what} download did not produce {', '.join(still)} in {data_dir}")
 
 
-def load_svhn(data_dir):
-    """SVHN from torchvision's files (train_32x32.mat, test_32x32.mat), digit '0' stored as 10 -> 0."""
+def load_svhn(data_dir, download=True):
+    """SVHN from torchvision's files (train_32x32.mat, test_32x32.mat), digit '0' stored as 10 -> 0;
+    downloaded into data_dir where they are missing, if `download`."""
     import scipy.io
 
-    def download():
+    def fetch():
         import torchvision  # only to download: its import alone takes seconds
         for split in ("train", "test"):
             torchvision.datasets.SVHN(str(data_dir), split=split, download=True)
 
-    _ensure_files(data_dir, SVHN_FILES, download, "SVHN")
+    _ensure_files(data_dir, SVHN_FILES, fetch if download else None, "SVHN")
 
     def read(name):
         try:
@@ -86,23 +90,24 @@ def load_svhn(data_dir):
     return ImageData(train_x, train_y, test_x, test_y, [str(i) for i in range(10)])
 
 
-def load_cifar10(data_dir, echo=click.echo):
+def load_cifar10(data_dir, echo=click.echo, download=True, check_listing=None):
     """CIFAR-10 from its pickled python batches (cifar-10-batches-py/data_batch_1..5, test_batch) or,
     without them, the same images in data_dir/train/<class>/*, data_dir/test/<class>/* (any format
-    PIL reads, e.g. the JPEG copy of ../shared/data), with CIFAR-10's class folders."""
+    PIL reads, e.g. the JPEG copy of ../shared/data), with CIFAR-10's class folders; the batches
+    downloaded into data_dir where neither is there, if `download`."""
     batches = all((data_dir / f).is_file() for f in CIFAR10_FILES)
     if not batches and (data_dir / "train").is_dir() and (data_dir / "test").is_dir():
-        data = load_folder(data_dir, echo=echo)
+        data = load_folder(data_dir, echo=echo, check_listing=check_listing)
         if data.classes != CIFAR10_CLASSES:
             raise UserError(f"{data_dir}/train and /test hold the class folders {', '.join(data.classes)}, not "
                             f"CIFAR-10's {', '.join(CIFAR10_CLASSES)} (for other images use --dataset folder)")
         return data
 
-    def download():
+    def fetch():
         import torchvision  # only to download: its import alone takes seconds
         torchvision.datasets.CIFAR10(str(data_dir), train=True, download=True)
 
-    _ensure_files(data_dir, CIFAR10_FILES, download, "CIFAR-10",
+    _ensure_files(data_dir, CIFAR10_FILES, fetch if download else None, "CIFAR-10",
                   or_else=", or the images as train/<class>/*.png|jpg and test/<class>/*")
 
     def read(names):
@@ -234,7 +239,7 @@ def is_own_layout(data_dir):
     return (Path(data_dir) / "labeled").exists() or (Path(data_dir) / "unlabeled").exists()
 
 
-def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
+def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None):
     """A user's images, in one of two layouts:
 
     - your own images: data_dir/labeled/<class>/** (every image labeled), data_dir/unlabeled/**
@@ -245,7 +250,8 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
 
     Images are RGB, resized to image_size, decoded on all cores once into the decode cache
     (images.DecodeCache) and memory-mapped from it: the training images are one array, the test images another.
-    Unreadable files end the run with one message listing them (exit 2) unless skip_bad."""
+    Unreadable files end the run with one message listing them (exit 2) unless skip_bad. check_listing:
+    called with {"train": names, "test": names} (relative to the folder) before anything is decoded."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder")
@@ -282,11 +288,15 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
     # One cache for the training images (labeled, then unlabeled), one for the test images: each a
     # single memory-mapped array, so training indexes one array and holds only its batches.
     groups = [train_groups] + [{None: unlabeled}] * own
+    train_files, test_files = listed(groups, classes), listed([test_groups], classes) if test_groups else None
+    if check_listing is not None:
+        check_listing(dict(train=[e[0] for e in train_files.entries],
+                           test=[e[0] for e in test_files.entries] if test_files else []))
     (train_x, train_y, train_names, train_content), bad, written = read_files(
-        data_dir, listed(groups, classes), "train", image_size, echo)
+        data_dir, train_files, "train", image_size, echo)
     if test_groups:
         (test_x, test_y, test_names, test_content), bad_test, written_test = read_files(
-            data_dir, listed([test_groups], classes), "test", image_size, echo)
+            data_dir, test_files, "test", image_size, echo)
     else:
         test_x, test_y, test_names, test_content, bad_test, written_test = (
             torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), [],
@@ -307,18 +317,19 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo):
                      contents=dict(train=train_content, test=test_content), skipped=bad)
 
 
-def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo):
+def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo, download=True, check_listing=None):
     """A dataset by name; image_size and skip_bad (leave unreadable files out) apply to image folders,
-    image_size to digits too (SVHN and CIFAR-10 are 32 x 32)."""
+    image_size to digits too (SVHN and CIFAR-10 are 32 x 32). download: fetch SVHN or CIFAR-10 where
+    their files are missing (train_mt.py only); check_listing: load_folder's."""
     data_dir = Path(data_dir)
     if name in ("svhn", "cifar10") and image_size != 32:
         raise UserError(f"--image-size {image_size}: {name} is the paper's 32 x 32 (--image-size is for folder and digits)")
     if name == "svhn":
-        return load_svhn(data_dir)
+        return load_svhn(data_dir, download)
     if name == "cifar10":
-        return load_cifar10(data_dir, echo)
+        return load_cifar10(data_dir, echo, download, check_listing)
     if name == "digits":
         return load_digits(image_size)
     if name == "folder":
-        return load_folder(data_dir, image_size, skip_bad, echo)
+        return load_folder(data_dir, image_size, skip_bad, echo, check_listing)
     raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

@@ -19,9 +19,10 @@ IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().i
 READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
 
 
-# The bytes of the hash that names a file's content in the decode cache and in every CSV the project
-# writes (BLAKE2b, 256 bits: no one can make two images with the same one).
-DIGEST_BYTES = 32
+# The bytes of the hash that names a file's content in the decode cache, in the content fingerprint
+# checkpoints keep, and in every CSV the project writes (BLAKE2b, 128 bits: a replaced image never
+# has its predecessor's; the checkpoints' fingerprints since the decode cache began hashing are of it).
+DIGEST_BYTES = 16
 # The CSV column that holds it: which image a row was written for.
 DIGEST_COLUMN = "blake2b"
 

@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 
 from .console import PATH_ERRORS, csv_writer, path_text
 from .errors import MoveFailed, UserError
-from .files import DIGEST_COLUMN, read_regular
+from .files import DIGEST_BYTES, DIGEST_COLUMN, read_regular
 from .nofollow import open_kept, read_kept
 
 LOG_NAME = "label-log.csv"
@@ -154,7 +154,7 @@ def log_problem(data_dir, row):
         return f"its batch {row['batch']!r} is not a number"
     action, source, target, label = row["action"], row["source"], row["target"], row["label"]
     digest = row.get(DIGEST_COLUMN) or ""
-    if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
+    if digest and not re.fullmatch(f"[0-9a-f]{{{2 * DIGEST_BYTES}}}", digest):
         return f"its {DIGEST_COLUMN} {digest!r} is not a hash this project writes"
     if action == "undo":
         return None if not (source or target or label or digest) else "an undo names no files"

@@ -3,6 +3,7 @@ images; the acceptance threshold of --max-error; one CSV row per image (or, with
 image to label next) streamed to a file or stdout; the review page; one summary line per outcome.
 """
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -59,6 +60,19 @@ class Tally:
             yield p
 
 
+def check_not_predicted(outputs, paths, targets):
+    """Exit 2 where an output {option: path} would replace one of the image files predicted (found in a
+    folder given to --predict); the paths are compared only where an output lies in such a folder."""
+    folders = [os.path.realpath(t) + os.sep for t in targets if os.path.isdir(t)]
+    inside = {name: os.path.realpath(path) for name, path in outputs.items()
+              if path and any(os.path.realpath(path).startswith(f) for f in folders)}
+    if inside:
+        predicted = {os.path.realpath(p) for p in paths}
+        for name, path in inside.items():
+            if path in predicted:
+                raise UserError(f"{name} {path} is one of the images --predict reads: give the output another name")
+
+
 def say(line):
     click.echo(line, err=True)
 
@@ -69,6 +83,7 @@ def predict(path, state, targets, device, options):
     o = options
     config = state["config"]
     paths, others, hidden = image_paths(targets)
+    check_not_predicted(dict(zip(("--csv", "--review", "--coverage"), (o.csv_path, o.review, o.coverage))), paths, targets)
     if hidden:
         say(describe_hidden(hidden, ", ".join(map(str, targets))))
     if not paths:

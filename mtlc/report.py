@@ -40,7 +40,7 @@ def lc_diagnostics(state):
         return {}
     start, records = lc["start"], state["metrics"]
     evaluated = [r for r in records if "d2_ratio" in r]
-    if not evaluated:  # a resume checkpoint before LC's first evaluation
+    if not evaluated or not {"d2_ratio", "d2_mean"} <= set(start):  # a resume checkpoint before LC's first evaluation
         return {}
     after_ramp = [r["neighbour_fraction"] for r in records if r["epoch"] > lc["lc_rampup"]]
     result = dict(eps=lc["eps"], eps_scale=lc["eps_scale"], eps_auto=lc["eps_auto"],

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import tempfile
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from .errors import UserError, WriteFailed
+from .nofollow import check_folder, open_kept
 
 
 def os_error_in(exc):
@@ -70,6 +72,68 @@ def fsync_folder(folder):
         pass
     finally:
         os.close(fd)
+
+
+def same_file(a, b):
+    """Whether two paths name one file: the same file where both exist (links, hard links and
+    another spelling of a name resolved), else the same absolute path, links resolved."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(outputs, inputs):
+    """Exit 2 before any work where an output {option: path} would replace an input {option: path}
+    or another output of the same command."""
+    outputs = [(name, path) for name, path in outputs.items() if path]
+    for k, (name, path) in enumerate(outputs):
+        for other, other_path in outputs[k + 1:]:
+            if same_file(path, other_path):
+                raise UserError(f"{name} and {other} name the same file ({path}): each output needs its own")
+        for other, other_path in inputs.items():
+            if other_path and same_file(path, other_path):
+                raise UserError(f"{name} {path} is {other} ({other_path}): writing it would replace what this "
+                                f"command reads; give the output another name")
+
+
+# Where a run given --overwrite writes its outputs until they all exist (a hidden folder in --out,
+# one per stage): the earlier run's outputs are replaced only then.
+STAGING = ".mtlc-next-{}"
+
+
+def staging_folder(out, stage_name):
+    return Path(out) / STAGING.format(stage_name)
+
+
+def writing_folder(out, stage_name):
+    """Where a stage's run in `out` keeps its checkpoints and metrics: the staging folder where a run
+    with --overwrite left its resume checkpoint there (killed before its end), else out itself."""
+    staging = staging_folder(out, stage_name)
+    return staging if os.path.lexists(staging / f"{stage_name}_last.pt") else Path(out)
+
+
+def prepare_staging(out, stage_name):
+    """An empty staging folder for a new run with --overwrite (what a killed one left removed)."""
+    staging = staging_folder(out, stage_name)
+    check_folder(staging, "folder a run with --overwrite writes into")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    return staging
+
+
+def publish(staging, out, replacing=()):
+    """The outputs a run wrote into its staging folder moved into out, each replacing the earlier
+    run's file of its name in one rename; the earlier run's outputs (`replacing`) it did not write
+    removed; the staging folder removed."""
+    written = sorted(p.name for p in staging.iterdir() if not p.name.startswith("."))
+    for name in written:
+        os.replace(staging / name, Path(out) / name)
+    for name in set(replacing) - set(written):
+        (Path(out) / name).unlink(missing_ok=True)
+    fsync_folder(out)
+    shutil.rmtree(staging)
 
 
 def existing_outputs(out, names, overwrite):
@@ -143,8 +207,9 @@ LOCK_NAME = ".mtlc-run.lock"
 def run_folder(out, script, hold=True):
     """While the block runs, this process is the only run writing `out` (created if need be): a
     second run on the same folder exits 2 at once, naming this one. The lock is the OS's (flock on
-    LOCK_NAME): it ends with the process however it ends, so a killed run's folder is free again and
-    a lock is never stale. On failure, a folder this call created and left empty is removed, and so is
+    LOCK_NAME, opened without following a link and checked to be a regular file of one name: the
+    checkpoint's folder, finetune_lc.py's default, may come from someone else): it ends with the
+    process however it ends, so a killed run's folder is free again and a lock is never stale. On failure, a folder this call created and left empty is removed, and so is
 a lock file it created in a folder that was there. hold=False
     (a process that writes nothing, a benchmark without --out) does nothing."""
     if not hold:
@@ -153,10 +218,10 @@ a lock file it created in a folder that was there. hold=False
     out = Path(out)
     created = not out.exists()
     path = out / LOCK_NAME
-    lock_created = not path.exists()
+    lock_created = not os.path.lexists(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_kept(path, os.O_RDWR | os.O_CREAT, "run lock", writing=True)  # never truncates a file elsewhere
     except OSError as exc:
         raise WriteFailed(path, exc) from None
     locked_by_other = False

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
 
-from mtlc import images
+from mtlc import cache, images, seal
 from mtlc import batches
 from mtlc.batches import channel_stats
 from mtlc.data import load_dataset
@@ -274,3 +274,81 @@ def test_an_edit_that_keeps_size_and_modification_time_is_seen(tmp_path):
     after = load_dataset("folder", tmp_path, echo=quiet)
     assert (after.train_x[2] == 99).all() and after.files == before.files
     assert after.contents["train"] != before.contents["train"] and after.contents["test"] == before.contents["test"]
+
+
+def as_machine(monkeypatch, config_dir):
+    """Run what follows as another machine would: its own secret (seal.py)."""
+    monkeypatch.setenv("MTLC_CONFIG_DIR", str(config_dir))
+    seal.secret.cache_clear()
+
+
+def paint_first_row(folder):
+    """Paint the first image of the training cache white, its size and listing kept."""
+    (u8,) = (folder / "mtlc-cache").glob("train-*.u8")
+    with open(u8, "r+b") as f:
+        f.seek(cache.HEADER_BYTES)
+        f.write(b"\xff" * 3 * 32 * 32)
+
+
+def test_a_cache_that_came_with_the_folder_is_never_trusted(tmp_path, monkeypatch):
+    """A stranger decodes the folder (their secret), paints a row of its cache, and ships folder and
+    cache in a tar: after extracting, the images are decoded again, not one painted pixel served, and
+    the victim's own cache keeps none of them."""
+    import tarfile
+    write_own_folder(tmp_path / "d")
+    as_machine(monkeypatch, tmp_path / "stranger")
+    load_dataset("folder", tmp_path / "d", echo=quiet)
+    paint_first_row(tmp_path / "d")
+    with tarfile.open(tmp_path / "d.tar", "w") as tar:
+        tar.add(tmp_path / "d", arcname="d")
+    with tarfile.open(tmp_path / "d.tar") as tar:
+        tar.extractall(tmp_path / "victim", filter="tar")
+    as_machine(monkeypatch, tmp_path / "me")
+    said = []
+    data = load_dataset("folder", tmp_path / "victim" / "d", echo=said.append)
+    fresh = images.decode(tmp_path / "victim" / "d" / data.files["train"][0], 32)
+    assert torch.equal(data.train_x[0], fresh) and not (data.train_x[0] == 255).all()
+    again = load_dataset("folder", tmp_path / "victim" / "d", echo=quiet)  # from the victim's own cache now
+    assert torch.equal(again.train_x[0], fresh)
+
+
+def test_a_cache_changed_after_it_was_written_is_decoded_again(tmp_path, monkeypatch):
+    """Same machine, same secret: a row painted in place (its size kept) is noticed, as the .u8 is
+    no longer the file this machine sealed; so is a cache whose seal was made with another secret."""
+    write_own_folder(tmp_path / "d")
+    as_machine(monkeypatch, tmp_path / "me")
+    first = load_dataset("folder", tmp_path / "d", echo=quiet)
+    paint_first_row(tmp_path / "d")
+    said = []
+    again = load_dataset("folder", tmp_path / "d", echo=said.append)
+    fresh = images.decode(tmp_path / "d" / first.files["train"][0], 32)
+    assert torch.equal(again.train_x[0], fresh) and any("not the file this machine wrote" in s for s in said)
+    as_machine(monkeypatch, tmp_path / "other")
+    said.clear()
+    load_dataset("folder", tmp_path / "d", echo=said.append)
+    assert any("not made by this machine" in s for s in said), said
+
+
+def test_a_cache_folder_that_is_a_link_is_refused(tmp_path):
+    """mtlc-cache a link to a folder elsewhere: the cache would write and delete files there; the run
+    is refused in one line, and nothing is written there."""
+    write_own_folder(tmp_path / "d")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "train-32px-keep.json").write_text("someone's file")
+    (tmp_path / "d" / "mtlc-cache").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", "--epochs", "1", "--out", tmp_path / "r",
+              env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")))
+    assert res.returncode == 2 and "is a symbolic link, not the decode cache folder" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["train-32px-keep.json"]
+
+
+def test_a_pipe_in_the_cache_never_hangs(tmp_path, monkeypatch):
+    write_own_folder(tmp_path / "d")
+    as_machine(monkeypatch, tmp_path / "me")
+    load_dataset("folder", tmp_path / "d", echo=quiet)
+    (meta,) = [p for p in (tmp_path / "d" / "mtlc-cache").glob("train-*.json") if not p.name.endswith(".files.json")]
+    meta.unlink()
+    os.mkfifo(meta)
+    res = run("-c", "import sys; from mtlc.data import load_dataset; load_dataset('folder', sys.argv[1])", tmp_path / "d",
+              env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")), timeout=120)
+    assert res.returncode == 0 and "a link or a pipe" in res.stdout, res.stdout + res.stderr
