@@ -25,7 +25,7 @@ from mtlc.errors import UserError
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.options import run_options, speed_options
 from mtlc.presets import preset, preset_help, ramp_epochs
-from mtlc.runs import check_resume_flags, existing_outputs, run_folder
+from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
 from mtlc.training import run_stage
 
 OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
@@ -133,6 +133,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
             raise UserError(f"--eps must be finite and > 0, got {eps}")
         if not (math.isfinite(lam) and lam >= 0):
             raise UserError(f"--lam must be finite and >= 0, got {lam}")
+        check_outputs({name: out / name for name in outputs}, {"--ckpt": ckpt, "--truth": truth})
         existing = existing_outputs(out, outputs, overwrite)
 
         data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
