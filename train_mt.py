@@ -22,6 +22,7 @@ from mtlc.copies import LEAK_CHECK_MAX, leaked_test
 from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
+from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.options import run_options, speed_options
 from mtlc.presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
@@ -151,12 +152,16 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
             procs.echo(f"train_mt: {len(leaked)} of the {len(data.test_y)} test images are also in labeled/ or unlabeled/ "
                        f"(the same image or a near copy; evaluate.py --audit lists them): the test error counts "
                        f"them, the error 'without its copies' leaves them out, and calibration (--max-error) too")
+        relabeled = relabeled_images(Path(data_dir)) if own else []
+        if relabeled:
+            procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({data_dir}/{LOG_NAME}): held out "
+                       f"(test/, --val), they count as errors in the calibration of --max-error")
         mean, std = channel_stats(data.train_x)
         config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
                       val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
                       image_size=image_size, skip_bad_images=skip_bad_images, files=data.files, contents=data.contents,
-                      leaked_test=leaked or [],
+                      leaked_test=leaked or [], relabeled=relabeled,
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],

@@ -10,9 +10,11 @@ before a wrong label, a copy or a stray image misleads a run:
 - outlier: an image least like any class, farther from its nearest labeled images (in the
   network's features or in its pixels) than any labeled image is from the others.
 
-Each is a Finding: one row of the audit CSV (kind,path,score,suggestion, then given and detail).
+Each is a Finding: one row of the audit CSV (kind,path,score,suggestion, then given, detail and the
+hash of the image's bytes), which label.py applies: a doubtful label relabeled from the audit page's
+labels.csv, the copies, leaks and strays set aside (label.py --set-aside).
 """
-import csv
+import contextlib
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -23,15 +25,16 @@ from sklearn.neighbors import NearestNeighbors
 from .batches import normalization
 from .calibration import fitted_or_one
 from .checkpoints import restore_models
-from .console import path_text
+from .console import csv_writer, path_text
 from .copies import exact_groups, near_pairs, thumbnails
 from .crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities
 from .data import is_own_layout
 from .errors import UserError
+from .files import DIGEST_COLUMN, file_digest, read_regular
 from .inference import outputs
 from .runs import atomic_write
 
-AUDIT_HEADER = ("kind", "path", "score", "suggestion", "given", "detail")
+AUDIT_HEADER = ("kind", "path", "score", "suggestion", "given", "detail", DIGEST_COLUMN)
 KINDS = ("label", "duplicate", "leak", "outlier")
 OUTLIER_NEIGHBOURS = 5  # labeled images an image's distance to the classes is measured to
 # How much farther than the farthest labeled image an outlier must be, set on the two 5% folders of
@@ -49,6 +52,7 @@ class Finding:
     suggestion: str    # label: the class it more likely is; duplicate, leak: the copy's path; outlier: ""
     given: str = ""    # label: the class the folder gives it
     detail: str = ""
+    digest: str = ""   # the hash of its file's bytes: label.py acts on a row only for that very image
 
 
 def label_findings(paths, labels, probabilities, classes, where):
@@ -151,6 +155,9 @@ def audit(state, data, root, device, *, folds=DEFAULT_FOLDS, steps=DEFAULT_STEPS
     labeled = np.zeros(len(paths), bool)
     labeled[labeled_idx.numpy()] = True
     findings += outlier_findings(paths, all_features, images, labeled)
+    for finding in findings:
+        with contextlib.suppress(OSError):
+            finding.digest = file_digest(read_regular(finding.path))
     return sorted(findings, key=lambda f: (KINDS.index(f.kind), -f.score, f.path))
 
 
@@ -158,7 +165,7 @@ def write_audit(path, findings):
     """The audit CSV: a header, then one row per finding (scores with 4 decimals)."""
     def write(f):
         text = path_text(f)
-        writer = csv.writer(text, lineterminator="\n")
+        writer = csv_writer(text)
         writer.writerow(AUDIT_HEADER)
         for finding in findings:
             row = list(astuple(finding))

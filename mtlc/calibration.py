@@ -19,6 +19,14 @@ that the promise holds at 95% for the search as a whole (a union bound over its 
 The promise is about images like the held-out ones. The unlabeled images were trained on (Mean
 Teacher's consistency, LC): the network is more confident on them, so at the same threshold their
 error can be higher than the held-out images'.
+
+Held-out images relabeled from a model's own suggestion (the audit flags the test images its teacher
+disagrees with, and one key confirms the suggestion) are no evidence for the model: their new label
+agrees with it because it came from it. Leaving them out is no cure either, as they are the model's
+disagreements: what is left is the images it already agreed with (simulated, bench_acceptance.py:
+either way the promise breaks in nearly every draw). So an image label.py relabeled is counted as an
+error of the model whatever it predicts: an upper bound on its true error, which keeps the promise
+(and costs acceptance in proportion to the images relabeled). The temperature is fitted on the others.
 """
 import math
 from dataclasses import dataclass
@@ -191,27 +199,31 @@ class Calibration:
     ece_after: float
     coverage_errors: dict
     confidence: np.ndarray  # calibrated, rounded, per held-out image
-    correct: np.ndarray
+    correct: np.ndarray     # False for every relabeled image (module docstring)
     uncalibrated: str = None  # why no temperature was fitted, if none was
+    relabeled: int = 0      # held-out images relabeled with label.py, counted as errors
 
     @classmethod
-    def fit(cls, logits, labels, source):
+    def fit(cls, logits, labels, source, doubted=None):
+        """The calibration on held-out images; doubted: which of them were relabeled from a model's
+        suggestion (counted as errors, left out of the temperature's fit and the ECE)."""
         logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
+        trusted = np.ones(len(labels), bool) if doubted is None else ~np.asarray(doubted, bool)
         try:
-            temperature, uncalibrated = fit_temperature(logits, labels), None
+            temperature, uncalibrated = fit_temperature(logits[trusted], labels[trusted]), None
         except NoTemperature as exc:
             temperature, uncalibrated = 1.0, str(exc)
         predicted, confidence = confidences(logits, temperature)
-        correct = predicted == labels
-        before, after = cross_fitted_ece(logits, labels) if uncalibrated is None else (np.nan, np.nan)
+        correct = (predicted == labels) & trusted
+        before, after = (cross_fitted_ece(logits[trusted], labels[trusted]) if uncalibrated is None else (np.nan, np.nan))
         return cls(source, len(labels), temperature, before, after, errors_at_coverage(confidence, correct),
-                   confidence, correct, uncalibrated)
+                   confidence, correct, uncalibrated, int((~trusted).sum()))
 
     def threshold(self, max_error):
         return acceptance_threshold(self.confidence, self.correct, max_error)
 
     def summary(self):
-        return dict(held_out=self.source, n_held_out=self.n,
+        return dict(held_out=self.source, n_held_out=self.n, relabeled_counted_wrong=self.relabeled,
                     temperature=None if self.uncalibrated else self.temperature, uncalibrated=self.uncalibrated,
                     ece_before=None if self.uncalibrated else self.ece_before,
                     ece_after=None if self.uncalibrated else self.ece_after,

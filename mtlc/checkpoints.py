@@ -10,6 +10,7 @@ normalization and, for an image folder, its files), the split, the RNG states an
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 import torch
@@ -288,19 +289,39 @@ def restore_data(state, data_dir=None, echo=click.echo):
     return data
 
 
+class HeldOut(NamedTuple):
+    """The labeled images a checkpoint never trained on."""
+    x: torch.Tensor        # uint8 images
+    y: torch.Tensor        # their classes, as the folder gives them now
+    source: str            # "test" or "validation"
+    relabeled: torch.Tensor  # bool per image: relabeled with label.py (config["relabeled"]) before the run
+
+
 def held_out(state, data):
-    """The labeled images a checkpoint never trained on: (uint8 images, classes, which): its test
-    images ("test") but those that copy a training image (config["leaked_test"]), else its --val
-    hold-out ("validation"); none where it has neither."""
+    """The labeled images a checkpoint never trained on (HeldOut): its test images but those that copy a
+    training image (config["leaked_test"]), else its --val hold-out; none where it has neither. Those
+    label.py relabeled before the run (from the audit's suggestion, say) are marked: their labels are
+    no longer independent of the models that suggested them, and calibration counts them as errors."""
+    config = state["config"]
     if len(data.test_y):
-        return without_leaked(state["config"], data.files and data.files["test"], data.test_x, data.test_y)
-    return data.train_x[state["val_idx"]], data.train_y[state["val_idx"]], "validation"
+        return without_leaked(config, data.files and data.files["test"], data.test_x, data.test_y)
+    val = state["val_idx"]
+    names = [data.files["train"][i] for i in val.tolist()] if data.files else None
+    return HeldOut(data.train_x[val], data.train_y[val], "validation", relabeled_mask(config, names, len(val)))
+
+
+def relabeled_mask(config, names, n):
+    """Which of n held-out images (their names, None where the dataset has none) label.py relabeled."""
+    relabeled = set(config["relabeled"])
+    return torch.tensor([name in relabeled for name in names], dtype=torch.bool) if names else torch.zeros(n, dtype=torch.bool)
 
 
 def without_leaked(config, names, x, y):
-    """(x, y, "test") of the test images whose names config["leaked_test"] does not list."""
+    """HeldOut of the test images whose names config["leaked_test"] does not list."""
     keep = unleaked_test(config, names)
-    return (x, y, "test") if keep is None else (x[keep], y[keep], "test")
+    if keep is not None:
+        x, y, names = x[keep], y[keep], [names[i] for i in keep.tolist()]
+    return HeldOut(x, y, "test", relabeled_mask(config, names, len(y)))
 
 
 def restore_held_out(state, data_dir=None, echo=click.echo):
@@ -318,8 +339,9 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
     foreign = sorted(set(groups) - set(config["classes"]))
     if foreign:
         raise UserError(f"{where / 'test'} has class folders the checkpoint does not know: {', '.join(foreign)}")
-    (x, y, names, content), bad, _ = read_files(where, listed([groups], config["classes"]), "test",
-                                               config["image_size"], echo)
+    test_files = listed([groups], config["classes"])
+    check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where)
+    (x, y, names, content), bad, _ = read_files(where, test_files, "test", config["image_size"], echo)
     if bad and not config["skip_bad_images"]:
         raise UserError(describe_bad(bad, where))
     check_same_files(files, dict(test=names), where, config["contents"], dict(test=content), parts=("test",))

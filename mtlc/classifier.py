@@ -45,15 +45,15 @@ class Classifier:
         own data_dir unless one is given); returns the Calibration, or None where there are none or
         they cannot be read as they were trained (self.uncalibrated says why)."""
         try:
-            x, y, source = restore_held_out(self.state, data_dir, echo=echo)
+            held = restore_held_out(self.state, data_dir, echo=echo)
         except UserError as e:
             self.calibration, self.uncalibrated = None, f"the checkpoint's held-out images cannot be read: {e.message}"
             return None
-        if not len(y):
+        if not len(held.y):
             self.calibration, self.uncalibrated = None, ("the checkpoint has no held-out images (a test/ folder, or "
                                                          "train_mt.py --val N)")
             return None
-        self.calibration = held_out_calibration(self.state, x, y, source, self.model, self.device)
+        self.calibration = held_out_calibration(self.state, held, self.model, self.device)
         self.uncalibrated = self.calibration.uncalibrated
         return self.calibration
 

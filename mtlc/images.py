@@ -116,11 +116,16 @@ def thumbnail_jpeg(path, size, quality=70):
 
 
 def decode_or_reason(path, size):
-    """(image, None) or (None, why it cannot be read)."""
+    """(image, None, the digest of the file's bytes) or (None, why it cannot be read, the digest or
+    None where not even its bytes could be read)."""
     try:
-        return decode(path, size), None
+        data = read_file(path)
     except BadImage as exc:
-        return None, str(exc)
+        return None, str(exc), None
+    try:
+        return decode_bytes(data, size), None, file_digest(data)
+    except BadImage as exc:
+        return None, str(exc), file_digest(data)
 
 
 def read_for_cache(path, size, known):
@@ -154,14 +159,14 @@ def pooled(work, items, batch_size, workers=None):
 
 def decode_batches(paths, size, batch_size, workers=None):
     """Yield (paths, uint8 images (n, 3, size, size), {index in the batch: reason} for the files that
-    failed) for consecutive batches of paths, the next batch decoding meanwhile (pooled). The images
-    of failed files are zeros."""
+    failed, the digest of each file's bytes (None where they could not be read)) for consecutive
+    batches of paths, the next batch decoding meanwhile (pooled). The images of failed files are zeros."""
     for chunk, results in pooled(functools.partial(decode_or_reason, size=size), paths, batch_size, workers):
         out = torch.zeros(len(chunk), 3, size, size, dtype=torch.uint8)
         failed = {}
-        for i, (img, reason) in enumerate(results):
+        for i, (img, reason, _) in enumerate(results):
             if reason is None:
                 out[i] = img
             else:
                 failed[i] = reason
-        yield chunk, out, failed
+        yield chunk, out, failed, [digest for _, _, digest in results]

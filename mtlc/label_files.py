@@ -248,6 +248,12 @@ def relabeled_paths(log):
                   and j.now.split("/")[0] == j.first.split("/")[0])
 
 
+def relabeled_images(data_dir):
+    """relabeled_paths of an own-images folder's log (none where it has none); exit 2 for a log that
+    cannot be trusted: a run must not take relabeled images for independent ones."""
+    return relabeled_paths(read_log(data_dir))
+
+
 class Log:
     """label-log.csv, appended a row at a time and flushed to disk before the move it records, opened
     without following a link and checked to be a regular file of one name (nofollow.open_kept). A

@@ -13,7 +13,7 @@ import click
 from tqdm import tqdm
 
 from .classifier import Classifier
-from .console import path_text
+from .console import path_text, stdout_csv
 from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
@@ -122,7 +122,11 @@ def predict(path, state, targets, device, options):
     if o.csv_path:
         atomic_write(o.csv_path, write_csv)
     elif not o.review:  # with --review and no --csv, the page is the output
-        write_rows(sys.stdout, rows, threshold, extra)
+        text = stdout_csv()  # UTF-8 whatever the console's encoding: the names label.py reads back
+        write_rows(text, rows, threshold, extra)
+        text.flush()
+        if text is not sys.stdout:
+            text.detach()
     bar.close()
     n, failed = tally.rows, tally.failed
     say(f"predicted {n - failed:,} of {n:,} images with the {o.model_name} of {path}"

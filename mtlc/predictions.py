@@ -3,7 +3,6 @@ training (the checkpoint's image size and normalization), classified a batch at 
 memory stays bounded however many there are, one CSV row per file; their confidences calibrated on
 held-out images, and the images to label next.
 """
-import csv
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -12,7 +11,8 @@ import torch
 from .batches import normalization
 from .calibration import Calibration, confidences
 from .errors import UserError
-from .files import find_images
+from .console import csv_writer
+from .files import DIGEST_COLUMN, find_images
 from .images import decode_batches
 from .inference import model_outputs, outputs
 from .selection import suggest
@@ -46,6 +46,7 @@ class Prediction(NamedTuple):
     runner_up: Optional[str]      # the second most likely class
     features: Optional[torch.Tensor] = None  # the pooled features (the vectors LC acts on)
     reason: Optional[str] = None  # why the file could not be read
+    digest: Optional[str] = None  # the hash of the file's bytes (files.file_digest): which image the row is for
 
 
 def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0):
@@ -53,25 +54,29 @@ def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=25
     the temperature (calibration.py), the runner-up class and the pooled features. One batch of
     decoded images is held at a time, the next one decoding meanwhile."""
     device = next(model.parameters()).device
-    for chunk, x, failed in decode_batches(paths, image_size, batch_size):
+    for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size):
         features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
         predicted, confidence = confidences(logits, temperature)
         runner_up = logits.topk(min(2, logits.shape[1]), dim=1).indices[:, -1]
         for i, path in enumerate(chunk):
             if i in failed:
-                yield Prediction(path, None, None, None, reason=failed[i])
+                yield Prediction(path, None, None, None, reason=failed[i], digest=digests[i])
             else:
-                yield Prediction(path, classes[predicted[i]], float(confidence[i]), classes[runner_up[i]], features[i])
+                yield Prediction(path, classes[predicted[i]], float(confidence[i]), classes[runner_up[i]], features[i],
+                                 digest=digests[i])
 
 
 def write_rows(text_file, rows, threshold=None, extra=None):
     """Write the CSV header and one row per prediction; a file that could not be read gets an empty
     prediction. With a threshold, a column `accepted`: 1 where the confidence is at least the
-    threshold. extra: (column name, value per row) columns after those. Paths are written as str
-    (a text file opened with console.path_text keeps undecodable bytes)."""
-    writer = csv.writer(text_file, lineterminator="\n")
+    threshold. extra: (column name, value per row) columns after those; last, blake2b: the hash of the
+    bytes of the image the row was written for (label.py refuses the row where the file holds another
+    image by then). Paths are written as str (a text file opened with console.path_text keeps
+    undecodable bytes); every name reads back as itself (console.csv_writer)."""
+    writer = csv_writer(text_file)
     extra = extra or ()
-    writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + tuple(name for name, _ in extra))
+    writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + tuple(name for name, _ in extra)
+                    + (DIGEST_COLUMN,))
     for i, row in enumerate(rows):
         if row.label is None:
             cells = [str(row.path), "", "", ""]
@@ -79,18 +84,20 @@ def write_rows(text_file, rows, threshold=None, extra=None):
             cells = [str(row.path), row.label, f"{row.confidence:.4f}", row.runner_up]
         if threshold is not None:
             cells.append(int(is_accepted(row, threshold)))
-        writer.writerow(cells + [values[i] for _, values in extra])
+        writer.writerow(cells + [values[i] for _, values in extra] + [row.digest or ""])
 
 
 def is_accepted(row, threshold):
     return row.label is not None and row.confidence >= threshold
 
 
-def held_out_calibration(state, x, y, source, model, device):
-    """The calibration of the model's confidences on held-out labeled images x, y (data.held_out:
-    the checkpoint's test images, else its --val hold-out; `source` says which)."""
+def held_out_calibration(state, held, model, device):
+    """The calibration of the model's confidences on the checkpoint's held-out labeled images
+    (checkpoints.HeldOut: its test images, else its --val hold-out), those relabeled with label.py
+    counted as errors."""
     mean, std = normalization(state["config"], device)
-    return Calibration.fit(outputs(model, x, mean, std)[1].numpy(), y.numpy(), source)
+    return Calibration.fit(outputs(model, held.x, mean, std)[1].numpy(), held.y.numpy(), held.source,
+                           doubted=held.relabeled.numpy())
 
 
 def suggest_rows(rows, state, data, model, device, *, n, seed):

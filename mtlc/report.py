@@ -202,9 +202,9 @@ def evaluate_checkpoint(path, state, data, models, device, *, pool_y=None, model
         for cls, r in per_class_errors(y, predicted, data.classes).items():
             per_class.setdefault(cls, dict(count=r["count"]))[f"{name}_error"] = r["error"]
     result["per_class"] = per_class
-    x_held, y_held, source = held_out(state, data)
-    if len(y_held):
-        cal = held_out_calibration(state, x_held, y_held, source, models[model_name], device)
+    held = held_out(state, data)
+    if len(held.y):
+        cal = held_out_calibration(state, held, models[model_name], device)
         result["calibration"] = dict(model=model_name, **cal.summary())
     if pool_y is not None:
         result["n_pool"] = len(pool_y)
@@ -239,6 +239,9 @@ def describe_calibration(summary):
     errors = summary["error_at_coverage"]
     coverage = (f"error of the most confident 10% / 50% / all: {errors['10']:.1f}% / {errors['50']:.1f}% / "
                 f"{errors['100']:.1f}%")
+    if summary.get("relabeled_counted_wrong"):
+        coverage += (f" ({summary['relabeled_counted_wrong']:,} of them relabeled with label.py before training, "
+                     f"counted as errors: their labels came from a model's suggestion)")
     if summary["uncalibrated"]:
         return (f"confidences of the {summary['model']} are uncalibrated (the raw softmax): {summary['uncalibrated']}; "
                 f"on the {summary['n_held_out']:,} held-out {summary['held_out']} images the {coverage}")

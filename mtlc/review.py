@@ -1,7 +1,9 @@
 """The review page: one self-contained HTML file (no server, no internet: it opens from disk in any
 browser) showing predictions as thumbnails grouped by predicted class, least confident first, with
-a class chooser per image and a Save button that downloads labels.csv (path,label) of what the user
-confirmed or corrected, for label.py. The page's HTML, CSS and script live in review_page/; this
+a class chooser per image and a Save button that downloads labels.csv (path,label,blake2b,action) of
+what the user confirmed or corrected (and, on an audit's page, set aside), for label.py. Each image
+is known by its path and the hash of its bytes: a decision kept in the browser never carries over
+to another picture saved under the same name, and label.py refuses a row whose file changed since. The page's HTML, CSS and script live in review_page/; this
 module fills them with the predictions and embedded thumbnails.
 """
 import base64
@@ -87,7 +89,7 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, thre
         storage_key=storage_key(p.path for p in predictions), findings=[], audit=False,
         items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
                     runner_up=p.runner_up, accepted=None if max_error is None else (
-                        threshold is not None and p.confidence >= threshold), thumb=t)
+                        threshold is not None and p.confidence >= threshold), thumb=t, digest=p.digest)
                for p, t in zip(items, thumbnails) if t is not None])
     write_page(out, title, data)
     return len(data["items"]), sum(t is None for t in thumbnails)
@@ -113,8 +115,10 @@ def write_audit_review(out, findings, classes, *, title="Is the folder right?", 
                 for f in findings if not (is_text(f.path) and is_text(f.suggestion))],
         storage_key=storage_key(f.path for f in findings), audit=True,
         items=[dict(path=f.path, name=Path(f.path).name, label=f.suggestion, confidence=1 - f.score, given=f.given,
-                    runner_up=None, accepted=None, thumb=t) for f, t in zip(labels, label_thumbs) if t is not None],
+                    runner_up=None, accepted=None, thumb=t, digest=f.digest)
+               for f, t in zip(labels, label_thumbs) if t is not None],
         findings=[dict(kind=f.kind, path=f.path, name=Path(f.path).name, copy=f.suggestion, detail=f.detail, thumb=t,
-                       copy_thumb=next(copy_thumbs) if f.suggestion else None) for f, t in zip(others, other_thumbs)])
+                       copy_thumb=next(copy_thumbs) if f.suggestion else None, digest=f.digest)
+                  for f, t in zip(others, other_thumbs)])
     write_page(out, title, data)
     return len(data["items"]), sum(t is None for t in thumbnails)

@@ -44,9 +44,10 @@ def invoke(command, args):
 
 
 def read_rows(text, more=()):
-    """The rows of evaluate.py --predict's CSV, checked to have its columns (and `more` after them)."""
-    reader = csv.DictReader(io.StringIO(text))
-    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up", *more]
+    """The rows of evaluate.py --predict's CSV, checked to have its columns (`more` after them, then
+    the hash of each row's image)."""
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    assert reader.fieldnames == ["path", "prediction", "confidence", "runner_up", *more, "blake2b"]
     return list(reader)
 
 

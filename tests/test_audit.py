@@ -17,6 +17,7 @@ from conftest import invoke, run, save_labels, snapshot, write_labels
 from fakedata import write_own_folder
 from mtlc.audit import AUDIT_HEADER, KINDS, outlier_findings
 from mtlc.copies import copies_in, near_pairs
+from mtlc.files import file_digest
 from mtlc.crossfit import fold_config
 from mtlc.images import decode
 
@@ -149,8 +150,9 @@ def test_the_audit_finds_what_was_planted(audited):
 @pytest.mark.slow
 def test_a_doubtful_label_is_fixed_with_one_key_in_a_real_browser(audited, browser):
     """The audit's page as a person uses it: the doubtful label shown with its given class and the
-    suggested one, 'y' confirms the suggestion, Save writes labels.csv, label.py moves the image to
-    the suggested class and --undo puts it back; the copies and the stray are listed."""
+    suggested one, 'y' confirms the suggestion, the leak's box sets it aside, Save writes labels.csv
+    (each row bound to its image's hash), label.py moves the image to the suggested class and the leak
+    into set-aside/, and --undo puts both back; the copies and the stray are listed."""
     from selenium.webdriver.common.by import By
     driver, downloads = browser
     folder, rows, page, _ = audited
@@ -163,10 +165,19 @@ def test_a_doubtful_label_is_fixed_with_one_key_in_a_real_browser(audited, brows
     driver.find_element(By.TAG_NAME, "body").send_keys("y")
     findings = driver.find_element(By.ID, "findings").text
     assert "leak: " in findings and "duplicate: " in findings and "stray.png" in findings
+    leak = next(f for f in driver.find_elements(By.CSS_SELECTOR, ".finding.leak")
+                if f.get_attribute("data-path").endswith("test/dog/2.png"))
+    leak.find_element(By.CSS_SELECTOR, "input.aside").click()
+    assert "1 set aside" in driver.find_element(By.ID, "decided").text
     saved, rows_saved = save_labels(driver, downloads)
-    assert rows_saved == [{"path": card.get_attribute("data-path"), "label": "cat"}]
+    digest = file_digest((folder / "labeled" / "owl" / "cat3.png").read_bytes())
+    assert rows_saved == [
+        {"path": card.get_attribute("data-path"), "label": "cat", "blake2b": digest, "action": "label"},
+        {"path": leak.get_attribute("data-path"), "label": "", "blake2b": file_digest((folder / "test" / "dog" / "2.png").read_bytes()),
+         "action": "set-aside"}]
     res = invoke(label, ["--data-dir", folder, "--apply", saved])
     assert res.exit_code == 0 and (folder / "labeled" / "cat" / "cat3.png").is_file(), res.output
+    assert (folder / "set-aside" / "test" / "dog" / "2.png").is_file() and not (folder / "test" / "dog" / "2.png").exists()
     assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0
     assert snapshot(folder) == before
 

@@ -125,5 +125,5 @@ def test_same_decode_for_training_and_predictions(tmp_path):
     from mtlc import images
     rgb = picture()
     Image.fromarray(rgb, "RGB").save(tmp_path / "x.png")
-    ((_, batch, failed),) = images.decode_batches([tmp_path / "x.png"], SIZE, 4)
+    ((_, batch, failed, _),) = images.decode_batches([tmp_path / "x.png"], SIZE, 4)
     assert not failed and torch.equal(batch[0], decode(tmp_path / "x.png", SIZE))

@@ -132,7 +132,7 @@ from mtlc.files import find_images
 from mtlc.images import decode_batches
 t = time.perf_counter()
 paths = find_images(sys.argv[1])[0]
-n = sum(len(chunk) for chunk, _, _ in decode_batches(paths, int(sys.argv[2]), int(sys.argv[3])))
+n = sum(len(chunk) for chunk, *_ in decode_batches(paths, int(sys.argv[2]), int(sys.argv[3])))
 print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n / (time.perf_counter() - t),
                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """

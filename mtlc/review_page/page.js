@@ -1,30 +1,39 @@
 "use strict";
 // The review page: the predictions (embedded as JSON by review.py) grouped by predicted class, a class
 // chooser per image, filters, keyboard shortcuts, and a Save button that downloads labels.csv. Nothing
-// else is ever written: decisions wait in this browser's localStorage until saved.
+// else is ever written: decisions wait in this browser's localStorage until saved, each under its
+// image's path and the hash of its bytes, so that a decision never passes to another picture saved
+// later under the same name.
 const data = JSON.parse(document.getElementById("review-data").textContent);
 const storageKey = "mtlc-review:" + data.storage_key;
 let decisions = {};
 try { decisions = JSON.parse(localStorage.getItem(storageKey) || "{}"); } catch (e) { decisions = {}; }
 const cards = [];
+const asides = [];  // the audit's copies, leaks and strays, each with its "set aside" box
+const SET_ASIDE = "set-aside";  // label.py's action for an image moved where training never looks
 let selected = null;
+
+function key(item) { return item.path + "\u0000" + (item.digest || ""); }
+function asideKey(finding) { return SET_ASIDE + "\u0000" + key(finding); }
 
 function remember() {
   try { localStorage.setItem(storageKey, JSON.stringify(decisions)); } catch (e) { /* a file:// page may refuse */ }
-  const values = Object.values(decisions);
-  const corrected = cards.filter(c => decisions[c.item.path] && decisions[c.item.path] !== c.item.label).length;
+  const labeled = cards.filter(c => decisions[key(c.item)]);
+  const corrected = labeled.filter(c => decisions[key(c.item)] !== c.item.label).length;
+  const aside = asides.filter(a => decisions[asideKey(a.finding)]).length;
   document.getElementById("decided").textContent =
-    `${values.length} decided (${values.length - corrected} confirmed, ${corrected} corrected)`;
+    `${labeled.length} decided (${labeled.length - corrected} confirmed, ${corrected} corrected)` +
+    (asides.length ? `, ${aside} set aside` : "");
 }
 
 function decide(card, label) {
-  if (label) decisions[card.item.path] = label; else delete decisions[card.item.path];
+  if (label) decisions[key(card.item)] = label; else delete decisions[key(card.item)];
   show(card);
   remember();
 }
 
 function show(card) {
-  const label = decisions[card.item.path];
+  const label = decisions[key(card.item)];
   card.select.value = label || "";
   card.el.classList.toggle("decided", Boolean(label));
   card.el.classList.toggle("corrected", Boolean(label) && label !== card.item.label);
@@ -109,19 +118,32 @@ function thumbnail(src, name) {
   return img;
 }
 
-// The copies and the images like no class that an audit found: shown, nothing to decide.
+// The copies, the leaks into test/ and the images like no class that an audit found, each with a box
+// that sets it aside (label.py moves it into set-aside/, where training never looks).
 function renderFindings() {
   const list = document.getElementById("findings");
   for (const f of data.findings) {
     const row = document.createElement("div");
     row.className = "finding " + f.kind;
+    row.dataset.path = f.path;
     const what = document.createElement("div");
     what.className = "name";
     what.textContent = `${f.kind}: ${f.path}` + (f.copy ? ` = ${f.copy}` : "") + ` (${f.detail})`;
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.className = "aside";
+    box.checked = Boolean(decisions[asideKey(f)]);
+    box.addEventListener("change", () => {
+      if (box.checked) decisions[asideKey(f)] = SET_ASIDE; else delete decisions[asideKey(f)];
+      remember();
+    });
+    const label = document.createElement("label");
+    label.append(box, f.kind === "leak" ? " set this test image aside" : " set aside");
     if (f.thumb) row.append(thumbnail(f.thumb, f.name));
     if (f.copy_thumb) row.append(thumbnail(f.copy_thumb, f.copy));
-    row.append(what);
+    row.append(what, label);
     list.append(row);
+    asides.push({finding: f, box});
   }
   document.getElementById("findings-section").hidden = !data.findings.length;
 }
@@ -135,7 +157,7 @@ function visible(card) {
   const it = card.item;
   return (!cls || it.label === cls) && it.confidence >= lo && it.confidence <= hi &&
     (!status || (status === "accepted" && it.accepted === true) || (status === "uncertain" && it.accepted !== true) ||
-     (status === "undecided" && !decisions[it.path]));
+     (status === "undecided" && !decisions[key(it)]));
 }
 
 function applyFilters() {
@@ -149,8 +171,10 @@ function applyFilters() {
 function csvField(s) { return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; }
 
 function save() {
-  const rows = cards.filter(c => decisions[c.item.path]).map(c => csvField(c.item.path) + "," + csvField(decisions[c.item.path]));
-  const blob = new Blob(["path,label\n" + rows.map(r => r + "\n").join("")], {type: "text/csv"});
+  const row = (item, label, action) => [item.path, label, item.digest || "", action].map(csvField).join(",");
+  const rows = cards.filter(c => decisions[key(c.item)]).map(c => row(c.item, decisions[key(c.item)], "label"))
+    .concat(asides.filter(a => decisions[asideKey(a.finding)]).map(a => row(a.finding, "", SET_ASIDE)));
+  const blob = new Blob(["path,label,blake2b,action\r\n" + rows.map(r => r + "\r\n").join("")], {type: "text/csv"});
   const a = document.createElement("a");
   a.href = URL.createObjectURL(blob);
   a.download = "labels.csv";
