@@ -122,7 +122,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         config = dict(state["config"])
         config["seed"] = seed if seed is not None else config["seed"]
         steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config["unlabeled_batch"])
-        defaults = preset(config["dataset"], config["labels"], steps_per_epoch)
+        defaults = preset(config["dataset"], config["labels"], steps_per_epoch, config["compress"])
         eps = eps if eps is not None else defaults["eps"]
         eps_scale = eps_scale or defaults["eps_scale"]
         lam = lam if lam is not None else defaults["lam"]

@@ -25,7 +25,7 @@ from mtlc.errors import UserError
 from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.options import run_options, speed_options
-from mtlc.presets import DATASETS, PRESETS, preset, preset_help, ramp_epochs
+from mtlc.presets import DATASETS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, ramp_epochs
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
 from mtlc.training import run_stage
@@ -76,6 +76,12 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
               help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
                    f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
+@click.option("--compress", type=click.FloatRange(min=1), default=1.0,
+              help="Train the dataset's schedule this many times shorter: the paper's shape on a budget. Its "
+                   "constant-lr and decay epochs, consistency ramp-up, LC's start (--lc-start-epoch) and evaluation "
+                   f"interval are divided by it (whole epochs, at least 1; ramps at least {MIN_RAMP_STEPS} steps), and "
+                   "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule. "
+                   "Not tuned: no value was chosen on a test set.")
 @click.option("--image-size", type=click.IntRange(min=16), default=32,
               help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32). "
                    "The network pools globally, so 64 or 96 work, at 4x or 9x the compute; the augmentation's "
@@ -89,7 +95,8 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @run_options("mt")
 @speed_options("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, image_size, skip_bad_images,
+         lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, compress, image_size,
+         skip_bad_images,
          seed, device, out, overwrite, resume, precision, compile_, step_mode, benchmark):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
@@ -131,7 +138,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                           "; --val N holds out N labeled images (never trained on) for an error to watch"))
         split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
         steps_per_epoch = max(1, len(unlabeled_idx) // unlabeled_batch)
-        defaults = preset(dataset, labels, steps_per_epoch)
+        defaults = preset(dataset, labels, steps_per_epoch, compress)
         epochs = epochs or defaults["epochs"]
         decay_epochs = decay_epochs if decay_epochs is not None else defaults["decay_epochs"]
         if cons_rampup is None:
@@ -165,7 +172,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
-                      eval_every=eval_every or defaults["eval_every"],
+                      eval_every=eval_every or defaults["eval_every"], compress=compress,
                       precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
                       processes=procs.world)
         procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(val_idx)} validation / "

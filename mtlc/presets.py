@@ -48,18 +48,32 @@ MIN_RAMP_STEPS = 300
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
 CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)
 DATASETS = tuple(PRESETS)
+# --compress F: the schedule's lengths divided by F, the paper's shape on a budget (a rented GPU's
+# minutes): the epochs at constant lr and of decay of both stages, LC's start, the evaluation
+# interval (whole epochs, at least one; a decay may reach 0) and the ramp-ups (at least
+# MIN_RAMP_STEPS steps, as on small data, never longer than their stage). Chosen as a shape, not
+# tuned: no setting of it was tried on any test set.
+COMPRESSED_EPOCHS = ("epochs", "decay_epochs", "lc_start_epoch", "lc_epochs", "lc_decay_epochs", "eval_every")
+COMPRESSED_RAMPS = dict(cons_rampup=("epochs", "decay_epochs"), lc_rampup=("lc_epochs", "lc_decay_epochs"))
 
 
-def preset(dataset, labels, steps_per_epoch=None):
+def preset(dataset, labels, steps_per_epoch=None, compress=1.0):
     """The protocol's defaults for a dataset, and for CIFAR-10 with 2,000 labels its own. For folder,
     given steps_per_epoch, the schedule of FOLDER_STEPS in whole epochs (the ramps stay None: see
-    ramp_epochs)."""
+    ramp_epochs). compress: that schedule `compress` times shorter (COMPRESSED_EPOCHS, COMPRESSED_RAMPS;
+    the ramps' floor needs steps_per_epoch)."""
     values = dict(PRESETS[dataset])
     if dataset == "cifar10" and labels == 2000:
         values.update(CIFAR10_2000)
     if dataset == "folder" and steps_per_epoch:
         values.update({key: max(0 if "decay" in key else 1, round(steps / steps_per_epoch))
                        for key, steps in FOLDER_STEPS.items()})
+    if compress != 1:
+        values.update({key: max(0 if "decay" in key else 1, round(values[key] / compress))
+                       for key in COMPRESSED_EPOCHS if values[key] is not None})
+        floor = MIN_RAMP_STEPS / steps_per_epoch if steps_per_epoch else 0
+        values.update({key: min(max(values[key] / compress, floor), values[a] + values[b])
+                       for key, (a, b) in COMPRESSED_RAMPS.items() if values[key] is not None})
     return values
 
 

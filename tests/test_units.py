@@ -237,3 +237,22 @@ def test_split_forward_is_two_passes():
     torch.testing.assert_close(z, torch.cat([z_l, z_u]))
     torch.testing.assert_close(logits, torch.cat([y_l, y_u]))
     assert not torch.allclose(model(x)[0], z, atol=1e-4)
+
+
+def test_compressed_schedule_is_the_papers_shape_shorter():
+    """--compress 10 on CIFAR-10 (359 steps an epoch): every length a tenth, whole epochs; the
+    consistency ramp held at 300 steps; stage 2 from MT's epoch 60 for 40 + 20 epochs as the paper's
+    600 -> 1,000 + 200."""
+    from mtlc.presets import MIN_RAMP_STEPS, preset
+    paper, short = preset("cifar10", 4000, 359), preset("cifar10", 4000, 359, compress=10)
+    assert {k: short[k] for k in ("epochs", "decay_epochs", "lc_start_epoch", "lc_epochs", "lc_decay_epochs",
+                                  "eval_every")} == dict(epochs=80, decay_epochs=20, lc_start_epoch=60, lc_epochs=40,
+                                                         lc_decay_epochs=20, eval_every=1)
+    assert short["cons_rampup"] == pytest.approx(MIN_RAMP_STEPS / 359) and short["lc_rampup"] == 10
+    assert {k: v for k, v in short.items() if "epoch" not in k and "rampup" not in k and k != "eval_every"} == \
+        {k: v for k, v in paper.items() if "epoch" not in k and "rampup" not in k and k != "eval_every"}
+    tiny = preset("cifar10", 4000, 359, compress=1000)  # never under one epoch, a decay may vanish
+    assert (tiny["epochs"], tiny["decay_epochs"], tiny["lc_epochs"]) == (1, 0, 1)
+    assert tiny["cons_rampup"] == tiny["lc_rampup"] == pytest.approx(MIN_RAMP_STEPS / 359)
+    few_steps = preset("cifar10", 4000, 100, compress=1000)  # 300 steps would be 3 epochs of a 1-epoch stage
+    assert few_steps["cons_rampup"] == few_steps["lc_rampup"] == 1
