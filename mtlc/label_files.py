@@ -186,7 +186,7 @@ def read_log(data_dir):
     line without its newline (a write a full disk cut short) is left out: Log cuts it off before
     writing."""
     path = data_dir / LOG_NAME
-    data = read_kept(path, "move log")
+    data = read_kept(path, "move log", writing=True)
     if data is None:
         return []
     text = decoded_csv(data, path, "log")

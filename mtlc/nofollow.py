@@ -49,10 +49,11 @@ def open_kept(path, flags, what, mode=0o666, writing=False):
     return fd
 
 
-def read_kept(path, what):
-    """The bytes of the kept file `path`, or None where there is none (open_kept's checks)."""
+def read_kept(path, what, writing=False):
+    """The bytes of the kept file `path`, or None where there is none (open_kept's checks; `writing`:
+    a file that will be written next, checked as such)."""
     try:
-        fd = open_kept(path, os.O_RDONLY, what)
+        fd = open_kept(path, os.O_RDONLY, what, writing=writing)
     except FileNotFoundError:
         return None
     with open(fd, "rb") as f:

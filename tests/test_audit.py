@@ -4,6 +4,7 @@ the CSV contract; training's line about test images copied from training and the
 them; label.py moving a labeled or test image to the class it more likely is."""
 import csv
 import io
+import json
 import shutil
 
 import numpy as np
@@ -206,3 +207,22 @@ def test_audit_needs_one_checkpoint_and_an_image_folder(tmp_path):
     as_json = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--json", "--ckpt", tmp_path / "a.pt"])
     assert as_json.exit_code == 2 and "--json and --review-per-class go with --predict" in as_json.output
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_test_images_relabeled_with_label_py_count_as_errors_in_calibration(tmp_path):
+    """Two test images relabeled with label.py (as from the audit's suggestion), then trained on: the
+    run says so and records them, and --max-error's calibration counts them as errors."""
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=4, n_unlabeled=12, n_test=8)
+    rows = [("test/dog/0.png", "cat"), ("test/owl/1.png", "cat")]
+    assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows)]).exit_code == 0
+    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", "0.125", "--epochs", "1",
+              "--decay-epochs", "0", "--labeled-batch", "6", "--unlabeled-batch", "6", "--device", "cpu", "--out", tmp_path / "r")
+    assert res.returncode == 0 and "2 images were relabeled with label.py" in res.stdout, res.stderr
+    assert torch.load(tmp_path / "r" / "mt_final.pt", weights_only=True)["config"]["relabeled"] == [
+        "test/cat/0-1.png", "test/cat/1-1.png"]
+    summary = run("evaluate.py", "--ckpt", tmp_path / "r" / "mt_final.pt", "--predict", folder / "unlabeled", "--max-error",
+                  "50", "--json", "--csv", tmp_path / "p.csv")
+    assert summary.returncode == 0, summary.stderr
+    assert json.loads(summary.stdout.splitlines()[-1])["relabeled_counted_wrong"] == 2

@@ -10,6 +10,8 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from PIL import Image
 
 from mtlc import data as data_module
 from mtlc import runs
-from conftest import run
+from conftest import ROOT, run
 from fakedata import write_cifar10
 from mtlc.errors import UserError
 
@@ -200,3 +202,100 @@ def test_the_checkpoint_records_its_contents(trained):
     config = torch.load(ckpt, weights_only=True)["config"]
     assert set(config["contents"]) == {"train", "test"} and all(len(v) == 64 for v in config["contents"].values())
     json.dumps(config["contents"])
+
+
+def test_an_output_never_replaces_an_input_or_another_output(tmp_path):
+    """--csv naming the checkpoint, --csv and --review naming one file, a figure over --truth: each
+    refused in one line before any work, every file as it was."""
+    ckpt = tmp_path / "mt.pt"
+    ckpt.write_bytes(b"a checkpoint")
+    (tmp_path / "p").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "p" / "x.png")
+    for args, message in (
+            (["--ckpt", ckpt, "--predict", tmp_path / "p", "--csv", ckpt], "--csv"),
+            (["--ckpt", ckpt, "--predict", tmp_path / "p", "--csv", tmp_path / "out.html", "--review", tmp_path / "out.html"],
+             "--csv and --review name the same file"),
+            (["--ckpt", ckpt, "--predict", tmp_path / "p" / "x.png", "--csv", tmp_path / "p" / "x.png"], "--predict")):
+        res = run("evaluate.py", *args)
+        assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert ckpt.read_bytes() == b"a checkpoint" and not (tmp_path / "out.html").exists()
+
+
+@pytest.mark.parametrize("make", ["link", "fifo"])
+def test_a_run_lock_that_is_not_a_regular_file_is_refused(tmp_path, make):
+    """The lock file in an output folder (finetune_lc.py writes into the checkpoint's folder, which may
+    come from someone else): a link to a file elsewhere is never truncated, a pipe never hangs."""
+    out = tmp_path / "run"
+    out.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    if make == "link":
+        (out / runs.LOCK_NAME).symlink_to(target)
+    else:
+        os.mkfifo(out / runs.LOCK_NAME)
+    res = run("train_mt.py", "--dataset", "digits", "--epochs", "1", "--out", out, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "run lock" in res.stderr, res.stderr
+    assert target.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == [runs.LOCK_NAME]
+
+
+CHECKPOINT_DAMAGE = {
+    "no stage": lambda s: {k: v for k, v in s.items() if k != "stage"},
+    "leaked_test a number": lambda s: dict(s, config=dict(s["config"], leaked_test=3)),
+    "labeled_idx a list": lambda s: dict(s, labeled_idx=s["labeled_idx"].tolist()),
+    "image_size a string": lambda s: dict(s, config=dict(s["config"], image_size="32")),
+    "mean of strings": lambda s: dict(s, config=dict(s["config"], mean=["0.5"] * 3)),
+    "negative split": lambda s: dict(s, labeled_idx=-s["labeled_idx"] - 1),
+    "lc without metrics": lambda s: {**{k: v for k, v in s.items() if k != "metrics"}, "stage": "lc",
+                                     "config": dict(s["config"], lc=dict(
+                                         eps=2.0, eps_auto=False, eps_scale="fixed", start={}, lam=1.0, lc_rampup=1.0,
+                                         epochs=1, decay_epochs=0, lr=0.05, eval_every=1, mt_step=0, mt_checkpoint="x"))},
+    "metrics of strings": lambda s: dict(s, metrics=[dict(r, teacher_error="low") for r in s["metrics"]]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
+def test_every_key_read_from_a_checkpoint_is_checked(trained, tmp_path, damage):
+    _, ckpt = trained
+    state = torch.load(ckpt, weights_only=True)
+    torch.save(CHECKPOINT_DAMAGE[damage](state), tmp_path / "broken.pt")
+    for args in (("evaluate.py", "--ckpt", tmp_path / "broken.pt", "--json"),
+                 ("evaluate.py", "--ckpt", tmp_path / "broken.pt", "--predict", tmp_path / "broken.pt")):
+        res = run(*args)
+        assert res.returncode == 2 and "Traceback" not in res.stderr and "not a checkpoint" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_a_checkpoint_never_downloads_nor_makes_a_folder(trained, tmp_path):
+    """A checkpoint naming svhn in a folder that does not exist: --predict and the errors say the files
+    are missing; nothing is created there, nothing downloaded."""
+    _, ckpt = trained
+    state = torch.load(ckpt, weights_only=True)
+    elsewhere = tmp_path / "elsewhere" / "svhn"
+    torch.save(dict(state, config=dict(state["config"], dataset="svhn", data_dir=str(elsewhere), files=None,
+                                       contents=None)), tmp_path / "svhn.pt")
+    (tmp_path / "p").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "p" / "x.png")
+    res = run("evaluate.py", "--ckpt", tmp_path / "svhn.pt", "--predict", tmp_path / "p")
+    assert res.returncode == 0 and "only train_mt.py downloads" in res.stderr, res.stderr
+    assert run("evaluate.py", "--ckpt", tmp_path / "svhn.pt").returncode == 2
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_predict_writes_names_label_py_reads_back_whatever_the_console(trained, tmp_path, encoding):
+    """PYTHONIOENCODING=ascii or latin-1: --predict on chat-é.png ends without a traceback, its CSV on
+    stdout holds the name's UTF-8 bytes, and label.py --accepted moves exactly that file."""
+    data, ckpt = trained
+    folder = copy_of(data, tmp_path)
+    os.rename(folder / "unlabeled" / "u0000.png", folder / "unlabeled" / "chat-é.png")
+    res = subprocess.run([sys.executable, "evaluate.py", "--ckpt", ckpt, "--predict", folder / "unlabeled", "--max-error",
+                          "99"], cwd=ROOT, capture_output=True, env=dict(os.environ, PYTHONIOENCODING=encoding))
+    assert res.returncode == 0 and b"Traceback" not in res.stderr, res.stderr
+    assert "chat-é.png".encode() in res.stdout
+    assert b"24 of 24 accepted" in res.stderr  # --max-error 99: every row
+    (tmp_path / "p.csv").write_bytes(res.stdout)
+    moved = run("label.py", "--data-dir", folder, "--apply", tmp_path / "p.csv", "--accepted", env=dict(PYTHONIOENCODING=encoding))
+    assert moved.returncode == 0, moved.stderr
+    assert not (folder / "unlabeled" / "chat-é.png").exists()

@@ -5,6 +5,7 @@ line, never a traceback, nothing outside the folder touched."""
 import csv
 import errno
 import fcntl
+import hashlib
 import os
 
 import pytest
@@ -27,7 +28,7 @@ def write_log(folder, rows):
     with open(folder / label_files.LOG_NAME, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(label_files.LOG_HEADER)
-        writer.writerows(rows)
+        writer.writerows(list(r) + [""] * (len(label_files.LOG_HEADER) - len(r)) for r in rows)
 
 
 @pytest.mark.parametrize("source", ["/tmp/elsewhere/x.png", "../x.png", "unlabeled/../../x.png", "mtlc-cache/0.png",
@@ -244,3 +245,77 @@ def test_accepted_rows_of_a_predictions_csv_and_a_dry_run_that_lists_moves(folde
     before = snapshot(folder)
     refused = invoke(label, ["--data-dir", folder, "--apply", whole, "--accepted"])
     assert refused.exit_code == 2 and "not a file under" in refused.output and snapshot(folder) == before
+
+
+@pytest.mark.parametrize("make", ["link", "dangling", "fifo", "hardlink"])
+def test_a_log_that_is_not_a_regular_file_of_its_own_is_refused(folder, tmp_path, make):
+    """label-log.csv a link to a file outside (which the log's writes would rewrite), a link to a file
+    that does not exist yet (which they would create: a shell's start-up file made from an image's
+    name), a pipe (which would hang even --dry-run) or a hard link: one line, exit 2, nothing moved,
+    nothing written outside."""
+    outside = tmp_path / "outside.txt"
+    log = folder / label_files.LOG_NAME
+    if make == "link":
+        outside.write_text("someone's file\n")
+        log.symlink_to(outside)
+    elif make == "dangling":
+        log.symlink_to(tmp_path / ".bash_profile")
+    elif make == "fifo":
+        os.mkfifo(log)
+    else:
+        outside.write_text("someone's file\n")
+        os.link(outside, log)
+    before = snapshot(folder)
+    labels = write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat")])
+    for args in (["--apply", labels, "--dry-run"], ["--apply", labels], ["--undo"]):
+        res = run("label.py", "--data-dir", folder, *args, timeout=60)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert ("a pipe" if make == "fifo" else "names" if make == "hardlink" else "a symbolic link") in res.stderr
+    assert snapshot(folder) == before and not (tmp_path / ".bash_profile").exists()
+    assert make in ("dangling", "fifo") or outside.read_text() == "someone's file\n"
+
+
+def test_a_row_whose_image_was_replaced_since_is_refused(folder, tmp_path):
+    """A predictions CSV binds each row to its image's bytes: a camera that restarted its numbering
+    put another picture under u0000.png since; its row is refused before anything moves, and the
+    row of the unchanged image would have moved."""
+    def digest(name):
+        return hashlib.blake2b((folder / "unlabeled" / name).read_bytes(), digest_size=16).hexdigest()
+    rows = [("unlabeled/u0003.png", "dog", digest("u0003.png")), ("unlabeled/u0000.png", "cat", digest("u0000.png"))]
+    (folder / "unlabeled" / "u0000.png").write_bytes((folder / "unlabeled" / "u0006.png").read_bytes())
+    before = snapshot(folder)
+    labels = write_labels(tmp_path / "l.csv", rows, ("path", "label", "blake2b"))
+    res = run("label.py", "--data-dir", folder, "--apply", labels)
+    assert res.returncode == 2 and "line 3 (unlabeled/u0000.png): its image is not the one this row was written for" \
+        in res.stderr and "nothing was moved" in res.stderr, res.stderr
+    assert snapshot(folder) == before
+    rows[1] = ("unlabeled/u0000.png", "cat", digest("u0000.png"))  # predicted again
+    assert run("label.py", "--data-dir", folder, "--apply", write_labels(tmp_path / "m.csv", rows, ("path", "label", "blake2b"))).returncode == 0
+    log = list(csv.DictReader(open(folder / label_files.LOG_NAME, newline="")))
+    assert [r["blake2b"] for r in log] == [r[2] for r in rows]
+    (folder / "labeled" / "cat" / "u0000.png").write_bytes(b"another image")  # replaced after the move: undo refuses
+    res = run("label.py", "--data-dir", folder, "--undo")
+    assert res.returncode == 2 and "another image than the one label.py moved there" in res.stderr
+
+
+def test_a_file_made_between_planning_and_the_move_is_never_replaced(folder, tmp_path, monkeypatch):
+    """The name was free when planned; another program takes it before the rename: the OS refuses to
+    rename over it, the batch is put back, both files are whole."""
+    real_apply = labeling.apply
+
+    def apply_after_someone_else(data_dir, moves, echo=print):
+        (folder / moves[-1].target).write_bytes(b"made meanwhile")
+        return real_apply(data_dir, moves, echo)
+    monkeypatch.setattr(label, "apply", apply_after_someone_else)
+    before = snapshot(folder)
+    rows = [("unlabeled/u0000.png", "cat"), ("unlabeled/u0003.png", "dog")]
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows)])
+    assert res.exit_code == 1 and "File exists" in res.output and "put back" in res.output, res.output
+    assert (folder / "labeled" / "dog" / "u0003.png").read_bytes() == b"made meanwhile"
+    assert snapshot(folder)[0] == dict(before[0], **{"labeled/dog/u0003.png": hashlib.sha256(b"made meanwhile").hexdigest()})
+
+
+def test_a_batch_number_that_is_no_ascii_number_is_one_line(folder):
+    write_log(folder, [("²", "t", "undo", "", "", "")])
+    res = run("label.py", "--data-dir", folder, "--undo")
+    assert res.returncode == 2 and "is not a number" in res.stderr and "Traceback" not in res.stderr

@@ -169,3 +169,29 @@ def test_readers_of_a_live_folder_see_only_complete_files(tmp_path):
     finally:
         first.kill()
         first.communicate()
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_the_earlier_outputs_only_once_the_new_ones_exist(tmp_path):
+    """A run with --overwrite killed after its first epoch leaves the earlier run's outputs byte for
+    byte; --resume continues it where it wrote (a hidden folder in --out) and only its end replaces
+    them."""
+    first = run("train_mt.py", "--dataset", "digits", *TINY, "--epochs", "2", "--decay-epochs", "0", "--out", tmp_path)
+    assert first.returncode == 0, first.stderr
+    outputs = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
+    before = {name: (tmp_path / name).read_bytes() for name in outputs}
+    second = start("train_mt.py", "--dataset", "digits", *TINY, "--lr", "0.03", "--epochs", "20", "--decay-epochs", "0",
+                   "--overwrite", "--out", tmp_path)
+    staged = tmp_path / ".mtlc-next-mt" / "mt_last.pt"
+    deadline = time.time() + 120
+    while not staged.exists() and second.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    second.send_signal(signal.SIGTERM)
+    second.communicate()
+    assert second.returncode == 128 + signal.SIGTERM
+    assert {name: (tmp_path / name).read_bytes() for name in outputs} == before
+    resumed = run("train_mt.py", "--resume", "--out", tmp_path)
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stderr
+    assert not (tmp_path / ".mtlc-next-mt").exists()
+    assert all((tmp_path / name).read_bytes() != before[name] for name in outputs)
+    assert len((tmp_path / "mt_metrics.jsonl").read_text().splitlines()) == 20
