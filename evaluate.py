@@ -32,7 +32,7 @@ from mtlc.predicting import PredictOptions, predict, run_audit
 from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
 from mtlc.review import DEFAULT_PER_CLASS
-from mtlc.runs import check_outputs
+from mtlc.runs import check_not_among, check_outputs
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -146,9 +146,9 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     if audit and (as_json or review_per_class != DEFAULT_PER_CLASS):
         raise UserError("--json and --review-per-class go with --predict, not --audit (the audit page shows every "
                         "doubtful label)")
-    check_outputs(dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
-                            "--distances"), (csv_path, review, audit, coverage, confusion, table, plot, tsne, distances))),
-                  {**{f"--ckpt {c}": c for c in ckpts}, **{f"--curves {c}": c for c in curves}, "--truth": truth,
+    outputs = dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
+                        "--distances"), (csv_path, review, audit, coverage, confusion, table, plot, tsne, distances)))
+    check_outputs(outputs, {**{f"--ckpt {c}": c for c in ckpts}, **{f"--curves {c}": c for c in curves}, "--truth": truth,
                    **{f"--predict {p}": p for p in predict_paths if not Path(p).is_dir()}})
     if review and not (predict_paths or audit):
         raise UserError("--review goes with --predict or --audit")
@@ -163,6 +163,11 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     torch.manual_seed(seed)
     device = pick_device(device)
     states = [load_checkpoint(path) for path in ckpts]  # every file checked before any work
+    for path, state in zip(ckpts, states):
+        files = state["config"]["files"]
+        if files:
+            check_not_among(outputs, data_dir or state["config"]["data_dir"], files["train"] + files["test"],
+                            f"the images of {path}'s folder")
     if predict_paths:
         options = PredictOptions(model_name=model_name, csv_path=csv_path, batch_size=batch_size, data_dir=data_dir,
                                  max_error=max_error, coverage=coverage, suggest_n=suggest_n, seed=seed,

@@ -342,7 +342,8 @@ class DecodeCache:
         mid-write left behind (untouched for an hour: a running decode writes every few seconds)."""
         for old in self.folder.glob(f"{self.group}-{self.size}px-*"):
             if not old.name.startswith(self.stem + "."):
-                old.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a folder of that name (a folder from elsewhere) stays
+                    old.unlink(missing_ok=True)
         for tmp in self.folder.glob(f".{self.group}-{self.size}px-*.tmp"):
             with contextlib.suppress(OSError):
                 if time.time() - os.lstat(tmp).st_mtime > 3600:

@@ -97,6 +97,18 @@ def check_outputs(outputs, inputs):
                                 f"command reads; give the output another name")
 
 
+def check_not_among(outputs, folder, names, what):
+    """Exit 2 where an output {option: path} would replace one of the files `names` (relative to
+    folder, '/'-separated) that the command reads (`what` says which)."""
+    root = os.path.realpath(folder) + os.sep
+    for option, path in outputs.items():
+        real = os.path.realpath(path) if path else ""
+        if real.startswith(root):
+            if real[len(root):].replace(os.sep, "/") in set(names):
+                raise UserError(f"{option} {path} is one of {what}: writing it would replace what this command reads; "
+                                f"give the output another name")
+
+
 # Where a run given --overwrite writes its outputs until they all exist (a hidden folder in --out,
 # one per stage): the earlier run's outputs are replaced only then.
 STAGING = ".mtlc-next-{}"
@@ -110,6 +122,7 @@ def writing_folder(out, stage_name):
     """Where a stage's run in `out` keeps its checkpoints and metrics: the staging folder where a run
     with --overwrite left its resume checkpoint there (killed before its end), else out itself."""
     staging = staging_folder(out, stage_name)
+    check_folder(staging, "folder a run with --overwrite writes into")  # a link would take the run elsewhere
     return staging if os.path.lexists(staging / f"{stage_name}_last.pt") else Path(out)
 
 

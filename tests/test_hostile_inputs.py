@@ -299,3 +299,14 @@ def test_predict_writes_names_label_py_reads_back_whatever_the_console(trained, 
     moved = run("label.py", "--data-dir", folder, "--apply", tmp_path / "p.csv", "--accepted", env=dict(PYTHONIOENCODING=encoding))
     assert moved.returncode == 0, moved.stderr
     assert not (folder / "unlabeled" / "chat-é.png").exists()
+
+
+def test_an_output_never_replaces_an_image_of_the_checkpoints_folder(trained, tmp_path):
+    """--audit, --confusion or --csv naming an image of the folder the checkpoint reads: refused."""
+    data, ckpt = trained
+    image = data / "test" / "cat" / "0.png"
+    before = image.read_bytes()
+    for args in (["--audit", image], ["--confusion", image], ["--predict", data / "unlabeled" / "u0000.png", "--csv", image]):
+        res = run("evaluate.py", "--ckpt", ckpt, *args)
+        assert res.returncode == 2 and "one of the images of" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert image.read_bytes() == before
