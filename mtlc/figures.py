@@ -42,19 +42,35 @@ def stage_label(records):
     return "MT, continued" if all(r.get("lc_weight", 0) == 0 for r in records) else "MT+LC"
 
 
-def plot_curves(paths, out):
-    """Test error per epoch of each metrics file (Fig. 2: MT, then MT+LC from the epoch LC starts)."""
+def training_seconds(records, mt_records=None):
+    """Cumulative training seconds at the end of each record's epoch (the steps' time_s, evaluations
+    not counted); a stage-2 run starts at its MT run's seconds through the epoch LC started from."""
+    start = 0.0
+    if records and records[0]["stage"] == "lc" and mt_records:
+        lc_start = records[0]["global_epoch"] - records[0]["epoch"]
+        start = sum(r["time_s"] for r in mt_records if r.get("global_epoch", r["epoch"]) <= lc_start + 1e-9)
+    return list(np.cumsum([start] + [r["time_s"] for r in records])[1:])
+
+
+def plot_curves(paths, out, over="epoch"):
+    """Test error of each metrics file (Fig. 2: MT, then MT+LC from the epoch LC starts), over the
+    global epoch or over the training seconds (training_seconds; a stage-2 file is placed after the
+    first MT file among `paths`)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for path in paths:
-        records = [r for r in read_metrics(path) if "teacher_error" in r]
-        if not records:
+    runs = [read_metrics(path) for path in paths]
+    mt_records = next((records for records in runs if records and records[0]["stage"] == "mt"), None)
+    for path, records in zip(paths, runs):
+        if not any("teacher_error" in r for r in records):
             raise UserError(f"{path} holds no evaluated epochs (is it a *_metrics.jsonl?)")
         label = f"{stage_label(records)} ({Path(path).parent.name})"
-        x = [r.get("global_epoch", r["epoch"]) for r in records]
-        ax.plot(x, [r["student_error"] for r in records], "--", label=f"{label} student")
-        ax.plot(x, [r["teacher_error"] for r in records], "-", label=f"{label} teacher")
-    ax.set_xlabel("epoch")
+        x = (training_seconds(records, mt_records) if over == "seconds" else
+             [r.get("global_epoch", r["epoch"]) for r in records])
+        evaluated = [(xi, r) for xi, r in zip(x, records) if "teacher_error" in r]
+        x = [xi for xi, _ in evaluated]
+        ax.plot(x, [r["student_error"] for _, r in evaluated], "--", label=f"{label} student")
+        ax.plot(x, [r["teacher_error"] for _, r in evaluated], "-", label=f"{label} teacher")
+    ax.set_xlabel("training seconds (evaluations not counted)" if over == "seconds" else "epoch")
     ax.set_ylabel("test error (%)")
     ax.grid(True, alpha=0.3)
     ax.legend()

@@ -28,12 +28,18 @@ def test_gpu_check_in_miniature(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary) == ["env", "kernel-tests", "kernel-bench", "step", "cifar10-data", "cifar10"]
     assert all(part["ok"] for part in summary.values())
-    assert summary["kernel-tests"]["passed"] > 0 and summary["step"]["bf16"]["sec_per_step"] > 0
+    assert summary["kernel-tests"]["passed"] > 0
+    step = summary["step"]
+    assert {"bf16", "bf16-graphed", "bf16-graphed-4x", "bf16-4x"} <= set(step)  # compiled runs: not in miniature
+    assert step["bf16"]["step_mode"] == "eager" and step["bf16-graphed"]["step_mode"] == "graphed"
+    assert step["bf16-4x"]["batch"] == 4 * step["bf16"]["batch"] == 640
+    assert step["bf16-graphed"]["vs_floor"] > 0 and step["equivalence"]["ok"]
     cifar = summary["cifar10"]
-    assert {"supervised", "MT", "control", "MT+LC", "MT+LC relative eps"} <= set(cifar) and cifar["step"]["sec_per_step"] > 0
+    assert {"MT", "control", "MT+LC", "goal", "schedule"} <= set(cifar) and cifar["step"]["sec_per_step"] > 0
     assert "d2_ratio_end" in cifar["MT+LC"] and cifar["control"]["checkpoint"].endswith("control/lc.pt")
-    assert cifar["MT+LC relative eps"]["checkpoint"].endswith("lc_relative/lc.pt")
-    assert [len(cifar["curves"][name]) for name in ("supervised", "mt", "control", "lc", "lc_relative")] == [2, 2, 1, 1, 1]
+    assert cifar["MT"]["checkpoint"].endswith("mt/mt_final.pt") and cifar["schedule"]["compress"] == 1000
+    assert [len(cifar["curves"][name]) for name in ("mt", "control", "lc")] == [1, 1, 1]
+    assert cifar["curves"]["lc"][0][3] > cifar["curves"]["mt"][0][3]  # stage 2's seconds start after MT's
     assert (out / "cifar10_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len(list(out.iterdir())) <= 8
     # a part alone: rerun, the others' results kept
@@ -55,10 +61,16 @@ def test_parts_recorded_by_two_processes_are_both_kept(tmp_path):
     assert "## cifar10-data: ok (3 s)" in (tmp_path / "summary.md").read_text()
 
 
-def test_shortened_schedule_fits_the_time():
-    from tools.gpu_check import shortened_schedule
-    assert shortened_schedule(700, 100, decay_share=0.3, ramp_share=0.4) == (5, 2, 2)
-    assert shortened_schedule(30, 100, decay_share=0.3, ramp_share=0.4) == (1, 1, 1)  # never under 1 + 1
+def test_cifar10_schedule_fits_the_time():
+    """The compression that fits MT (1,000 paper epochs) and stage 2's two runs at once (600 each, LC's
+    step dearer) into the time; stage 2 shortened only where MT's epochs say it would not fit."""
+    from tools.gpu_check import LC_STEP_COST, STAGE2_TOGETHER, compression, fitted_stage2
+    work = 1000 + 600 * LC_STEP_COST * STAGE2_TOGETHER
+    assert compression(work * 2.0 / 20, 2.0) == 20  # 2 s an epoch: 20 times shorter fits
+    assert compression(10 * work, 2.0) == 1  # never longer than the paper's
+    assert fitted_stage2(100, 2.0, 20, 10, 5.0) == (20, 10, 5.0)  # fits as compressed
+    assert fitted_stage2(30, 2.0, 20, 10, 5.0) == (10, 5, 2.5)  # half the time: half of each
+    assert fitted_stage2(1, 2.0, 20, 10, 5.0)[:2] == (1, 1)  # never under 1 + 1
 
 
 def test_gpu_check_needs_its_archive(tmp_path):

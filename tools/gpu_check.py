@@ -1,12 +1,13 @@
 """The GPU check in one command: the device and its versions, the LC-loss tests with real Triton, the
-kernel benchmark and its targets, the training step's speed against its FLOP floor, and CIFAR-10
-end to end (supervised-only, MT, LC's control, MT+LC, and MT+LC with eps chosen from the features
-and following their scale, on a shortened schedule).
+kernel benchmark and its targets, the training step's speed against its FLOP floor (eager, compiled,
+graphed, at the paper's batch and at 4x) and the graphed step checked against the eager one, and
+CIFAR-10 with 4,000 labels end to end (MT, then from its state MT+LC and LC's control for the same
+stage 2) on the paper's schedule compressed to the time given.
 
     python tools/gpu_check.py --out gpu_check                     # a CUDA machine: all of it, about 10 min on an H200
     python tools/gpu_check.py --out gpu_check --part step         # one part again; the others' results are kept
     python tools/gpu_check.py --out /tmp/g --tiny --device cpu    # all of it in miniature on a CPU (a test runs this)
-    python tools/gpu_check.py --out gpu_check --part cifar10 --cifar-seconds 300   # CIFAR-10 sized to 5 minutes
+    python tools/gpu_check.py --out gpu_check --part cifar10 --cifar-seconds 500   # CIFAR-10 sized to 500 s
 
 CIFAR-10 comes from --archive, the JPEG copy (train/<class>/*, test/<class>/*) as a .tar.xz. Writes
 at most 8 files under --out: summary.json (each part's results, rewritten as each part ends, so a
@@ -30,32 +31,42 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
 from mtlc.devices import conv_rate, device_name, pick_device  # noqa: E402
 from mtlc.errors import UserError  # noqa: E402
+from mtlc.figures import plot_curves, training_seconds  # noqa: E402
+from mtlc.presets import preset  # noqa: E402
 from mtlc.runs import atomic_write, read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the project's root: the scripts run there
 PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10-data", "cifar10")
 # The step part's runs, in the order they run: eager bf16 first (the floor is measured against it).
-STEP_RUNS = {"bf16": ["--precision", "bf16"], "bf16-compile": ["--precision", "bf16", "--compile"],
-             "fp32": ["--precision", "fp32"]}
-# Per setting: the kernel tests and benchmark sizes, the step benchmark, and the CIFAR-10 runs
-# (4,000 labels, the paper's protocol on a schedule shortened to fit: LC from MT's last
-# constant-lr epoch, the preset's eps and lambda2).
+# The eager runs name --step-mode eager (auto is graphed on a GPU); 4x: the paper's batch x4.
+BATCH_4X = ["--labeled-batch", 128, "--unlabeled-batch", 512]
+STEP_RUNS = {"bf16": ["--precision", "bf16", "--step-mode", "eager"],
+             "bf16-compile": ["--precision", "bf16", "--step-mode", "eager", "--compile"],
+             "bf16-graphed": ["--precision", "bf16", "--step-mode", "graphed"],
+             "bf16-graphed-compile": ["--precision", "bf16", "--step-mode", "graphed", "--compile"],
+             "bf16-graphed-4x": ["--precision", "bf16", "--step-mode", "graphed", *BATCH_4X],
+             "bf16-4x": ["--precision", "bf16", "--step-mode", "eager", *BATCH_4X],
+             "fp32": ["--precision", "fp32", "--step-mode", "eager"]}
+DEFAULT_STEP_RUNS = tuple(name for name in STEP_RUNS if name != "fp32")
+# Per setting: the kernel tests and benchmark sizes, the step benchmark and the equivalence check's
+# arguments, and the CIFAR-10 runs (4,000 labels; without --cifar-seconds the paper's schedule
+# compressed `compress` times).
 SETTINGS = {
     "full": dict(test_args=[], bench_args=[], step_width=1.0, step_steps=20, step_compile=True, rate_batch=160,
-                 cifar=dict(width=1.0, labels=4000, bench_steps=30, epochs=5, decay=2, cons_rampup=2, lc_epochs=3,
-                            lc_decay=2, lc_rampup=1, compile=True)),
+                 equivalence_args=["--width", 1, "--precision", "bf16", "--steps", 12],
+                 cifar=dict(width=1.0, labels=4000, bench_steps=30, compress=100, compile=False)),
     "tiny": dict(test_args=["-k", "by_hand"], bench_args=["--sizes", "160", "--repeat", "1", "--skip", "compiled ref"],
-                 step_width=0.0625,
-                 step_steps=2, step_compile=False, rate_batch=8,
-                 cifar=dict(width=0.0625, labels=20, bench_steps=2, epochs=1, decay=1, cons_rampup=1, lc_epochs=1,
-                            lc_decay=0, lc_rampup=1, compile=False)),
+                 step_width=0.0625, step_steps=2, step_compile=False, rate_batch=8,
+                 equivalence_args=["--width", 0.0625, "--precision", "fp32", "--steps", 2, "--labeled-batch", 8,
+                                   "--unlabeled-batch", 32],
+                 cifar=dict(width=0.0625, labels=20, bench_steps=2, compress=1000, compile=False)),
 }
 
 
 class Check:
     """Where a check writes, on what it runs, and the summary it keeps."""
 
-    def __init__(self, out, work, device, setting, archive, *, cifar_seconds=None, step_runs=tuple(STEP_RUNS)):
+    def __init__(self, out, work, device, setting, archive, *, cifar_seconds=None, step_runs=DEFAULT_STEP_RUNS):
         self.out, self.work, self.device, self.setting, self.archive = out, work, device, setting, archive
         self.cifar_seconds, self.step_runs = cifar_seconds, step_runs
         self.ran = set()  # the parts this process recorded
@@ -150,31 +161,45 @@ def kernel_bench(check):
 
 def step(check):
     """A training step at the setting's width on the CIFAR-10 protocol's forward, the runs asked for
-    (bf16 eager, torch.compile, fp32; each kept in the summary as it ends, so a run cut short costs
-    only itself); the data path's share; the bf16 step against the FLOP floor at the device's
-    measured rate on conv-large's widest 3x3 convolution."""
+    (STEP_RUNS; each kept in the summary as it ends, so a run cut short costs only itself); the data
+    path's share; every run against its FLOP floor at the device's measured rate on conv-large's widest
+    3x3 convolution; and the graphed step against the eager one (tools/step_equivalence.py)."""
     s = check.setting
-    runs = [name for name in check.step_runs if s["step_compile"] or name != "bf16-compile"]
+    runs = [name for name in check.step_runs if s["step_compile"] or "compile" not in name]
     result = {}
     for name in runs:
         out = check.run("step.log", "train_mt.py", "--dataset", "digits", "--forward", "split", "--width",
                         s["step_width"], "--benchmark", s["step_steps"], "--device", check.device.type,
                         *STEP_RUNS[name])
         result[name] = {k: v for k, v in json.loads(out.strip().splitlines()[-1]).items()
-                        if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step")}
+                        if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step",
+                                 "batch", "step_mode")}
         check.record("step", dict(result, ok=False, seconds=0, unfinished=[r for r in runs if r not in result]))
-    if "bf16" not in result:
+    out = check.run("step.log", "tools/step_equivalence.py", "--device", check.device.type, *s["equivalence_args"],
+                    fail_ok=True)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    result["equivalence"] = json.loads(lines[-1]) if lines else dict(ok=False, error=out.strip()[-300:])
+    if not any(name.startswith("bf16") for name in result if name != "equivalence"):
         return result
     rate = conv_rate(check.device, torch.bfloat16, repeats=5 if check.device.type == "cpu" else 50,
                      batch=s["rate_batch"])
-    floor = result["bf16"]["gflop_per_step"] / rate
-    result.update(conv_gflops_per_sec_bf16=rate, floor_sec_per_step_bf16=floor,
-                  bf16_vs_floor=result["bf16"]["sec_per_step"] / floor,
-                  targets={"data share under 5%": result["bf16"]["data_share"] < 0.05,
-                           "bf16 step within 2x of the FLOP floor": result["bf16"]["sec_per_step"] <= 2 * floor})
-    if "bf16-compile" in result:
-        result["bf16_compile_vs_floor"] = result["bf16-compile"]["sec_per_step"] / floor
-    result["ok"] = all(result["targets"].values()) or check.device.type == "cpu"  # targets are the GPU's
+    result["conv_gflops_per_sec_bf16"] = rate
+    for name in runs:
+        if name.startswith("bf16") and name in result:
+            run = result[name]
+            run["floor_sec_per_step"] = run["gflop_per_step"] / rate
+            run["vs_floor"] = run["sec_per_step"] / run["floor_sec_per_step"]
+    graphed = [result[name] for name in ("bf16-graphed", "bf16-graphed-compile") if name in result]
+    targets = {"the graphed step computes the eager step (bf16's tolerance), draws anew on replay":
+               result["equivalence"]["ok"]}
+    if graphed:
+        best = min(graphed, key=lambda run: run["sec_per_step"])
+        targets.update({"graphed bf16 step within 2x of the FLOP floor (32 + 128)": best["vs_floor"] <= 2,
+                        "graphed data share under 5%": best["data_share"] < 0.05})
+    result["targets"] = targets
+    # The speed targets are the GPU's; the equivalence holds on any device.
+    result["ok"] = result["equivalence"]["ok"] and (all(targets.values()) or check.device.type == "cpu")
+    atomic_write(check.work / "step.json", lambda f: f.write(json.dumps(result).encode()))  # for a later cifar10
     return result
 
 
@@ -200,92 +225,111 @@ def cifar10_data(check):
     return dict(train=len(data.train_y), test=len(data.test_y))  # its time: the part's seconds
 
 
-def shortened_schedule(seconds, epoch_s, *, decay_share, ramp_share):
-    """(constant epochs, decay epochs, ramp-up epochs) of a stage that fits `seconds` at `epoch_s`
-    seconds an epoch: at least 1 + 1 epochs, the decay and the ramp-up the given shares."""
-    total = max(2, int(seconds // epoch_s))
-    decay = max(1, round(total * decay_share))
-    constant = total - decay
-    return constant, decay, max(1, round(constant * ramp_share))
+# Sizing the CIFAR-10 runs to --cifar-seconds, from the step measured on CIFAR-10 itself: the time
+# kept for evaluate.py and the plot; a training process's start (imports, the memory-mapped cache,
+# the model, the steps before the capture); torch.compile's start (on an H200: 39 s in the first
+# process, 23 s with inductor's cache warm, 9 s for stage 2); LC's step over MT's (measured eager);
+# the slowdown of each of stage 2's two runs sharing the GPU (2: a graphed step keeps the GPU busy by
+# itself, assumed until measured; the eager step, launch-bound, measured 1.25); the evaluations a run
+# makes (each over the 10,000 test images, the labeled images and 2,560 for the BN means).
+EVALUATE_S, STARTUP_S, COMPILE_S, LC_STEP_COST, STAGE2_TOGETHER, EVALUATIONS = 45, 20, 30, 1.15, 2.0, 10
+# The paper's CIFAR-10 schedule in epochs (4,000 labels): MT 800 + 200, stage 2 from MT's epoch 600
+# for 400 + 200 (presets.PRESETS), which --compress divides.
+PAPER_MT_EPOCHS, PAPER_STAGE2_EPOCHS = 1000, 600
+# Stage 2's runs from the same mt.pt, same schedule: {name: (output folder, its options)}: the paper's
+# MT+LC (eps 50, lambda2 10, all pairs: the preset) and its control.
+STAGE2_RUNS = {"MT+LC": ("lc", []), "control": ("control", ["--lam", 0])}
 
 
-# Sizing the CIFAR-10 runs to --cifar-seconds: stage 1 gets this share of the time left after the
-# step measurement, stage 2 what is left after stage 1; time kept for evaluate.py and the plot; a
-# process's start (imports, the memory-mapped cache, the model); the slowdown of two processes
-# sharing one GPU until stage 1 has measured it (on an H200 at width 1 the step is launch-bound: 53-58
-# ms alone, 55-62 ms with two at once); LC's step over MT's; stage 2's third run beside the two
-# (measured on an H200: 19-20 s an epoch with three at once, 15 s for MT with two); torch.compile's
-# start in a training process (on an H200: 39 s in the first process, 23 s with inductor's cache
-# warm, 9 s for stage 2), which makes the step 1.8x faster there (CIFAR-10: 0.021 s against 0.038).
-STAGE1_SHARE, EVALUATE_S, STARTUP_S, TOGETHER_SLOWDOWN, LC_STEP_COST, THIRD_RUN_COST = 0.5, 45, 20, 1.25, 1.15, 1.15
-COMPILE_S = 30
-# Stage 2's runs from the same mt.pt, same schedule: {name: (output folder, its options)}. Beside the
-# paper's MT+LC and its control, LC with the eps this project defaults to on folders: chosen from
-# the MT checkpoint's features and following their scale (the paper's fixed eps 50 made every pair a
-# neighbour after a short stage 1, docs/gpu-check.md).
-STAGE2_RUNS = {"MT+LC": ("lc", []), "control": ("control", ["--lam", 0]),
-               "MT+LC relative eps": ("lc_relative", ["--eps", "auto", "--eps-scale", "relative"])}
+def compression(seconds, epoch_s):
+    """--compress that fits MT and then stage 2's two runs at once into `seconds` at `epoch_s` seconds
+    an MT epoch (at least 1: the paper's schedule)."""
+    work = epoch_s * (PAPER_MT_EPOCHS + PAPER_STAGE2_EPOCHS * LC_STEP_COST * STAGE2_TOGETHER)
+    return max(1.0, round(work / max(seconds, 1), 2))
+
+
+def fitted_stage2(seconds, epoch_s, constant, decay, rampup):
+    """Stage 2's (constant, decay, ramp-up) epochs as compressed, or, when they would not end within
+    `seconds` at `epoch_s` seconds an epoch, shortened alike (at least 1 + 1 epochs)."""
+    if (constant + decay) * epoch_s <= seconds:
+        return constant, decay, rampup
+    scale = seconds / ((constant + decay) * epoch_s)
+    return max(1, int(constant * scale)), max(1, int(decay * scale)), rampup * scale
+
+
+def use_compile(check, seconds):
+    """Whether the CIFAR-10 runs compile: where the step part (this call's, or an earlier one's with the
+    same --work) measured the graphed step both ways and compiling saves more than its starts (three
+    processes) over `seconds` of training."""
+    saved = check.work / "step.json"
+    step = check.summary.get("step") or (json.loads(saved.read_text()) if saved.is_file() else {})
+    plain, compiled = (step.get(name, {}).get("sec_per_step") for name in ("bf16-graphed", "bf16-graphed-compile"))
+    if not (plain and compiled):
+        return check.setting["cifar"]["compile"]
+    return seconds * (1 - compiled / plain) > 3 * COMPILE_S
 
 
 def cifar10(check):
-    """On CIFAR-10 from the archive, 4,000 labels: a training step on the real data path (the
-    memory-mapped cache); supervised-only and MT at once on the device; then from MT's mt.pt, at
-    once, MT+LC and its control (the same stage 2 with lambda2 0, same schedule). With --cifar-seconds
-    the schedules are sized to fit, from the measured step and then from stage 1's own epochs. Test
-    errors of the final weights (no test-set selection), LC's diagnostics, the curves."""
+    """On CIFAR-10 from the archive, 4,000 labels, width 1: the step on the real data path; MT on the
+    paper's schedule compressed (with --cifar-seconds, as far as the measured step lets the three
+    runs end in time; stage 2 shortened further only if MT's own epochs say it would not); then from
+    MT's mt.pt, at once, MT+LC and its control (the same stage 2 with lambda2 0). Teacher errors of
+    the final weights (no test-set selection), LC's diagnostics, the curves over training seconds."""
     c, start = check.setting["cifar"], time.perf_counter()
     data_dir = extract_cifar10(check)
-    compiled = ["--compile"] if c["compile"] else []
-    startup = STARTUP_S + (COMPILE_S if compiled else 0)
-    common = ["--dataset", "cifar10", "--data-dir", data_dir, "--labels", c["labels"], "--width", c["width"],
-              "--device", check.device.type, *compiled]
-    bench = json.loads(check.run("cifar10.log", "train_mt.py", *common, "--forward", "split", "--benchmark",
-                                 c["bench_steps"]).strip().splitlines()[-1])
-    result = dict(step={k: bench[k] for k in ("sec_per_step", "data_share", "images_per_sec", "precision",
-                                               "steps_per_epoch", "compile")})
 
     def left():
         return check.cifar_seconds - (time.perf_counter() - start) - EVALUATE_S
 
-    if check.cifar_seconds:
-        epoch_s = bench["steps_per_epoch"] * bench["sec_per_step"] * TOGETHER_SLOWDOWN
-        epochs, decay, cons_rampup = shortened_schedule(left() * STAGE1_SHARE - startup, epoch_s,
-                                                        decay_share=0.3, ramp_share=0.4)
-    else:
-        epochs, decay, cons_rampup = c["epochs"], c["decay"], c["cons_rampup"]
-    runs = {name: check.work / "runs" / name for name in ("supervised", "mt", *(d for d, _ in STAGE2_RUNS.values()))}
-    stage1 = ["--epochs", epochs, "--decay-epochs", decay, "--cons-rampup", cons_rampup, "--eval-every", 1,
-              "--overwrite"]
+    compiled = ["--compile"] if use_compile(check, left() if check.cifar_seconds else 0) else []
+    startup = STARTUP_S + (COMPILE_S if compiled else 0)
+    common = ["--dataset", "cifar10", "--data-dir", data_dir, "--labels", c["labels"], "--width", c["width"],
+              "--device", check.device.type, *compiled]
+    bench = json.loads(check.run("cifar10.log", "train_mt.py", *common, "--benchmark", c["bench_steps"])
+                       .strip().splitlines()[-1])
+    result = dict(step={k: bench[k] for k in ("sec_per_step", "data_share", "images_per_sec", "precision",
+                                               "steps_per_epoch", "compile", "step_mode")})
+    epoch_s = bench["steps_per_epoch"] * bench["sec_per_step"]
+    compress = compression(left() - 2 * startup, epoch_s) if check.cifar_seconds else c["compress"]
+    mt_epochs = max(1, round(PAPER_MT_EPOCHS / compress))
+    runs = {"mt": check.work / "runs" / "mt", **{folder: check.work / "runs" / folder for folder, _ in STAGE2_RUNS.values()}}
     stage1_start = time.perf_counter()
-    check.run_together("cifar10.log", {
-        "supervised": ["train_mt.py", *common, *stage1, "--cons-weight", 0, "--out", runs["supervised"]],
-        "MT": ["train_mt.py", *common, *stage1, "--out", runs["mt"]]})
-    stage1_epoch_s = (time.perf_counter() - stage1_start - startup) / (epochs + decay)
+    check.run("cifar10.log", "train_mt.py", *common, "--compress", compress, "--eval-every",
+              max(1, round(mt_epochs / EVALUATIONS)), "--overwrite", "--out", runs["mt"])
+    mt_config = torch.load(runs["mt"] / "mt.pt", weights_only=True, map_location="cpu")["config"]
+    stage1_epoch_s = (time.perf_counter() - stage1_start - startup) / (mt_config["epochs"] + mt_config["decay_epochs"])
+    defaults = preset("cifar10", c["labels"], bench["steps_per_epoch"], compress)
+    lc_epochs, lc_decay, lc_rampup = defaults["lc_epochs"], defaults["lc_decay_epochs"], defaults["lc_rampup"]
     if check.cifar_seconds:
-        lc_epochs, lc_decay, lc_rampup = shortened_schedule(left() - startup,
-                                                            stage1_epoch_s * LC_STEP_COST * THIRD_RUN_COST,
-                                                            decay_share=0.4, ramp_share=1 / 3)
-    else:
-        lc_epochs, lc_decay, lc_rampup = c["lc_epochs"], c["lc_decay"], c["lc_rampup"]
+        lc_epochs, lc_decay, lc_rampup = fitted_stage2(left() - startup, stage1_epoch_s * LC_STEP_COST * STAGE2_TOGETHER,
+                                                       lc_epochs, lc_decay, lc_rampup)
+    shortened = (lc_epochs, lc_decay) != (defaults["lc_epochs"], defaults["lc_decay_epochs"])
     stage2 = ["finetune_lc.py", "--ckpt", runs["mt"] / "mt.pt", "--epochs", lc_epochs, "--decay-epochs", lc_decay,
-              "--lc-rampup", lc_rampup, "--eval-every", 1, "--device", check.device.type, "--overwrite", *compiled]
+              "--lc-rampup", round(lc_rampup, 3), "--eval-every", max(1, round((lc_epochs + lc_decay) / EVALUATIONS)),
+              "--device", check.device.type, "--overwrite", *compiled]
     check.run_together("cifar10.log", {name: [*stage2, *options, "--out", runs[folder]]
                                        for name, (folder, options) in STAGE2_RUNS.items()})
     stage2_runs = [runs[folder] for folder, _ in STAGE2_RUNS.values()]
-    out = check.run("cifar10.log", "evaluate.py", "--ckpt", runs["supervised"] / "mt_final.pt", runs["mt"] / "mt_final.pt",
-                    *(run / "lc.pt" for run in stage2_runs), "--json", "--device", check.device.type,
-                    "--curves", runs["mt"] / "mt_metrics.jsonl", *(a for run in stage2_runs
-                                                                   for a in ("--curves", run / "lc_metrics.jsonl")),
-                    "--plot", check.out / "cifar10_curves.png")
+    out = check.run("cifar10.log", "evaluate.py", "--ckpt", runs["mt"] / "mt_final.pt",
+                    *(run / "lc.pt" for run in stage2_runs), "--json", "--device", check.device.type)
     checkpoints = [json.loads(line) for line in out.splitlines() if line.startswith("{") and "checkpoint" in line]
-    result.update(zip(("supervised", "MT", *STAGE2_RUNS), checkpoints))
-    result["schedule"] = {"supervised and MT": f"{epochs}+{decay} epochs, consistency ramp-up {cons_rampup}",
-                          ", ".join(STAGE2_RUNS): f"{lc_epochs}+{lc_decay} epochs from MT's epoch {epochs}, "
-                                               f"LC ramp-up {lc_rampup}"}
-    result["curves"] = {name: [[r["global_epoch"], r["student_error"], r["teacher_error"], r["time_s"]]
-                               for r in read_metrics(path / f"{'mt' if name in ('supervised', 'mt') else 'lc'}_metrics.jsonl")
+    result.update(zip(("MT", *STAGE2_RUNS), checkpoints))
+    result["schedule"] = {"compress": compress, "MT": f"{mt_config['epochs']}+{mt_config['decay_epochs']} epochs, "
+                          f"consistency ramp-up {mt_config['cons_rampup']:.2f}, mt.pt after epoch "
+                          f"{mt_config['lc_start_epoch']}",
+                          ", ".join(STAGE2_RUNS): f"{lc_epochs}+{lc_decay} epochs from MT's epoch "
+                          f"{mt_config['lc_start_epoch']}, LC ramp-up {lc_rampup:.2f}"
+                          + (" (shortened to fit the time left)" if shortened else ""),
+                          "compile": bool(compiled)}
+    metrics = {name: read_metrics(path / f"{'mt' if name == 'mt' else 'lc'}_metrics.jsonl") for name, path in runs.items()}
+    result["curves"] = {name: [[r["global_epoch"], r["student_error"], r["teacher_error"], round(seconds, 1)]
+                               for r, seconds in zip(records, training_seconds(records, metrics["mt"]))
                                if "teacher_error" in r]
-                        for name, path in runs.items()}
+                        for name, records in metrics.items()}
+    plot_curves([runs["mt"] / "mt_metrics.jsonl", *(run / "lc_metrics.jsonl" for run in stage2_runs)],
+                check.out / "cifar10_curves.png", over="seconds")
+    teacher = {name: result[name]["teacher_error"] for name in ("MT", *STAGE2_RUNS) if name in result}
+    result["goal"] = {"MT+LC teacher error at or under 10%": teacher.get("MT+LC", 100) <= 10.0}
     return result
 
 
@@ -303,11 +347,12 @@ PART_FUNCTIONS = {"env": env, "kernel-tests": kernel_tests, "kernel-bench": kern
 @click.option("--work", type=click.Path(file_okay=False), default=None,
               help="Where the extracted dataset and the training runs go. [default: a temporary folder]")
 @click.option("--cifar-seconds", type=click.IntRange(min=60), default=None,
-              help="Size the cifar10 part's schedules to end within this many seconds, from the measured step "
-                   "(then from stage 1's own epochs). [default: the fixed schedule: 5+2 epochs, LC 3+2]")
+              help="Size the cifar10 part to end within this many seconds: the paper's schedule compressed as "
+                   "far as the step measured on CIFAR-10 needs (stage 2 shortened further only if MT's own epochs "
+                   "say so). [default: the paper's schedule compressed 100 times: MT 8+2 epochs, LC 4+2]")
 @click.option("--step-run", "step_runs", type=click.Choice(list(STEP_RUNS)), multiple=True,
-              help="The step part's runs (repeat for several), in the order bf16, bf16-compile, fp32; the FLOP "
-                   "floor and the targets need bf16. [default: all three]")
+              help=f"The step part's runs (repeat for several), in the order {', '.join(STEP_RUNS)}; the "
+                   f"targets need a bf16-graphed one. [default: all but fp32]")
 @click.option("--tiny", is_flag=True, help="Miniature settings that run on a CPU in a minute or two.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 def main(out, parts, archive, work, cifar_seconds, step_runs, tiny, device):
@@ -320,7 +365,7 @@ def main(out, parts, archive, work, cifar_seconds, step_runs, tiny, device):
     with tempfile.TemporaryDirectory() as scratch:
         check = Check(out, Path(work or scratch), pick_device(device), SETTINGS["tiny" if tiny else "full"],
                       Path(archive).resolve(), cifar_seconds=cifar_seconds,
-                      step_runs=[name for name in STEP_RUNS if name in step_runs] if step_runs else tuple(STEP_RUNS))
+                      step_runs=[name for name in STEP_RUNS if name in step_runs] if step_runs else DEFAULT_STEP_RUNS)
         check.work.mkdir(parents=True, exist_ok=True)
         for part in parts:
             (out / f"{part.replace('-', '_')}.log").unlink(missing_ok=True)
