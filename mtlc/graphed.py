@@ -60,7 +60,10 @@ def sgd_step(optimizer, lr):
     then the first step makes them the gradient, as torch does), so its state_dict is unchanged."""
     group = optimizer.param_groups[0]
     params = [p for p in group["params"] if p.grad is not None]
-    bufs = [optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+    for p in params:
+        if "momentum_buffer" not in optimizer.state[p]:
+            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    bufs = [optimizer.state[p]["momentum_buffer"] for p in params]
     grads = torch._foreach_add([p.grad for p in params], params, alpha=group["weight_decay"])
     torch._foreach_mul_(bufs, group["momentum"])
     torch._foreach_add_(bufs, grads)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import train_mt
 from mtlc.data import load_digits
@@ -216,3 +217,39 @@ def test_graphed_benchmark_reports_its_mode_and_data_share(tmp_path):
     assert result["step_mode"] == "graphed" and result["warmup"] == 5 and result["steps"] == 2
     assert result["sec_per_step"] > 0 and 0 < result["data_share"] < 1
     assert list(tmp_path.iterdir()) == []
+
+
+class ReadsBack(TorchFunctionMode):
+    """Raises on every torch call that brings a tensor's value to the host (a host sync on a GPU, and
+    what a CUDA graph cannot capture) or that has a shape depending on values."""
+    SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
+             "masked_select", "unique", "unique_consecutive", "bincount", "argwhere"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.SYNCS or (name == "__getitem__" and any(
+                isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in _flat(args[1:]))):
+            raise AssertionError(f"the graphed step calls {name}: a host sync")
+        return func(*args, **(kwargs or {}))
+
+
+def _flat(items):
+    for item in items:
+        yield from (_flat(item) if isinstance(item, (tuple, list)) else (item,))
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_graphed_step_reads_nothing_back(digits, name):
+    """The step the graph records never brings a value to the host: no .item(), no truth value of a
+    tensor, no data-dependent shape (on a GPU each would be a sync, and fail the capture). The host
+    reads the device only when the guards are read."""
+    data, labeled, unlabeled = digits
+    stage = STAGES[name]
+    truth = dict(true_classes=data.train_y.clone()) if stage.lc_pairs == "true-class" else {}
+    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), stage, **truth)
+    trainer.steps.start_epoch(stage.first_step)
+    trainer.steps.step(stage.first_step)  # momentum buffers made, as the steps before a capture make them
+    with ReadsBack():
+        trainer.steps.body()
+    with pytest.raises(AssertionError, match="tolist"), ReadsBack():  # the mode sees what it should
+        trainer.steps.guards.read()
