@@ -23,7 +23,7 @@ from mtlc.splits import true_classes
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
-from mtlc.options import run_options, speed_options
+from mtlc.options import run_options, speed_options, tensorboard_option
 from mtlc.presets import preset, preset_help, ramp_epochs
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
 from mtlc.training import run_stage
@@ -98,8 +98,9 @@ class EpsParam(click.ParamType):
                    "gathers the features of all processes (gradients flow back to each) so neighbours are "
                    "found across the whole global batch, as on one device. No effect in one process.")
 @speed_options("lc")
+@tensorboard_option("lc")
 def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
-         resume, lc_scope, precision, compile_, step_mode, benchmark):
+         resume, lc_scope, precision, compile_, step_mode, benchmark, tensorboard):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
@@ -142,6 +143,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         training = restore_training(state, device)
         student = training[0]
         config.update(precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
+                      tensorboard=str(Path(tensorboard).resolve()) if tensorboard else None,
                       processes=procs.world)
         batches = Batches(data, checkpoint_split(state), config, device)
         eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config["forward"] == "split"))

@@ -24,7 +24,7 @@ from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
-from mtlc.options import run_options, speed_options
+from mtlc.options import run_options, speed_options, tensorboard_option
 from mtlc.presets import DATASETS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, ramp_epochs
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
@@ -94,10 +94,10 @@ OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: .]")
 @run_options("mt")
 @speed_options("mt")
+@tensorboard_option("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
          lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, compress, image_size,
-         skip_bad_images,
-         seed, device, out, overwrite, resume, precision, compile_, step_mode, benchmark):
+         skip_bad_images, seed, device, out, overwrite, resume, precision, compile_, step_mode, benchmark, tensorboard):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
@@ -174,6 +174,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
                       eval_every=eval_every or defaults["eval_every"], compress=compress,
                       precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
+                      tensorboard=str(Path(tensorboard).resolve()) if tensorboard else None,
                       processes=procs.world)
         procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(val_idx)} validation / "
                    f"{len(data.test_y)} test, {image_size} px, width {width}, {epochs}+{decay_epochs} epochs of "

@@ -105,7 +105,7 @@ def metrics_problem(metrics, required):
 
 # Settings that runs from before they existed did not write, as those runs behaved.
 RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False, leaked_test=[], step_mode="eager", compress=1.0, relabeled=[])
+                    precision="fp32", compile=False, leaked_test=[], step_mode="eager", compress=1.0, tensorboard=None, relabeled=[])
 LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
 
 

@@ -23,6 +23,15 @@ def run_options(stage_name):
     ])
 
 
+def tensorboard_option(stage_name):
+    """--tensorboard, which both training stages take."""
+    return click.option("--tensorboard", type=click.Path(file_okay=False), default=None, metavar="DIR",
+                        help=f"Also write the per-epoch numbers of {stage_name}_metrics.jsonl (losses, lr, ramp weights, "
+                             "errors, LC's diagnostics) as TensorBoard curves into DIR, at the global step, so that "
+                             "both stages share one axis; give each run its own DIR (runs/tb/mt, runs/tb/lc) and "
+                             "run `tensorboard --logdir runs/tb`. --resume writes on into the run's DIR.")
+
+
 def speed_options(stage_name):
     """The --precision, --compile, --step-mode and --benchmark options that both training stages take."""
     options = [

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .batches import Batches
 from .devices import Processes, average_buffers, sync
+from .curves import TensorBoardCurves
 from .errors import TrainingFailed
 from .graphed import GraphedSteps, resolve_step_mode
 from .inference import test_error
@@ -362,18 +363,21 @@ def describe_errors(record):
     return " | ".join(parts) or "no test set, no validation hold-out"
 
 
-def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
+def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=None):
     """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
     process writes the state to each name in milestones[epoch], then to the resume checkpoint
     <stage>_last.pt (with the metrics so far), then adds the epoch's line to <stage>_metrics.jsonl.
     A kill at any of these writes leaves files that --resume continues from exactly: until
     <stage>_last.pt names the epoch done, a resumed run trains it again and rewrites its milestones.
+    tensorboard: a folder that gets each record as TensorBoard curves too (curves.TensorBoardCurves).
     Returns the last record."""
     stage, spe, procs = trainer.stage, trainer.steps_per_epoch, trainer.procs
     total_epochs = stage.epochs + stage.decay_epochs
     out = Path(out)
     metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
     record = metrics[-1] if metrics else None
+    curves = (TensorBoardCurves(tensorboard, record if start_epoch else None)
+              if tensorboard is not None and procs.main else None)
     estimate = TimeEstimate(stage.name, (total_epochs - start_epoch) * spe, trainer.device, echo if procs.main else
                             (lambda line: None))
     for epoch in range(start_epoch + 1, total_epochs + 1):
@@ -423,6 +427,10 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo):
             save_checkpoint(out / name, state)
         save_checkpoint(out / f"{stage.name}_last.pt", state)  # after the milestones: it marks the epoch done
         write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
+        if curves:
+            curves.add(record)
+    if curves:
+        curves.close()
     return record
 
 
@@ -440,7 +448,8 @@ def run_stage(trainer, out, milestones, start_epoch, replacing=()):
     else:
         folder = writing_folder(out, name) if start_epoch else out
     with stop_on_signals():
-        last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo)
+        last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo,
+                   tensorboard=trainer.config["tensorboard"])
     if trainer.procs.main:
         if folder != out:
             publish(folder, out, replacing)

@@ -1,0 +1,66 @@
+"""Training curves for TensorBoard (`--tensorboard DIR`): every number of a stage's per-epoch record,
+the very record <stage>_metrics.jsonl holds, as a scalar at the record's global step, so that MT and
+stage 2 share one step axis: MT's curve and MT+LC's branching from it at LC's start are the paper's
+Fig. 2. TensorBoard's own convention: one folder per run (runs/tb/mt, runs/tb/lc), `tensorboard
+--logdir runs/tb` shows them together.
+"""
+from pathlib import Path
+
+from .errors import UserError
+
+# The record's keys that are no curve: its place on the axes and its text.
+NOT_CURVES = ("stage", "epoch", "step", "warnings")
+LOSSES = ("loss", "ce", "cons", "lc")
+SCHEDULE = ("lr", "cons_weight", "lc_weight")
+
+
+def tag(key):
+    """The TensorBoard tag of a record's key: grouped (loss/, schedule/, error/, lc/, time/), the key kept."""
+    if key in LOSSES:
+        return f"loss/{key}"
+    if key in SCHEDULE:
+        return f"schedule/{key}"
+    if key.endswith("_error"):
+        return f"error/{key}"
+    if key == "time_s":
+        return "time/epoch_seconds"
+    if key == "global_epoch":
+        return "epoch/global_epoch"
+    return f"lc/{key}"  # LC's diagnostics: neighbour fraction, all-neighbour epochs, distances
+
+
+def scalars(record):
+    """{tag: value} of every number in a metrics record (booleans as 0 and 1)."""
+    return {tag(key): float(value) for key, value in record.items()
+            if key not in NOT_CURVES and isinstance(value, (int, float))}
+
+
+class TensorBoardCurves:
+    """Writes the records of one stage's run into `log_dir`. A resumed run passes the last record
+    its checkpoint marks done: the events of every later step (an epoch trained again) are purged
+    and that record written again, so each step appears once whatever moment the run was killed."""
+
+    def __init__(self, log_dir, resumed_record=None):
+        log_dir = Path(log_dir)
+        if log_dir.exists() and not log_dir.is_dir() or log_dir.is_symlink():
+            raise UserError(f"--tensorboard {log_dir}: not a folder (a file or a link is there)")
+        try:  # imported only when asked for: it takes a second
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UserError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        try:
+            self.writer = SummaryWriter(str(log_dir), purge_step=resumed_record["step"] if resumed_record else None)
+        except OSError as exc:
+            raise UserError(f"--tensorboard {log_dir}: cannot write there ({exc.strerror or exc})") from None
+        if resumed_record:
+            self.add(resumed_record)
+
+    def add(self, record):
+        for name, value in scalars(record).items():
+            self.writer.add_scalar(name, value, record["step"])
+        for warning in record.get("warnings") or ():
+            self.writer.add_text("warnings", warning, record["step"])
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
