@@ -1,0 +1,72 @@
+"""The classifier as ONNX: uint8 images in, calibrated probabilities out, any batch size, the class
+names in its metadata; checked with onnxruntime against the checkpoint's own predictions on real
+image files."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import mtlc
+from mtlc.calibration import DECIMALS
+from mtlc.images import decode
+from mtlc.onnx_export import INPUT, export_onnx
+
+pytestmark = pytest.mark.slow  # each export traces the network (torch.export): about 10 s
+
+# Probabilities agree to this (float32 graph, float64 softmax in the package; the same network).
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    folder, checkpoint = trained
+    classifier = mtlc.load(checkpoint, device="cpu")
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    meta = export_onnx(classifier, path, checkpoint)
+    return classifier, path, meta, folder
+
+
+def session(path):
+    import onnxruntime
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_onnx_gives_the_checkpoints_calibrated_predictions_on_real_images(exported):
+    classifier, path, meta, folder = exported
+    paths = sorted((folder / "unlabeled").rglob("*.png")) + sorted((folder / "test").rglob("*.png"))
+    expected = {p.path: p for p in classifier.predict_files([str(p) for p in paths])}
+    images = torch.stack([decode(p, classifier.image_size) for p in paths])
+    run = session(path)
+    assert classifier.calibration is not None and classifier.temperature != 1.0  # a temperature to carry
+    for batch in (1, 7, len(paths)):  # any batch size
+        probabilities = run.run(None, {INPUT: images[:batch].numpy()})[0]
+        assert probabilities.dtype == np.float32 and probabilities.shape == (batch, len(classifier.classes))
+        np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-5)
+        for p, row in zip(paths[:batch], probabilities):
+            prediction = expected[str(p)]
+            assert classifier.classes[int(row.argmax())] == prediction.label
+            assert row.max() == pytest.approx(prediction.confidence, abs=0.5 * 10 ** -DECIMALS + ATOL)  # as the CSV rounds
+    _, reference = classifier.classify(images)
+    np.testing.assert_allclose(run.run(None, {INPUT: images.numpy()})[0], reference.numpy(), atol=ATOL)
+
+
+def test_onnx_metadata_names_the_classes_and_the_calibration(exported):
+    classifier, path, meta, _ = exported
+    found = session(path).get_modelmeta().custom_metadata_map
+    assert json.loads(found["classes"]) == classifier.classes
+    assert float(found["temperature"]) == classifier.temperature
+    assert found["model"] == "teacher" and found["image_size"] == str(classifier.image_size)
+    assert found == meta
+    inputs = session(path).get_inputs()
+    assert [(i.name, i.type) for i in inputs] == [(INPUT, "tensor(uint8)")] and isinstance(inputs[0].shape[0], str)
+
+
+def test_onnx_of_the_student_and_of_an_uncalibrated_checkpoint(trained, tmp_path):
+    _, checkpoint = trained
+    classifier = mtlc.load(checkpoint, model="student", device="cpu", calibrate=False)
+    meta = export_onnx(classifier, tmp_path / "student.onnx", checkpoint)
+    assert meta["model"] == "student" and meta["temperature"] == "1.0" and meta["calibration"].startswith("none")
+    images = torch.randint(0, 256, (3, 3, classifier.image_size, classifier.image_size), dtype=torch.uint8)
+    np.testing.assert_allclose(session(tmp_path / "student.onnx").run(None, {INPUT: images.numpy()})[0],
+                               classifier.classify(images)[1].numpy(), atol=ATOL)
