@@ -1,0 +1,126 @@
+"""Label Studio's formats, checked against its own library (label-studio-sdk): the labeling config,
+the tasks and their pre-annotations as it validates them, and its JSON, JSON-MIN and CSV exports (the
+last two made from the first by its own converter) read back as label.py's rows."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from mtlc.errors import UserError
+from mtlc.label_studio import (FROM_NAME, TO_NAME, document_root, is_export, labeling_config, local_files_url,
+                               read_export, task, write_tasks)
+
+sdk = pytest.importorskip("label_studio_sdk")
+from label_studio_sdk.converter import Converter  # noqa: E402
+from label_studio_sdk.label_interface import LabelInterface  # noqa: E402
+from label_studio_sdk.label_interface.objects import AnnotationValue  # noqa: E402
+
+CLASSES = ["cat", "dog", 'say "cheese" & <smile>', "chat-é"]
+
+
+def prediction(path, label, confidence=0.875, digest="ab" * 32):
+    return SimpleNamespace(path=str(path), label=label, confidence=confidence, digest=digest)
+
+
+@pytest.fixture
+def images(tmp_path):
+    paths = []
+    for i, name in enumerate(["a/u0.png", "a/b/u1 space.png", "u2#.png", "u3.png", "u4.png"]):
+        path = tmp_path / "mydata" / "unlabeled" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        paths.append(path)
+    return paths
+
+
+def test_labeling_config_is_one_choice_among_the_classes():
+    interface = LabelInterface(labeling_config(CLASSES))
+    control = interface.get_control(FROM_NAME)
+    assert control.labels == CLASSES  # names with quotes, & and < survive the XML
+    assert [o.name for o in interface.objects] == [TO_NAME]
+
+
+def test_tasks_are_what_label_studio_validates(images, tmp_path):
+    interface = LabelInterface(labeling_config(CLASSES))
+    root = document_root(images)
+    assert root == tmp_path / "mydata" / "unlabeled"
+    tasks = [task(prediction(p, CLASSES[i % 4]), root, "mtlc lc.pt") for i, p in enumerate(images)]
+    for t in tasks:  # the SDK's validate_task fails on any task with predictions (it calls
+        # validate_prediction without one, label-studio-sdk 2.1.2): the data and the prediction apart
+        assert interface.validate_task({"data": t["data"]})
+        assert interface.validate_prediction(t["predictions"][0], return_errors=True) == []
+    assert tasks[1]["data"][TO_NAME] == "/data/local-files/?d=a/b/u1%20space.png"
+    assert tasks[2]["data"][TO_NAME] == "/data/local-files/?d=u2%23.png"  # '#' would end the URL
+    assert tasks[0]["predictions"][0]["score"] == 0.875 and tasks[0]["data"]["path"] == str(images[0])
+    unreadable = task(prediction(images[0], None, None, None), root, "m")
+    assert "predictions" not in unreadable and interface.validate_task(unreadable)
+
+
+def label_studio_export(tasks):
+    """The JSON export Label Studio makes of a project: the tasks with ids and their annotations, as
+    its AnnotationValue model has them: task 1 labeled, task 2 labeled twice (the later one counts),
+    task 3 cancelled, task 4 never annotated, task 5 labeled as the prediction said."""
+    def annotation(label, created, cancelled=False):
+        value = AnnotationValue(completed_by=1, was_cancelled=cancelled, result=[] if cancelled else [
+            {"id": "r1", "from_name": FROM_NAME, "to_name": TO_NAME, "type": "choices",
+             "value": {"choices": [label]}}]).model_dump()
+        return dict(value, id=hash(created) % 1000, created_at=created, updated_at=created)
+    annotations = [[annotation("dog", "2026-11-28T10:00:00Z")],
+                   [annotation("cat", "2026-11-28T10:01:00Z"), annotation(CLASSES[2], "2026-11-28T10:05:00Z")],
+                   [annotation("cat", "2026-11-28T10:02:00Z", cancelled=True)],
+                   [],
+                   [annotation(tasks[4]["data"]["prediction"], "2026-11-28T10:03:00Z")]]
+    return [dict(t, id=i, annotations=a, project=1) for i, (t, a) in enumerate(zip(tasks, annotations), 1)]
+
+
+@pytest.mark.parametrize("kind", ["JSON", "JSON-MIN", "CSV"])
+def test_exports_read_back_as_labels(images, tmp_path, kind):
+    root = document_root(images)
+    tasks = [task(prediction(p, CLASSES[i % 4]), root, "m") for i, p in enumerate(images)]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(label_studio_export(tasks)))
+    converter = Converter(config=labeling_config(CLASSES), project_dir=str(tmp_path), download_resources=False)
+    if kind == "JSON-MIN":
+        converter.convert_to_json_min(str(export), str(tmp_path / "min"), is_dir=False)
+        export = tmp_path / "min" / "result.json"
+    elif kind == "CSV":
+        converter.convert_to_csv(str(export), str(tmp_path / "csv"), is_dir=False, sep=",")  # what Label Studio passes
+        export = tmp_path / "csv" / "result.csv"
+    text = export.read_text()
+    assert is_export(export, text)
+    labels = read_export(export, text)
+    digest = "ab" * 32
+    assert sorted(labels.rows) == sorted([(str(images[0]), "dog", digest), (str(images[1]), CLASSES[2], digest),
+                                          (str(images[4]), CLASSES[0], digest)])
+    assert labels.no_annotation == 1
+    # Label Studio's JSON-MIN and CSV leave a task whose annotations were all cancelled out
+    assert labels.cancelled == (1 if kind == "JSON" else 0)
+
+
+def test_written_tasks_are_one_json_list(images, tmp_path):
+    root = document_root(images)
+    path = tmp_path / "tasks.json"
+    with open(path, "w", encoding="utf-8") as f:
+        assert write_tasks(f, (prediction(p, "cat") for p in images), root, "m") == 5
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    assert [t["data"]["path"] for t in loaded] == [str(p) for p in images]
+    with open(tmp_path / "none.json", "w", encoding="utf-8") as f:
+        assert write_tasks(f, iter(()), root, "m") == 0
+    assert json.loads((tmp_path / "none.json").read_text()) == []
+
+
+@pytest.mark.parametrize("export, message", [
+    ("{not json", "is not JSON"),
+    ('"a string"', "a list of tasks"),
+    ('[{"data": {"image": "x"}, "annotations": []}]', "no 'path'"),
+    ('[{"data": {"path": "u.png"}, "annotations": [{"result": [{"from_name": "label", "value": {"choices": '
+     '["cat", "dog"]}}]}]}]', "2 classes chosen"),
+])
+def test_bad_exports_are_one_line(tmp_path, export, message):
+    with pytest.raises(UserError, match=message):
+        read_export(tmp_path / "export.json", export)
+
+
+def test_local_files_url_is_relative_to_the_document_root(tmp_path):
+    (tmp_path / "r" / "x").mkdir(parents=True)
+    assert local_files_url(tmp_path / "r" / "x" / "é.png", tmp_path / "r") == "/data/local-files/?d=x/%C3%A9.png"
