@@ -319,3 +319,15 @@ def test_a_batch_number_that_is_no_ascii_number_is_one_line(folder):
     write_log(folder, [("²", "t", "undo", "", "", "")])
     res = run("label.py", "--data-dir", folder, "--undo")
     assert res.returncode == 2 and "is not a number" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_log_from_before_the_hash_was_kept_goes_on_in_its_own_columns(folder, tmp_path):
+    """A log written before the blake2b column: read as it is, appended in its six columns, undone."""
+    with open(folder / label_files.LOG_NAME, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerow(label_files.LOG_HEADER[:-1])
+    before = snapshot(folder)
+    assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat")])]).exit_code == 0
+    rows = list(csv.reader(open(folder / label_files.LOG_NAME, newline="")))
+    assert all(len(r) == len(label_files.LOG_HEADER) - 1 for r in rows) and rows[1][2:5] == ["move", "unlabeled/u0000.png", "labeled/cat/u0000.png"]
+    assert "put back the 1 images" in invoke(label, ["--data-dir", folder, "--undo"]).output
+    assert snapshot(folder) == before

@@ -115,7 +115,7 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
     decoding meanwhile): all images decoded up front (or a prefetch of more) would fail this."""
     data, ckpt = trained
     counts = dict(decoded=0, classified=0, most=0)
-    real_decode, real_classify = images.decode, inference.model_outputs
+    real_decode, real_classify = images.decode_or_reason, inference.model_outputs
 
     def counting_decode(path, size):
         counts["decoded"] += 1
@@ -126,7 +126,7 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
         if counts["decoded"]:  # the files' stream (the held-out images before it come from the cache)
             counts["classified"] += len(x)
         return real_classify(model, x, mean, std)
-    monkeypatch.setattr(images, "decode", counting_decode)
+    monkeypatch.setattr(images, "decode_or_reason", counting_decode)
     monkeypatch.setattr(predictions, "model_outputs", counting_classify)
     result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5"])
     assert result.exit_code == 0, result.output

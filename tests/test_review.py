@@ -29,7 +29,7 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
         path = tmp_path / "<" / f"script>{i}.png"  # .../</script>0.png would end the data block if not escaped
         assert "</script>" in str(path)
         Image.new("RGB", (60, 30), (30 * i, 0, 0)).save(path)
-        rows.append(Prediction(path, "ab"[i % 2], round(0.5 + i / 20, 4), "ba"[i % 2]))
+        rows.append(Prediction(path, "ab"[i % 2], round(0.5 + i / 20, 4), "ba"[i % 2], digest=f"{i:032x}"))
     rows.append(Prediction(tmp_path / "broken.png", None, None, None, reason="OSError: truncated"))
     shown, failed = write_review(tmp_path / "r.html", rows, ["a", "b"], per_class=2, threshold=0.7, max_error=5)
     page = (tmp_path / "r.html").read_text()
@@ -37,6 +37,8 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
     assert shown == 4 and failed == 0 and data["shown"] == {"a": [2, 4], "b": [2, 3]}
     assert [(d["label"], d["confidence"]) for d in data["items"]] == [("a", 0.5), ("a", 0.6), ("b", 0.55), ("b", 0.65)]
     assert all(d["thumb"].startswith("data:image/jpeg;base64,") for d in data["items"])
+    # each image known by its hash too: a decision kept in the browser never passes to another picture
+    assert all(d["digest"] == f"{int(d['name'][7:-4]):032x}" for d in data["items"])
     assert [d["accepted"] for d in data["items"]] == [False, False, False, False]  # all under 0.7
     write_review(tmp_path / "none.html", rows, ["a", "b"], per_class=2, threshold=None, max_error=5)
     assert {d["accepted"] for d in page_data((tmp_path / "none.html").read_text())["items"]} == {False}
