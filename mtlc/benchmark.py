@@ -49,6 +49,7 @@ def benchmark(trainer, steps, echo=click.echo):
                 gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, steps_per_epoch=trainer.steps_per_epoch, stage=trainer.stage.name,
                 dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
                 processes=trainer.procs.world, compile=bool(trainer.config["compile"]), step_mode=trainer.step_mode,
+                captured=getattr(trainer.steps, "graph", None) is not None,
                 device=device_name(trainer.device), threads=torch.get_num_threads())
 
 

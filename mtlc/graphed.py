@@ -15,6 +15,7 @@ import math
 import statistics
 import time
 
+import click
 import torch
 
 from .batches import augment, seed_step
@@ -178,6 +179,7 @@ class GraphedSteps:
         self.alpha = torch.tensor(t.stage.ema, device=device)
         self.one_minus_alpha = torch.tensor(1.0 - t.stage.ema, device=device)
         self.graph = self.data_graph = None
+        self.capture_failed = None  # why the capture failed, if it did
         self.uncaptured = 0  # steps run before the capture
         self.next_step = None
         self.since_read = 0
@@ -227,10 +229,9 @@ class GraphedSteps:
             self.tables.fill(first, step - first)
         elif step == first + spe:  # past the epoch's last row (the benchmark runs on across epochs)
             self.tables.fill(step)
+        if self.graph is None and self.captures and self.uncaptured >= WARMUP_STEPS and not self.capture_failed:
+            self.try_capture()
         if self.graph is not None:
-            self.graph.replay()
-        elif self.captures and self.uncaptured >= WARMUP_STEPS:
-            self.graph = capture(self.body)
             self.graph.replay()
         else:
             on_side_stream(self.body) if self.captures else self.body()
@@ -239,6 +240,17 @@ class GraphedSteps:
         self.since_read += 1
         if self.since_read >= GUARD_EVERY:
             self.read_guards()
+
+    def try_capture(self):
+        """Record the step as a CUDA graph; where the capture fails (a kernel or a library call that
+        cannot be captured), say so once and go on with the same step uncaptured: still on the device,
+        still without host syncs, only with its launches."""
+        try:
+            self.graph = capture(self.body)
+        except RuntimeError as exc:
+            self.capture_failed = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or ['?'])[0][:300]}"
+            click.echo(f"warning: the training step could not be captured as a CUDA graph ({self.capture_failed}); "
+                       f"it runs uncaptured", err=True)
 
     def read_guards(self):
         self.since_read = 0

@@ -253,3 +253,23 @@ def test_graphed_step_reads_nothing_back(digits, name):
         trainer.steps.body()
     with pytest.raises(AssertionError, match="tolist"), ReadsBack():  # the mode sees what it should
         trainer.steps.guards.read()
+
+
+def test_a_failed_capture_warns_once_and_trains_on_uncaptured(digits, monkeypatch, capsys):
+    """Where the GPU cannot record the step (a call that cannot be captured), the run says so once
+    and goes on with the same step, uncaptured."""
+    from mtlc import graphed
+    data, labeled, unlabeled = digits
+    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), MT)
+    attempts = []
+    monkeypatch.setattr(GraphedSteps, "captures", property(lambda self: True))
+    monkeypatch.setattr(graphed, "on_side_stream", lambda work: work())
+    monkeypatch.setattr(graphed, "capture", lambda work: attempts.append(1) or (_ for _ in ()).throw(
+        RuntimeError("operation not permitted when stream is capturing")))
+    trainer.steps.start_epoch(0)
+    for step in range(8):
+        trainer.steps.step(step)
+    sums = trainer.steps.end_epoch()
+    assert attempts == [1] and trainer.steps.graph is None and trainer.steps.uncaptured == 8
+    assert "could not be captured as a CUDA graph (RuntimeError: operation not permitted" in capsys.readouterr().err
+    assert torch.isfinite(sums).all() and sums[0] > 0

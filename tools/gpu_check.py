@@ -173,7 +173,7 @@ def step(check):
                         *STEP_RUNS[name])
         result[name] = {k: v for k, v in json.loads(out.strip().splitlines()[-1]).items()
                         if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step",
-                                 "batch", "step_mode")}
+                                 "batch", "step_mode", "captured")}
         check.record("step", dict(result, ok=False, seconds=0, unfinished=[r for r in runs if r not in result]))
     out = check.run("step.log", "tools/step_equivalence.py", "--device", check.device.type, *s["equivalence_args"],
                     fail_ok=True)
@@ -194,7 +194,8 @@ def step(check):
                result["equivalence"]["ok"]}
     if graphed:
         best = min(graphed, key=lambda run: run["sec_per_step"])
-        targets.update({"graphed bf16 step within 2x of the FLOP floor (32 + 128)": best["vs_floor"] <= 2,
+        targets.update({"graphed bf16 step captured as a CUDA graph": bool(best.get("captured")),
+                        "graphed bf16 step within 2x of the FLOP floor (32 + 128)": best["vs_floor"] <= 2,
                         "graphed data share under 5%": best["data_share"] < 0.05})
     result["targets"] = targets
     # The speed targets are the GPU's; the equivalence holds on any device.
