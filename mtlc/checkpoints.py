@@ -78,7 +78,8 @@ CONFIG_CHECKS = dict(
     skip_bad_images=lambda v: isinstance(v, bool), compile=lambda v: isinstance(v, bool),
     files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
     leaked_test=is_names, relabeled=is_names, forward=lambda v: v in ("joint", "split"),
-    precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str))
+    precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str),
+    compress=lambda v: is_number(v) and v >= 1, tensorboard=lambda v: v is None or isinstance(v, str))
 LC_CONFIG_CHECKS = dict(
     eps=lambda v: is_number(v) and v > 0, eps_auto=lambda v: isinstance(v, bool),
     eps_scale=lambda v: v in ("fixed", "relative", "normalized"), lam=lambda v: is_number(v, 0),
@@ -122,13 +123,15 @@ def config_problem(state):
     of another type or value than this project writes, or None: every key the scripts read."""
     wrong = [k for k, check in STATE_CHECKS.items() if not check(state.get(k))]
     config = state.get("config") if isinstance(state.get("config"), dict) else {}
-    wrong += [f"config.{k}" for k, check in CONFIG_CHECKS.items() if not check(config.get(k))]
+    wrong_config = [k for k, check in CONFIG_CHECKS.items() if not check(config.get(k))]
     if state.get("stage") == "lc":
         lc = config.get("lc")
-        wrong += ["config.lc"] if not isinstance(lc, dict) else [f"config.lc.{k}" for k, check in LC_CONFIG_CHECKS.items()
-                                                                if not check(lc.get(k))]
-    if wrong:
-        return f"it lacks {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''} (or holds another type or value there)"
+        wrong_config += ["lc"] if not isinstance(lc, dict) else [f"lc.{k}" for k, check in LC_CONFIG_CHECKS.items()
+                                                              if not check(lc.get(k))]
+    problems = [f"{whose} lacks {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+                for whose, keys in (("it", wrong), ("its config", wrong_config)) if keys]
+    if problems:
+        return "; ".join(problems) + " (or holds another type or value there)"
     if len(config["classes"]) != config["num_classes"]:
         return f"its config's {len(config['classes'])} classes do not fit its class count ({config['num_classes']})"
     return metrics_problem(state.get("metrics"), required=state["stage"] == "lc")
