@@ -24,7 +24,7 @@ SMALL = ["--width", "0.0625", "--labeled-batch", "6", "--unlabeled-batch", "12",
 
 def rows(csv_text):
     lines = csv_text.strip().splitlines()
-    assert lines[0] == "path,prediction,confidence,runner_up"
+    assert lines[0] == "path,prediction,confidence,runner_up,blake2b"  # the image each row is for, last
     return [line.split(",") for line in lines[1:]]
 
 
