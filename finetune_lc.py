@@ -23,7 +23,7 @@ from mtlc.splits import true_classes
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
-from mtlc.options import run_options, speed_options, tensorboard_option
+from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import preset, preset_help, ramp_epochs
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
 from mtlc.training import run_stage
@@ -114,7 +114,8 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
             procs.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
             trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,
                                 reference_spread=state["reference_spread"])
-            run_stage(trainer, out, milestones(state["config"]), start_epoch=state["epoch"])
+            run_stage(trainer, out, milestones(state["config"]), start_epoch=state["epoch"],
+                      tensorboard=resumed_curves(state["config"], tensorboard, procs.echo))
             return
 
         state = load_checkpoint(ckpt)
@@ -183,7 +184,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
             return
-        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing)
+        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
 
 
 def stage_two(config, data, state, training, device, procs, reference_spread=None):

@@ -24,7 +24,7 @@ from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
-from mtlc.options import run_options, speed_options, tensorboard_option
+from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import DATASETS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, ramp_epochs
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
@@ -111,7 +111,8 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
             procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
                                    procs)
-            run_stage(trainer, out, milestones(config), start_epoch=state["epoch"])
+            run_stage(trainer, out, milestones(config), start_epoch=state["epoch"],
+                      tensorboard=resumed_curves(config, tensorboard, procs.echo))
             return
         own = dataset == "folder" and is_own_layout(data_dir)
         if own and labels is not None:
@@ -186,7 +187,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
             return
-        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing)
+        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
 
 
 def milestones(config):

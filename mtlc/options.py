@@ -29,7 +29,17 @@ def tensorboard_option(stage_name):
                         help=f"Also write the per-epoch numbers of {stage_name}_metrics.jsonl (losses, lr, ramp weights, "
                              "errors, LC's diagnostics) as TensorBoard curves into DIR, at the global step, so that "
                              "both stages share one axis; give each run its own DIR (runs/tb/mt, runs/tb/lc) and "
-                             "run `tensorboard --logdir runs/tb`. --resume writes on into the run's DIR.")
+                             "run `tensorboard --logdir runs/tb`. With --resume, give the run's DIR again to write on there "
+                             "(each step once); a resumed run writes no curves without it.")
+
+
+def resumed_curves(config, tensorboard, echo):
+    """The --tensorboard folder of a resumed run: the one given again on its command line, never the
+    one its checkpoint names (which says where it wrote, and is said)."""
+    if tensorboard is None and config["tensorboard"]:
+        echo(f"this run wrote TensorBoard curves to {config['tensorboard']!r}; give --tensorboard with that "
+             f"folder and --resume to go on writing them there")
+    return tensorboard
 
 
 def speed_options(stage_name):

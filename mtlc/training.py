@@ -434,12 +434,14 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
     return record
 
 
-def run_stage(trainer, out, milestones, start_epoch, replacing=()):
+def run_stage(trainer, out, milestones, start_epoch, replacing=(), tensorboard=None):
     """fit the trainer's stage from start_epoch, stopping at once on SIGINT or SIGTERM, and say what
     it wrote (the main process). replacing: an earlier run's outputs in out (--overwrite): the run
     writes into a staging folder in out, and its outputs replace those only once they all exist
     (runs.publish); a run killed before leaves them as they were, and --resume continues it where its
-    checkpoint is (runs.writing_folder)."""
+    checkpoint is (runs.writing_folder).
+    tensorboard: the folder of --tensorboard, given on this command line (a resumed run never writes
+    where its checkpoint says: the checkpoint may come from someone else)"""
     name = trainer.stage.name
     if trainer.procs.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -449,7 +451,7 @@ def run_stage(trainer, out, milestones, start_epoch, replacing=()):
         folder = writing_folder(out, name) if start_epoch else out
     with stop_on_signals():
         last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo,
-                   tensorboard=trainer.config["tensorboard"])
+                   tensorboard=tensorboard)
     if trainer.procs.main:
         if folder != out:
             publish(folder, out, replacing)

@@ -56,14 +56,15 @@ def test_both_stages_write_their_metrics_as_curves_on_one_axis(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_writes_each_step_once(tmp_path, monkeypatch):
-    """Killed while writing epoch 3's checkpoint (epochs 1 and 2 already in the curves), resumed: epoch
-    2 is written again over its purged events and epoch 3 once; without the flag no events at all."""
+    """Killed while writing epoch 3's checkpoint (epochs 1 and 2 already in the curves), resumed with
+    the same --tensorboard: epoch 2 is written again over its purged events and epoch 3 once; without
+    the flag no events at all."""
     interrupt_write(monkeypatch, "mt_last.pt", 3)
     assert invoke(train_mt, [*MT_ARGS, "--out", tmp_path / "run", "--tensorboard", tmp_path / "tb"]).exit_code != 0
     assert [s for s, _ in curves(tmp_path / "tb")["loss/loss"]] == [s for s in sorted({
         r["step"] for r in read_metrics(tmp_path / "run" / "mt_metrics.jsonl")})]
     monkeypatch.undo()
-    result = invoke(train_mt, ["--resume", "--out", tmp_path / "run"])
+    result = invoke(train_mt, ["--resume", "--out", tmp_path / "run", "--tensorboard", tmp_path / "tb"])
     assert result.exit_code == 0, result.output
     assert_curves_are_the_metrics(tmp_path / "tb", tmp_path / "run" / "mt_metrics.jsonl")
     assert invoke(train_mt, [*MT_ARGS, "--out", tmp_path / "plain"]).exit_code == 0
@@ -76,3 +77,16 @@ def test_tensorboard_folder_that_is_a_file_is_refused(tmp_path):
                                "--tensorboard", tmp_path / "tb"])
     assert result.exit_code == 2 and "tb" in result.output
     assert (tmp_path / "tb").read_text() == "not a folder"
+
+
+@pytest.mark.slow
+def test_a_resumed_run_writes_curves_only_where_its_command_says(tmp_path, monkeypatch):
+    """The folder a checkpoint names is not a place to write (the checkpoint may be someone else's):
+    --resume without --tensorboard writes no curves and says where the run wrote them."""
+    interrupt_write(monkeypatch, "mt_last.pt", 2)
+    assert invoke(train_mt, [*MT_ARGS, "--out", tmp_path / "run", "--tensorboard", tmp_path / "tb"]).exit_code != 0
+    before = sorted(p.name for p in (tmp_path / "tb").iterdir())
+    monkeypatch.undo()
+    result = invoke(train_mt, ["--resume", "--out", tmp_path / "run"])
+    assert result.exit_code == 0 and "this run wrote TensorBoard curves to" in result.output, result.output
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == before
