@@ -12,6 +12,8 @@ which to label next), the paper's results table, error curves and t-SNE pictures
     python evaluate.py --curves mt_metrics.jsonl --curves lc_metrics.jsonl --plot curves.png  # Fig. 2
     python evaluate.py --ckpt lc.pt --tsne tsne.png                    # Figs. 5-6
     python evaluate.py --ckpt mt.pt --distances d2.png                 # where eps falls among the distances
+    python evaluate.py --ckpt lc.pt --onnx model.onnx                  # the calibrated classifier for onnxruntime
+    python evaluate.py --ckpt lc.pt --predict unlabeled/ --label-studio tasks.json   # pre-annotated Label Studio tasks
 """
 import json
 import sys
@@ -28,7 +30,8 @@ from mtlc.errors import UserError
 from mtlc.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
 from mtlc.neighbours import DISTANCE_IMAGES, checkpoint_distances
 from mtlc.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
-from mtlc.predicting import PredictOptions, predict, run_audit
+from mtlc.label_studio import config_path as studio_config_path
+from mtlc.predicting import PredictOptions, export, predict, run_audit
 from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
 from mtlc.review import DEFAULT_PER_CLASS
@@ -86,6 +89,21 @@ from mtlc.runs import check_not_among, check_outputs
                    "images and one of decay: on a large folder, more).")
 @click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
               help="With --review: at most this many images per predicted class on the page, the least confident.")
+@click.option("--label-studio", type=click.Path(dir_okay=False), default=None,
+              help="With --predict: write Label Studio import tasks to this JSON file, one per image (with --suggest, "
+                   "per image to label next): the image served by Label Studio's local files storage, its path and "
+                   "hash, and the prediction as a pre-annotation (its score the calibrated confidence); the labeling "
+                   "config goes beside it (NAME.label-config.xml) and the steps to open them in Label Studio are "
+                   "printed. label.py --apply reads the project's export back. Without --csv, no CSV is written. "
+                   "docs/label-studio.md.")
+@click.option("--label-studio-root", type=click.Path(file_okay=False), default=None,
+              help="With --label-studio: Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT; the images must lie "
+                   "in a folder under it. [default: the folder above the deepest one holding every image]")
+@click.option("--onnx", type=click.Path(dir_okay=False), default=None,
+              help="Export the checkpoint's --model (teacher by default) to this ONNX file: uint8 images (N, 3, H, W) "
+                   "at the checkpoint's image size in, calibrated class probabilities out (the normalization and the "
+                   "temperature fitted on its held-out images inside), any N; the class names in its metadata. "
+                   "docs/onnx.md.")
 @click.option("--skip-bad-images", is_flag=True,
               help="With --predict: files that cannot be read still get a row with an empty prediction and a message "
                    "on stderr, but the run exits 0 when they were its only trouble (without it: exit code 1).")
@@ -121,8 +139,8 @@ from mtlc.runs import check_not_among, check_outputs
               help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, review,
-         audit, audit_folds, audit_steps, review_per_class, skip_bad_images, batch_size, confusion, table, curves, plot, tsne, tsne_points, distances,
-         pool_error, truth, data_dir, seed, device):
+         audit, audit_folds, audit_steps, review_per_class, label_studio, label_studio_root, onnx, skip_bad_images,
+         batch_size, confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
     robust_streams()
@@ -146,8 +164,17 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     if audit and (as_json or review_per_class != DEFAULT_PER_CLASS):
         raise UserError("--json and --review-per-class go with --predict, not --audit (the audit page shows every "
                         "doubtful label)")
+    if (label_studio or label_studio_root) and not predict_paths:
+        raise UserError("--label-studio and --label-studio-root go with --predict")
+    if label_studio_root and not label_studio:
+        raise UserError("--label-studio-root goes with --label-studio")
+    if onnx and (predict_paths or audit or len(ckpts) != 1 or table or curves or tsne or distances or confusion
+                 or pool_error or as_json):
+        raise UserError("--onnx takes exactly one --ckpt and no other output: run evaluate.py again for those")
     outputs = dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
-                        "--distances"), (csv_path, review, audit, coverage, confusion, table, plot, tsne, distances)))
+                        "--distances", "--label-studio", "--label-studio's labeling config", "--onnx"),
+                       (csv_path, review, audit, coverage, confusion, table, plot, tsne, distances, label_studio,
+                        label_studio and str(studio_config_path(label_studio)), onnx)))
     check_outputs(outputs, {**{f"--ckpt {c}": c for c in ckpts}, **{f"--curves {c}": c for c in curves}, "--truth": truth,
                    **{f"--predict {p}": p for p in predict_paths if not Path(p).is_dir()}})
     if review and not (predict_paths or audit):
@@ -171,9 +198,13 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     if predict_paths:
         options = PredictOptions(model_name=model_name, csv_path=csv_path, batch_size=batch_size, data_dir=data_dir,
                                  max_error=max_error, coverage=coverage, suggest_n=suggest_n, seed=seed,
-                                 as_json=as_json, review=review, review_per_class=review_per_class)
+                                 as_json=as_json, review=review, review_per_class=review_per_class,
+                                 label_studio=label_studio, label_studio_root=label_studio_root)
         failed = predict(ckpts[0], states[0], predict_paths, device, options)
         sys.exit(1 if failed and not skip_bad_images else 0)
+    if onnx:
+        export(ckpts[0], states[0], onnx, model_name, device, data_dir)
+        return
     if audit:
         run_audit(ckpts[0], states[0], audit, review, device, data_dir=data_dir, folds=audit_folds, steps=audit_steps,
                   seed=seed)

@@ -60,12 +60,23 @@ def describe_moves(moves):
                      for what, counts in groups.items())
 
 
+def describe_export(path, export, labeled):
+    """'export.json: a Label Studio JSON export, 12 tasks labeled; 3 without annotation and 1 cancelled
+    move nothing'."""
+    idle = [f"{n:,} {what}" for n, what in ((export.no_annotation, "without annotation"),
+                                             (export.cancelled, "cancelled")) if n]
+    return (f"{path}: a {export.format} export, {labeled:,} tasks labeled"
+            + (f"; {' and '.join(idle)} move nothing" if idle else ""))
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--data-dir", type=click.Path(file_okay=False), required=True,
               help="The own-images folder (labeled/<class>/, unlabeled/).")
 @click.option("--apply", "labels_csv", type=click.Path(dir_okay=False), default=None,
               help="A CSV with the columns path,label: move each image from unlabeled/ into labeled/<label>/ (a labeled/ "
-                   "or test/ image, relabeled: into <its part>/<label>/).")
+                   "or test/ image, relabeled: into <its part>/<label>/). Or a Label Studio export (JSON, JSON-MIN or "
+                   "CSV) of the tasks evaluate.py --label-studio wrote: each task's latest annotation that is not "
+                   "cancelled is its label; tasks without one move nothing and are counted.")
 @click.option("--accepted", is_flag=True,
               help="With --apply: the CSV is evaluate.py's predictions written with --max-error; apply the rows it "
                    "accepted (accepted = 1), each with its prediction as the label; unlabeled/ images only.")
@@ -99,7 +110,9 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
             else:
                 click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were")
             return
-        rows = read_labels(labels_csv, accepted, set_aside)
+        rows, export = read_labels(labels_csv, accepted, set_aside)
+        if export:
+            click.echo(describe_export(labels_csv, export, len(rows)))
         # --accepted turns predictions into labels: only for unlabeled/ images, never over a person's label.
         moves, skipped = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES)
         done = f" ({skipped:,} applied before, skipped)" if skipped else ""

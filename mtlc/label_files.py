@@ -13,6 +13,7 @@ import re
 import time
 from typing import NamedTuple, Optional
 
+from . import label_studio
 from .console import PATH_ERRORS, csv_writer, path_text
 from .errors import MoveFailed, UserError
 from .files import DIGEST_BYTES, DIGEST_COLUMN, read_regular
@@ -66,19 +67,28 @@ def csv_rows(text, path, what):
 
 
 def read_labels(csv_path, accepted=False, set_aside=()):
-    """[LabelRow] of a labels.csv (columns path,label; optional blake2b, the image each row was
-    written for, and action: label or set-aside), or, with accepted, of the rows of a predictions CSV
-    (evaluate.py --predict --max-error --csv) that --max-error accepted, the prediction as the label,
-    or, with set_aside (kinds), of the findings of those kinds of an audit CSV (evaluate.py --audit),
-    each to be set aside. A row without a path or label, or with an action it does not know, is
-    refused here, naming its line. The file may be a link (you named it), never a pipe."""
+    """([LabelRow], the Label Studio export or None) of a labels.csv (columns path,label; optional
+    blake2b, the image each row was written for, and action: label or set-aside), or, with accepted,
+    of the rows of a predictions CSV (evaluate.py --predict --max-error --csv) that --max-error
+    accepted, the prediction as the label, or, with set_aside (kinds), of the findings of those kinds
+    of an audit CSV (evaluate.py --audit), each to be set aside; or of a Label Studio export (JSON,
+    JSON-MIN or CSV) of the tasks evaluate.py --label-studio wrote (label_studio.ExportLabels: a row per
+    labeled task, the tasks without a label counted). A row without a path or label, or with an action
+    it does not know, is refused here, naming its line. The file may be a link (you named it), never a
+    pipe."""
     try:
         data = read_regular(csv_path)
     except FileNotFoundError:
         raise UserError(f"--apply: {csv_path} does not exist") from None
     except OSError as exc:
         raise UserError(f"cannot read labels file {csv_path}: {exc.strerror or exc}") from None
-    rows, columns = csv_rows(decoded_csv(data, csv_path, "labels file"), csv_path, "labels file")
+    text = decoded_csv(data, csv_path, "labels file")
+    if label_studio.is_export(csv_path, text):
+        if accepted or set_aside:
+            raise UserError(f"--accepted and --set-aside read evaluate.py's CSVs; {csv_path} is a Label Studio export")
+        export = label_studio.read_export(csv_path, text)
+        return [LabelRow(n, path, label, digest) for n, (path, label, digest) in enumerate(export.rows, 1)], export
+    rows, columns = csv_rows(text, csv_path, "labels file")
     needed = (("kind", "path") if set_aside else ("path", "prediction", "accepted") if accepted else ("path", "label"))
     if not set(needed) <= set(columns):
         hint = (" (evaluate.py --predict writes `accepted` only with --max-error)" if accepted and
@@ -105,7 +115,7 @@ def read_labels(csv_path, accepted=False, set_aside=()):
                             f"label {label!r}: one or the other")
         digest = (r.get(DIGEST_COLUMN) or "").strip().lower() or None
         result.append(LabelRow(line, r["path"], label, digest, action == "set-aside"))
-    return result
+    return result, None
 
 
 def outside_reason(root, relative, first_parts):

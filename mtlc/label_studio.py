@@ -21,6 +21,7 @@ from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 from .errors import UserError
+from .runs import atomic_write
 
 FROM_NAME, TO_NAME = "label", "image"  # the Choices control and the Image object of labeling_config
 LOCAL_FILES = "/data/local-files/?d="
@@ -34,13 +35,26 @@ def labeling_config(classes):
             f"{choices}\n  </Choices>\n</View>\n")
 
 
-def document_root(paths):
-    """The deepest folder holding every one of the files: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT."""
+def common_folder(paths):
+    """The deepest folder holding every one of the files."""
     folders = [Path(p).resolve().parent for p in paths]
-    root = folders[0]
-    while any(root != f and root not in f.parents for f in folders):
-        root = root.parent
-    return root
+    common = folders[0]
+    while any(common != f and common not in f.parents for f in folders):
+        common = common.parent
+    return common
+
+
+def local_storage(paths, root=None):
+    """(LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT, the local storage's absolute path) that serve the files:
+    Label Studio's storage must be a folder under the document root, and a task addresses a file by
+    its path under the root, which starts with the storage's folder (guide/storage, "Tasks with local
+    storage file references"). Default root: the folder above the deepest one holding every file."""
+    common = common_folder(paths)
+    root = Path(root).resolve() if root else common.parent
+    if root == common or root not in common.parents:
+        raise UserError(f"--label-studio-root {root}: the images must lie in a folder under it (they are all under "
+                        f"{common}); Label Studio serves a storage folder below its document root")
+    return root, root / common.relative_to(root).parts[0]
 
 
 def local_files_url(path, root):
@@ -198,3 +212,35 @@ def read_export(path, text):
     if any(isinstance(t, dict) and "data" in t for t in tasks):
         return from_json(tasks, name)
     return from_records(tasks, name, "Label Studio JSON-MIN")
+
+
+def write_project(tasks_path, predictions, classes, root, model_version):
+    """The import tasks of `predictions` (served from under `root`) and, beside them, the labeling
+    config (config_path), each written whole or not at all; returns the number of tasks."""
+    count = []
+
+    def write(binary_file):
+        text = io.TextIOWrapper(binary_file, encoding="utf-8", newline="\n")
+        count.append(write_tasks(text, predictions, root, model_version))
+        text.flush()
+        text.detach()  # leave the file to atomic_write
+    atomic_write(tasks_path, write)
+    atomic_write(config_path(tasks_path), lambda f: f.write(labeling_config(classes).encode()))
+    return count[0]
+
+
+def config_path(tasks_path):
+    """Where the labeling config goes: beside the tasks, tasks.json -> tasks.label-config.xml."""
+    return Path(tasks_path).with_suffix(".label-config.xml")
+
+
+def setup_lines(root, storage, tasks_path, labels_folder):
+    """How to open the tasks in Label Studio, step by step (guide/storage, "Local storage")."""
+    return [f"Label Studio, to label these images with the model's suggestions preselected:",
+            f"  1. start it serving the files: LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true "
+            f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root} label-studio start",
+            f"  2. create a project; Settings > Labeling Interface > Code: paste {config_path(tasks_path)}",
+            f"  3. Settings > Cloud Storage > Add Source Storage > Local files, absolute local path {storage}, "
+            f"'Treat every bucket object as a source file' off; Add Storage (do not Sync)",
+            f"  4. Import {tasks_path}; label; Export as JSON, JSON-MIN or CSV, then: "
+            f"python label.py --data-dir {labels_folder} --apply <the export>"]

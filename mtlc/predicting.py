@@ -12,6 +12,7 @@ from typing import Optional
 import click
 from tqdm import tqdm
 
+from . import label_studio
 from .classifier import Classifier
 from .console import path_text, stdout_csv
 from .checkpoints import restore_data
@@ -38,6 +39,8 @@ class PredictOptions:
     as_json: bool = False
     review: Optional[str] = None
     review_per_class: int = 1000
+    label_studio: Optional[str] = None
+    label_studio_root: Optional[str] = None
 
 
 class Tally:
@@ -83,12 +86,16 @@ def predict(path, state, targets, device, options):
     o = options
     config = state["config"]
     paths, others, hidden = image_paths(targets)
-    check_not_predicted(dict(zip(("--csv", "--review", "--coverage"), (o.csv_path, o.review, o.coverage))), paths, targets)
+    check_not_predicted(dict(zip(("--csv", "--review", "--coverage", "--label-studio", "its labeling config"),
+                                 (o.csv_path, o.review, o.coverage, o.label_studio,
+                                  o.label_studio and label_studio.config_path(o.label_studio)))), paths, targets)
     if hidden:
         say(describe_hidden(hidden, ", ".join(map(str, targets))))
     if not paths:
         raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
                         + (f" ({others} other files)" if others else ""))
+    if o.label_studio:  # before any work: the images must lie where Label Studio can serve them
+        studio_root, studio_storage = label_studio.local_storage(paths, o.label_studio_root)
     classifier = Classifier(state, model=o.model_name, device=device)
     cal = classifier.calibrate(o.data_dir, echo=say)
     say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
@@ -106,7 +113,7 @@ def predict(path, state, targets, device, options):
     bar = tqdm(total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
     tally = Tally(threshold, bar)
     rows, extra = tally.count(classifier.predict_files(paths, o.batch_size)), None
-    if o.suggest_n or o.review:  # every prediction first: the choice and the page need them all
+    if o.suggest_n or o.review or o.label_studio:  # every prediction first: the choice, the page, the tasks
         rows = predicted = [p if o.suggest_n else p._replace(features=None) for p in rows]
     if o.suggest_n:
         data = restore_data(state, o.data_dir, echo=say)
@@ -121,7 +128,7 @@ def predict(path, state, targets, device, options):
 
     if o.csv_path:
         atomic_write(o.csv_path, write_csv)
-    elif not o.review:  # with --review and no --csv, the page is the output
+    elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
         text = stdout_csv()  # UTF-8 whatever the console's encoding: the names label.py reads back
         write_rows(text, rows, threshold, extra)
         text.flush()
@@ -143,6 +150,13 @@ def predict(path, state, targets, device, options):
                                            f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
                                            else "; confidences uncalibrated"))
         say(f"wrote {o.review}: {shown:,} images shown")
+    if o.label_studio:
+        count = label_studio.write_project(o.label_studio, rows if o.suggest_n else predicted, config["classes"],
+                                           studio_root, f"mtlc {method_name(state)} {o.model_name} {path}")
+        say(f"wrote {o.label_studio} ({count:,} tasks) and {label_studio.config_path(o.label_studio)}")
+        for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio,
+                                             o.data_dir or config["data_dir"]):
+            say(line)
     if o.max_error is not None:
         say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal))
         summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,
@@ -150,6 +164,18 @@ def predict(path, state, targets, device, options):
     if o.as_json:
         click.echo(json.dumps(summary))
     return failed
+
+
+def export(path, state, out, model_name, device, data_dir):
+    """--onnx of the checkpoint at path: its model calibrated on its held-out images, as ONNX."""
+    from .onnx_export import export_onnx
+    classifier = Classifier(state, model=model_name, device=device)
+    cal = classifier.calibrate(data_dir, echo=say)
+    meta = export_onnx(classifier, out, path)
+    say(f"wrote {out}: the {model_name} of {path} as ONNX, uint8 images (N, 3, {classifier.image_size}, "
+        f"{classifier.image_size}) in, probabilities of its {len(classifier.classes)} classes out (their names in the "
+        f"model's metadata); " + (describe_calibration(dict(model=model_name, **cal.summary())) if cal
+                                                 else f"uncalibrated (the raw softmax): {classifier.uncalibrated}"))
 
 
 def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed):

@@ -2,12 +2,13 @@
 the tasks and their pre-annotations as it validates them, and its JSON, JSON-MIN and CSV exports (the
 last two made from the first by its own converter) read back as label.py's rows."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from mtlc.errors import UserError
-from mtlc.label_studio import (FROM_NAME, TO_NAME, document_root, is_export, labeling_config, local_files_url,
+from mtlc.label_studio import (FROM_NAME, TO_NAME, is_export, labeling_config, local_files_url, local_storage,
                                read_export, task, write_tasks)
 
 sdk = pytest.importorskip("label_studio_sdk")
@@ -42,31 +43,35 @@ def test_labeling_config_is_one_choice_among_the_classes():
 
 def test_tasks_are_what_label_studio_validates(images, tmp_path):
     interface = LabelInterface(labeling_config(CLASSES))
-    root = document_root(images)
-    assert root == tmp_path / "mydata" / "unlabeled"
+    root, storage = local_storage(images)
+    assert (root, storage) == (tmp_path / "mydata", tmp_path / "mydata" / "unlabeled")
+    assert local_storage(images, tmp_path) == (tmp_path, tmp_path / "mydata")
+    with pytest.raises(UserError, match="must lie in a folder under it"):
+        local_storage(images, tmp_path / "mydata" / "unlabeled")
     tasks = [task(prediction(p, CLASSES[i % 4]), root, "mtlc lc.pt") for i, p in enumerate(images)]
     for t in tasks:  # the SDK's validate_task fails on any task with predictions (it calls
         # validate_prediction without one, label-studio-sdk 2.1.2): the data and the prediction apart
         assert interface.validate_task({"data": t["data"]})
         assert interface.validate_prediction(t["predictions"][0], return_errors=True) == []
-    assert tasks[1]["data"][TO_NAME] == "/data/local-files/?d=a/b/u1%20space.png"
-    assert tasks[2]["data"][TO_NAME] == "/data/local-files/?d=u2%23.png"  # '#' would end the URL
+    assert tasks[1]["data"][TO_NAME] == "/data/local-files/?d=unlabeled/a/b/u1%20space.png"
+    assert tasks[2]["data"][TO_NAME] == "/data/local-files/?d=unlabeled/u2%23.png"  # '#' would end the URL
     assert tasks[0]["predictions"][0]["score"] == 0.875 and tasks[0]["data"]["path"] == str(images[0])
     unreadable = task(prediction(images[0], None, None, None), root, "m")
     assert "predictions" not in unreadable and interface.validate_task(unreadable)
 
 
-def label_studio_export(tasks):
+def label_studio_export(tasks, labels=("dog", CLASSES[2], "cat")):
     """The JSON export Label Studio makes of a project: the tasks with ids and their annotations, as
-    its AnnotationValue model has them: task 1 labeled, task 2 labeled twice (the later one counts),
-    task 3 cancelled, task 4 never annotated, task 5 labeled as the prediction said."""
+    its AnnotationValue model has them: task 1 labeled labels[0], task 2 labeled twice (labels[2],
+    then labels[1]: the later one counts), task 3 cancelled, task 4 never annotated, task 5 labeled as
+    the prediction said."""
     def annotation(label, created, cancelled=False):
         value = AnnotationValue(completed_by=1, was_cancelled=cancelled, result=[] if cancelled else [
             {"id": "r1", "from_name": FROM_NAME, "to_name": TO_NAME, "type": "choices",
              "value": {"choices": [label]}}]).model_dump()
         return dict(value, id=hash(created) % 1000, created_at=created, updated_at=created)
-    annotations = [[annotation("dog", "2026-11-28T10:00:00Z")],
-                   [annotation("cat", "2026-11-28T10:01:00Z"), annotation(CLASSES[2], "2026-11-28T10:05:00Z")],
+    annotations = [[annotation(labels[0], "2026-11-28T10:00:00Z")],
+                   [annotation(labels[2], "2026-11-28T10:01:00Z"), annotation(labels[1], "2026-11-28T10:05:00Z")],
                    [annotation("cat", "2026-11-28T10:02:00Z", cancelled=True)],
                    [],
                    [annotation(tasks[4]["data"]["prediction"], "2026-11-28T10:03:00Z")]]
@@ -75,7 +80,7 @@ def label_studio_export(tasks):
 
 @pytest.mark.parametrize("kind", ["JSON", "JSON-MIN", "CSV"])
 def test_exports_read_back_as_labels(images, tmp_path, kind):
-    root = document_root(images)
+    root, _ = local_storage(images)
     tasks = [task(prediction(p, CLASSES[i % 4]), root, "m") for i, p in enumerate(images)]
     export = tmp_path / "export.json"
     export.write_text(json.dumps(label_studio_export(tasks)))
@@ -98,7 +103,7 @@ def test_exports_read_back_as_labels(images, tmp_path, kind):
 
 
 def test_written_tasks_are_one_json_list(images, tmp_path):
-    root = document_root(images)
+    root, _ = local_storage(images)
     path = tmp_path / "tasks.json"
     with open(path, "w", encoding="utf-8") as f:
         assert write_tasks(f, (prediction(p, "cat") for p in images), root, "m") == 5
@@ -124,3 +129,67 @@ def test_bad_exports_are_one_line(tmp_path, export, message):
 def test_local_files_url_is_relative_to_the_document_root(tmp_path):
     (tmp_path / "r" / "x").mkdir(parents=True)
     assert local_files_url(tmp_path / "r" / "x" / "é.png", tmp_path / "r") == "/data/local-files/?d=x/%C3%A9.png"
+
+
+@pytest.fixture
+def folder_copy(trained, tmp_path):
+    """The trained fixture's own-images folder, copied (label.py moves its files)."""
+    import shutil
+    folder, checkpoint = trained
+    shutil.copytree(folder, tmp_path / "d", ignore=shutil.ignore_patterns("mtlc-cache", "label-log.csv"))
+    return tmp_path / "d", checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["JSON", "JSON-MIN", "CSV"])
+def test_round_trip_through_label_studio(folder_copy, tmp_path, kind):
+    """evaluate.py --label-studio writes the tasks and the config; Label Studio's annotations (as its
+    model stores them) exported in each format go back into the folder with label.py, and --undo puts
+    them back; an image replaced since its task was written is refused, nothing moved."""
+    import shutil
+
+    from conftest import run, snapshot
+    folder, checkpoint = folder_copy
+    tasks_path = tmp_path / "tasks.json"
+    res = run("evaluate.py", "--ckpt", checkpoint, "--predict", folder / "unlabeled", "--label-studio", tasks_path,
+              "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={folder}" in res.stderr and res.stdout == ""  # no CSV asked for
+    config = (tmp_path / "tasks.label-config.xml").read_text()
+    interface = LabelInterface(config)
+    tasks = json.loads(tasks_path.read_text())
+    assert len(tasks) == len(list((folder / "unlabeled").rglob("*.png")))
+    for t in tasks:
+        assert interface.validate_task({"data": t["data"]}) and interface.validate_prediction(t["predictions"][0])
+        assert t["data"][TO_NAME].startswith("/data/local-files/?d=unlabeled/")
+        assert (folder / t["data"][TO_NAME].split("?d=")[1]).is_file()  # served from the document root
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(label_studio_export(tasks, labels=("dog", "owl", "cat"))))
+    if kind != "JSON":
+        converter = Converter(config=config, project_dir=str(tmp_path), download_resources=False)
+        if kind == "JSON-MIN":
+            converter.convert_to_json_min(str(export), str(tmp_path / "min"), is_dir=False)
+            export = tmp_path / "min" / "result.json"
+        else:
+            converter.convert_to_csv(str(export), str(tmp_path / "csv"), is_dir=False, sep=",")
+            export = tmp_path / "csv" / "result.csv"
+    before = snapshot(folder)
+    first = Path(tasks[0]["data"]["path"])
+    original = first.read_bytes()
+    shutil.copy(Path(tasks[3]["data"]["path"]), first)  # another picture under the first task's name
+    res = run("label.py", "--data-dir", folder, "--apply", export)
+    assert res.returncode == 2 and "is not the one this row was written for" in res.stderr, res.stdout + res.stderr
+    first.write_bytes(original)
+    assert snapshot(folder) == before  # nothing moved
+    res = run("label.py", "--data-dir", folder, "--apply", export)
+    assert res.returncode == 0, res.stderr
+    assert f"a Label Studio {kind} export, 3 tasks labeled; 1 without annotation" in res.stdout
+    assert ("and 1 cancelled move nothing" in res.stdout) == (kind == "JSON")
+    assert "moved 3 images" in res.stdout
+    for t, label in ((tasks[0], "dog"), (tasks[1], "owl"), (tasks[4], tasks[4]["data"]["prediction"])):
+        assert (folder / "labeled" / label / Path(t["data"]["path"]).name).is_file()
+        assert not Path(t["data"]["path"]).exists()
+    assert all(Path(t["data"]["path"]).exists() for t in tasks[2:4])
+    res = run("label.py", "--data-dir", folder, "--undo")
+    assert res.returncode == 0, res.stderr
+    assert snapshot(folder) == before

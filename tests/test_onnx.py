@@ -70,3 +70,17 @@ def test_onnx_of_the_student_and_of_an_uncalibrated_checkpoint(trained, tmp_path
     images = torch.randint(0, 256, (3, 3, classifier.image_size, classifier.image_size), dtype=torch.uint8)
     np.testing.assert_allclose(session(tmp_path / "student.onnx").run(None, {INPUT: images.numpy()})[0],
                                classifier.classify(images)[1].numpy(), atol=ATOL)
+
+
+def test_evaluate_onnx_as_a_user_runs_it(trained, tmp_path):
+    from conftest import run
+    folder, checkpoint = trained
+    res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", tmp_path / "m.onnx", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert "as ONNX, uint8 images (N, 3, 32, 32) in, probabilities of its 3 classes out" in res.stderr
+    assert json.loads(session(tmp_path / "m.onnx").get_modelmeta().custom_metadata_map["classes"]) == ["cat", "dog", "owl"]
+    for args in (["--predict", folder / "unlabeled"], ["--json"], ["--confusion", tmp_path / "c.png"]):
+        res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", tmp_path / "n.onnx", *args)
+        assert res.returncode == 2 and "--onnx takes exactly one --ckpt" in res.stderr
+    res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", checkpoint)
+    assert res.returncode == 2 and not (tmp_path / "n.onnx").exists()  # never over its own checkpoint
