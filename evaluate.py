@@ -34,7 +34,7 @@ from mtlc.label_studio import config_path as studio_config_path
 from mtlc.predicting import PredictOptions, export, predict, run_audit
 from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
-from mtlc.review import DEFAULT_PER_CLASS
+from mtlc.review import DEFAULT_MOST, DEFAULT_PER_CLASS
 from mtlc.runs import check_not_among, check_outputs
 
 
@@ -89,6 +89,10 @@ from mtlc.runs import check_not_among, check_outputs
                    "images and one of decay: on a large folder, more).")
 @click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
               help="With --review: at most this many images per predicted class on the page, the least confident.")
+@click.option("--review-max", type=click.IntRange(min=1), default=DEFAULT_MOST,
+              help="With --review: at most this many images on the page in all, whatever the folder's size, so that it "
+                   "opens at once: the least confident, taken from the classes in turn (with --audit: the most likely "
+                   "problems, this many of each kind). The page says how many it leaves out; the CSV has every row.")
 @click.option("--label-studio", type=click.Path(dir_okay=False), default=None,
               help="With --predict: write Label Studio import tasks to this JSON file, one per image (with --suggest, "
                    "per image to label next): the image served by Label Studio's local files storage, its path and "
@@ -139,7 +143,7 @@ from mtlc.runs import check_not_among, check_outputs
               help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are deterministic).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_error, coverage, suggest_n, review,
-         audit, audit_folds, audit_steps, review_per_class, label_studio, label_studio_root, onnx, skip_bad_images,
+         audit, audit_folds, audit_steps, review_per_class, review_max, label_studio, label_studio_root, onnx, skip_bad_images,
          batch_size, confusion, table, curves, plot, tsne, tsne_points, distances, pool_error, truth, data_dir, seed, device):
     """Test errors (%) of the student and teacher of checkpoints, predictions for image files, tables
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt."""
@@ -198,7 +202,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
     if predict_paths:
         options = PredictOptions(model_name=model_name, csv_path=csv_path, batch_size=batch_size, data_dir=data_dir,
                                  max_error=max_error, coverage=coverage, suggest_n=suggest_n, seed=seed,
-                                 as_json=as_json, review=review, review_per_class=review_per_class,
+                                 as_json=as_json, review=review, review_per_class=review_per_class, review_max=review_max,
                                  label_studio=label_studio, label_studio_root=label_studio_root)
         failed = predict(ckpts[0], states[0], predict_paths, device, options)
         sys.exit(1 if failed and not skip_bad_images else 0)

@@ -2,6 +2,7 @@
 under a folder in the order sorted paths have, hidden files, reading a file's bytes and the hash of
 them that binds a CSV's row to its image, and the lines that name them.
 """
+import collections
 import hashlib
 import os
 import stat
@@ -67,21 +68,31 @@ def scan_images(root):
     """The image files under root (by extension, any nesting) as [(path relative to root, size in
     bytes, modification time in ns, change time in ns)]: what a decode cache is keyed by (the change
     time, which no program can set back, tells an image edited in place whose size and modification
-    time were restored, `touch -r`). In the order sorted paths have (part by part); hidden files and
-    folders (is_hidden) are left out; what is not a regular file (a pipe, a socket, a device named
-    like an image) counts among the other files; symbolic links are followed, a folder reached twice
-    (a link loop) is walked once, under its first name in that order; a file that cannot be stat-ed
-    (a broken link) gets -1 for size and times. One os.scandir per folder and one stat per file, no
-    Path objects: a second start-up on 60,000 files costs a fraction of a second. Returns (entries,
+    time were restored, `touch -r`). walk_images's entries, in its order, as a list. Returns (entries,
     number of other files, number of hidden files and folders left out)."""
-    found, others, hidden, seen = [], 0, 0, set()
+    counts = collections.Counter()
+    found = list(walk_images(root, counts))
+    return found, counts["others"], counts["hidden"]
+
+
+def walk_images(root, counts=None):
+    """Yield scan_images's entries one at a time, in the order sorted paths have (part by part),
+    holding one folder's listing at a time, not the tree's: a million files cost no list of them.
+    Hidden files and folders (is_hidden) are left out and counted in counts["hidden"]; what is not a
+    regular file (a pipe, a socket, a device named like an image) counts among counts["others"];
+    symbolic links are followed, a folder reached twice (a link loop) is walked once, under its first
+    name in that order; a file that cannot be stat-ed (a broken link) gets -1 for size and times. One
+    os.scandir per folder and one stat per file, no Path objects: a second start-up on 60,000 files
+    costs a fraction of a second."""
+    counts = counts if counts is not None else collections.Counter()
+    seen = set()
     # Depth first, each folder's files and subfolders merged by name: the order of sorted paths
     # (a subfolder "b" comes before a file "b.png"), with no sort of the whole list.
     stack = [(os.fspath(root), "", None)]
     while stack:
         path, rel, stamp = stack.pop()
         if stamp is not None:
-            found.append((rel, *stamp))
+            yield (rel, *stamp)
             continue
         try:
             st = os.stat(path)
@@ -96,11 +107,11 @@ def scan_images(root):
         for entry in entries:
             name = entry.name
             if is_hidden(name):
-                hidden += 1
+                counts["hidden"] += 1
             elif is_folder(entry):
                 children.append((name, (entry.path, f"{rel}{name}/", None)))
             elif not is_image_name(name):
-                others += 1
+                counts["others"] += 1
             else:
                 try:
                     st = entry.stat()
@@ -110,10 +121,9 @@ def scan_images(root):
                 if stat.S_ISREG(st.st_mode):
                     children.append((name, (None, rel + name, (st.st_size, st.st_mtime_ns, st.st_ctime_ns))))
                 else:
-                    others += 1
+                    counts["others"] += 1
         children.sort(reverse=True)
         stack += [child for _, child in children]
-    return found, others, hidden
 
 
 def is_folder(entry):

@@ -3,6 +3,7 @@ a time on a pool of threads; the file's bytes are read once (and hashed, for the
 """
 import functools
 import io
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -144,17 +145,28 @@ def read_for_cache(path, size, known):
         return None, str(exc), digest
 
 
+def batched(items, batch_size):
+    """Consecutive lists of batch_size items (the last one shorter) of any iterable, taken as needed."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, batch_size)):
+        yield chunk
+
+
 def pooled(work, items, batch_size, workers=None):
-    """Yield (batch of items, [work(item) for each]) for consecutive batches; the next batch is
-    worked on by the pool's threads while the caller handles this one: at most two batches held."""
-    chunks = [items[start:start + batch_size] for start in range(0, len(items), batch_size)]
+    """Yield (batch of items, [work(item) for each]) for consecutive batches of an iterable (a list,
+    or a stream of files as they are found); the next batch is worked on by the pool's threads while
+    the caller handles this one: at most two batches held."""
+    chunks = batched(items, batch_size)
     with ThreadPoolExecutor(workers or os.cpu_count()) as pool:  # PIL releases the GIL while it decodes
-        pending = pool.map(work, chunks[0]) if chunks else None
-        for k, chunk in enumerate(chunks):
+        chunk = next(chunks, None)
+        pending = pool.map(work, chunk) if chunk else None
+        while chunk is not None:
             results = list(pending)
-            if k + 1 < len(chunks):
-                pending = pool.map(work, chunks[k + 1])
+            following = next(chunks, None)
+            if following is not None:
+                pending = pool.map(work, following)
             yield chunk, results
+            chunk = following
 
 
 def decode_batches(paths, size, batch_size, workers=None):

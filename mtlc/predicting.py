@@ -1,12 +1,19 @@
 """The --predict job of evaluate.py: a Classifier of the checkpoint, calibrated on its held-out
 images; the acceptance threshold of --max-error; one CSV row per image (or, with --suggest, per
 image to label next) streamed to a file or stdout; the review page; one summary line per outcome.
+The files are streamed as they are found, never listed whole; with a file to write, the predictions
+are kept on disk beside it as they are made (prediction_store.py), so that a run interrupted goes on
+where it stopped, and the outputs are made from them at the end, a row at a time.
 """
+import contextlib
+import itertools
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -19,10 +26,13 @@ from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
 from .files import describe_hidden
-from .predictions import image_paths, is_accepted, suggest_rows, write_rows
+from .cache import identity
+from .prediction_store import PredictionStore
+from .predictions import ImageFiles, is_accepted, labeled_features, suggest_rows, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
 from .review import write_audit_review, write_review
 from .runs import atomic_write
+from .work import Work, work_folder
 
 
 @dataclass
@@ -39,41 +49,31 @@ class PredictOptions:
     as_json: bool = False
     review: Optional[str] = None
     review_per_class: int = 1000
+    review_max: int = 2000
     label_studio: Optional[str] = None
     label_studio_root: Optional[str] = None
 
 
 class Tally:
-    """The predictions that pass through it, counted once on a progress bar: rows, unreadable files
-    (each reported as it passes) and, with a threshold, accepted ones."""
+    """The predictions that pass through it, counted: rows, unreadable files (each reported as it
+    passes, above the progress bar where there is one) and, with a threshold, accepted ones."""
 
-    def __init__(self, threshold, bar):
+    def __init__(self, threshold, bar=None):
         self.threshold, self.bar = threshold, bar
         self.rows = self.failed = self.accepted = 0
 
     def count(self, predictions):
         for p in predictions:
             self.rows += 1
-            self.bar.update()
+            if self.bar is not None:
+                self.bar.update()
             if p.label is None:
                 self.failed += 1
-                self.bar.write(f"cannot read {p.path}: {p.reason}", file=sys.stderr)
+                message = f"cannot read {p.path}: {p.reason}"
+                self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
             elif self.threshold is not None:
                 self.accepted += is_accepted(p, self.threshold)
             yield p
-
-
-def check_not_predicted(outputs, paths, targets):
-    """Exit 2 where an output {option: path} would replace one of the image files predicted (found in a
-    folder given to --predict); the paths are compared only where an output lies in such a folder."""
-    folders = [os.path.realpath(t) + os.sep for t in targets if os.path.isdir(t)]
-    inside = {name: os.path.realpath(path) for name, path in outputs.items()
-              if path and any(os.path.realpath(path).startswith(f) for f in folders)}
-    if inside:
-        predicted = {os.path.realpath(p) for p in paths}
-        for name, path in inside.items():
-            if path in predicted:
-                raise UserError(f"{name} {path} is one of the images --predict reads: give the output another name")
 
 
 def say(line):
@@ -85,17 +85,17 @@ def predict(path, state, targets, device, options):
     Returns the number of files that could not be read."""
     o = options
     config = state["config"]
-    paths, others, hidden = image_paths(targets)
-    check_not_predicted(dict(zip(("--csv", "--review", "--coverage", "--label-studio", "its labeling config"),
-                                 (o.csv_path, o.review, o.coverage, o.label_studio,
-                                  o.label_studio and label_studio.config_path(o.label_studio)))), paths, targets)
-    if hidden:
-        say(describe_hidden(hidden, ", ".join(map(str, targets))))
-    if not paths:
+    files = ImageFiles(targets)
+    count, listing = files.survey(dict(zip(("--csv", "--review", "--coverage", "--label-studio", "its labeling config"),
+                                           (o.csv_path, o.review, o.coverage, o.label_studio,
+                                            o.label_studio and label_studio.config_path(o.label_studio)))))
+    if files.hidden:
+        say(describe_hidden(files.hidden, ", ".join(map(str, targets))))
+    if not count:
         raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
-                        + (f" ({others} other files)" if others else ""))
+                        + (f" ({files.others} other files)" if files.others else ""))
     if o.label_studio:  # before any work: the images must lie where Label Studio can serve them
-        studio_root, studio_storage = label_studio.local_storage(paths, o.label_studio_root)
+        studio_root, studio_storage = label_studio.local_storage(files, o.label_studio_root)
     classifier = Classifier(state, model=o.model_name, device=device)
     cal = classifier.calibrate(o.data_dir, echo=say)
     say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
@@ -110,53 +110,96 @@ def predict(path, state, targets, device, options):
         plot_coverage(cal, o.max_error, found, o.coverage,
                       f"{config['dataset']}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
         say(f"wrote {o.coverage}")
-    bar = tqdm(total=len(paths), desc="predicting", unit="img", disable=None, file=sys.stderr)
-    tally = Tally(threshold, bar)
-    rows, extra = tally.count(classifier.predict_files(paths, o.batch_size)), None
-    if o.suggest_n or o.review or o.label_studio:  # every prediction first: the choice, the page, the tasks
-        rows = predicted = [p if o.suggest_n else p._replace(features=None) for p in rows]
-    if o.suggest_n:
-        data = restore_data(state, o.data_dir, echo=say)
-        rows, clusters = suggest_rows(predicted, state, data, classifier.model, device, n=o.suggest_n, seed=o.seed)
-        extra = [("cluster", clusters)]
+    bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
+    output = o.csv_path or o.review or o.label_studio
+    if not (output or o.suggest_n):  # rows straight to stdout as they come
+        tally = Tally(threshold, bar)
+        write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold)
+        bar.close()
+        return report(path, o, tally, files.others, summary, found, cal)
+    key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
+               temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n))
+    with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None) as kept:
+        if kept.done:
+            say(f"going on from {kept.work.folder}: {kept.done:,} of {count:,} images were predicted before")
+            bar.update(kept.done)
+        kept.fill(classifier.predict_files(itertools.islice(files, kept.done, None), o.batch_size), bar.update,
+                  o.batch_size)
+        bar.close()
+        tally = Tally(threshold)
+        for _ in tally.count(kept.rows()):
+            pass
+        rows, extra, chosen = kept.rows, None, None
+        if o.suggest_n:
+            labeled = labeled_features(state, classifier.model, classifier.device, o.data_dir, echo=say)
+            chosen, clusters = suggest_rows(kept, labeled, n=o.suggest_n, seed=o.seed)
+            rows, extra = (lambda: chosen), [("cluster", clusters)]
 
-    def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
-        text = path_text(binary_file)
-        write_rows(text, rows, threshold, extra)
-        text.flush()
-        text.detach()  # leave the file to atomic_write
+        def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
+            text = path_text(binary_file)
+            write_rows(text, rows(), threshold, extra)
+            text.flush()
+            text.detach()  # leave the file to atomic_write
 
-    if o.csv_path:
-        atomic_write(o.csv_path, write_csv)
-    elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
-        text = stdout_csv()  # UTF-8 whatever the console's encoding: the names label.py reads back
-        write_rows(text, rows, threshold, extra)
-        text.flush()
-        if text is not sys.stdout:
-            text.detach()
-    bar.close()
+        if o.csv_path:
+            atomic_write(o.csv_path, write_csv)
+        elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
+            write_stdout(rows(), threshold, extra)
+        n, failed = tally.rows, tally.failed
+        if o.review:
+            shown, _ = write_review(o.review, kept.rows(), config["classes"], per_class=o.review_per_class,
+                                    most=o.review_max, threshold=found.confidence if found else None,
+                                    max_error=o.max_error, title=f"Review: {', '.join(map(str, targets))}",
+                                    summary=f"{n - failed:,} images predicted by the {o.model_name} of {path}"
+                                            + (f"; {cal.source} images calibrated its confidences (temperature "
+                                               f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
+                                               else "; confidences uncalibrated"))
+            say(f"wrote {o.review}: {shown:,} images shown")
+        if o.label_studio:
+            tasks = label_studio.write_project(o.label_studio, rows(), config["classes"], studio_root,
+                                               f"mtlc {method_name(state)} {o.model_name} {path}")
+            say(f"wrote {o.label_studio} ({tasks:,} tasks) and {label_studio.config_path(o.label_studio)}")
+            for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio,
+                                                 o.data_dir or config["data_dir"]):
+                say(line)
+        kept.work.remove()
+    return report(path, o, tally, files.others, summary, found, cal, suggested=chosen)
+
+
+def write_stdout(rows, threshold, extra=None):
+    """The CSV to stdout, UTF-8 whatever the console's encoding: the names label.py reads back."""
+    text = stdout_csv()
+    write_rows(text, rows, threshold, extra)
+    text.flush()
+    if text is not sys.stdout:
+        text.detach()
+
+
+@contextlib.contextmanager
+def kept_predictions(output, key, feature_dim):
+    """The PredictionStore of a run: in the work folder beside its first output file, where an
+    interrupted run's predictions are taken up again; without one (--suggest to stdout), in a
+    temporary folder."""
+    with contextlib.ExitStack() as stack:
+        folder = work_folder(output) if output else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "work"
+        work = Work(folder, key, echo=say)
+        with work.kept_if_interrupted("the predictions made so far"):
+            yield PredictionStore(work, feature_dim)
+
+
+def checkpoint_identity(path):
+    """What tells a checkpoint file from any other and from itself after a change (cache.identity)."""
+    return [os.path.abspath(path), *identity(os.stat(path))]
+
+
+def report(path, o, tally, others, summary, found, cal, suggested=None):
+    """The run's closing lines (and --json's summary); returns the number of files that could not be read."""
     n, failed = tally.rows, tally.failed
     say(f"predicted {n - failed:,} of {n:,} images with the {o.model_name} of {path}"
         + (f" ({others} files that are not images ignored)" if others else "")
         + (f"; {failed} could not be read (empty prediction)" if failed else "")
-        + (f"; the {len(rows):,} to label next, best first" if o.suggest_n else "")
+        + (f"; the {len(suggested):,} to label next, best first" if suggested is not None else "")
         + (f"; wrote {o.csv_path}" if o.csv_path else ""))
-    if o.review:
-        shown, _ = write_review(o.review, predicted, config["classes"], per_class=o.review_per_class,
-                                threshold=found.confidence if found else None, max_error=o.max_error,
-                                title=f"Review: {', '.join(map(str, targets))}",
-                                summary=f"{n - failed:,} images predicted by the {o.model_name} of {path}"
-                                        + (f"; {cal.source} images calibrated its confidences (temperature "
-                                           f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
-                                           else "; confidences uncalibrated"))
-        say(f"wrote {o.review}: {shown:,} images shown")
-    if o.label_studio:
-        count = label_studio.write_project(o.label_studio, rows if o.suggest_n else predicted, config["classes"],
-                                           studio_root, f"mtlc {method_name(state)} {o.model_name} {path}")
-        say(f"wrote {o.label_studio} ({count:,} tasks) and {label_studio.config_path(o.label_studio)}")
-        for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio,
-                                             o.data_dir or config["data_dir"]):
-            say(line)
     if o.max_error is not None:
         say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal))
         summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,

@@ -3,16 +3,22 @@ training (the checkpoint's image size and normalization), classified a batch at 
 memory stays bounded however many there are, one CSV row per file; their confidences calibrated on
 held-out images, and the images to label next.
 """
+import collections
+import hashlib
+import os
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 from .batches import normalization
 from .calibration import Calibration, confidences
 from .errors import UserError
+from .checkpoints import restore_data
 from .console import csv_writer
-from .files import DIGEST_COLUMN, find_images
+from .data import is_own_layout
+from .files import DIGEST_COLUMN, walk_images
 from .images import decode_batches
 from .inference import model_outputs, outputs
 from .selection import suggest
@@ -20,23 +26,62 @@ from .selection import suggest
 CSV_HEADER = ("path", "prediction", "confidence", "runner_up")
 
 
+class ImageFiles:
+    """The files to predict, in the order given: a file as it is, a folder's images (files.walk_images:
+    recursively, by extension, hidden files and folders left out) in sorted order, streamed: a
+    million files are never a list. A path that does not exist exits 2 before any work. `others` and
+    `hidden` count the other files and the hidden ones left out, once a pass is over."""
+
+    def __init__(self, targets):
+        missing = [t for t in targets if not Path(t).exists()]
+        if missing:
+            raise UserError(f"--predict: {', '.join(map(str, missing))} does not exist")
+        self.targets = [Path(t) for t in targets]
+        self.others = self.hidden = 0
+
+    def entries(self):
+        """(path, (size, modification and change time)) of each file, in order."""
+        counts = collections.Counter()
+        for target in self.targets:
+            if target.is_dir():
+                for relative, *stamp in walk_images(target, counts):
+                    yield target / relative, stamp
+            else:
+                try:
+                    st = os.stat(target)
+                    yield target, [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+                except OSError:
+                    yield target, [-1, -1, -1]
+        self.others, self.hidden = counts["others"], counts["hidden"]
+
+    def __iter__(self):
+        return (path for path, _ in self.entries())
+
+    def survey(self, outputs):
+        """One pass before any work: (the number of files, a key of the listing: the hash of every
+        path, size and time, so that work kept from an interrupted run is taken up only for the very
+        same files). Exit 2 where an output {option: path} would replace one of the files (a file
+        in a folder given to --predict, links resolved)."""
+        folders = [os.path.realpath(t) + os.sep for t in self.targets if t.is_dir()]
+        inside = {os.path.realpath(path): name for name, path in outputs.items()
+                  if path and any(os.path.realpath(path).startswith(f) for f in folders)}
+        count, key = 0, hashlib.sha256()
+        for path, stamp in self.entries():
+            count += 1
+            key.update("\0".join(map(str, (path, *stamp))).encode("utf-8", "surrogateescape") + b"\n")
+            if inside and os.path.realpath(path) in inside:
+                name = inside[os.path.realpath(path)]
+                raise UserError(f"{name} {outputs[name]} is one of the images --predict reads: give the output "
+                                f"another name")
+        return count, key.hexdigest()
+
+
 def image_paths(targets):
-    """The files to predict, in the order given: a file as it is, a folder's images (searched
-    recursively, by extension, hidden files and folders left out) sorted. A path that does not exist
-    exits 2 before any work. Returns (paths, number of other files, number of hidden ones left out)."""
-    missing = [t for t in targets if not Path(t).exists()]
-    if missing:
-        raise UserError(f"--predict: {', '.join(map(str, missing))} does not exist")
-    paths, others, hidden = [], 0, 0
-    for target in map(Path, targets):
-        if target.is_dir():
-            found, other, hidden_inside = find_images(target)
-            paths += found
-            others += other
-            hidden += hidden_inside
-        else:
-            paths.append(target)
-    return paths, others, hidden
+    """(the files ImageFiles finds under targets as a list, number of other files, number of hidden
+    ones left out)."""
+    files = ImageFiles(targets)
+    paths = list(files)
+    return paths, files.others, files.hidden
 
 
 class Prediction(NamedTuple):
@@ -100,11 +145,35 @@ def held_out_calibration(state, held, model, device):
                            doubted=held.relabeled.numpy())
 
 
-def suggest_rows(rows, state, data, model, device, *, n, seed):
-    """The n predictions (readable files only) whose images TypiClust (selection.py) would label next,
-    best first, and the cluster of each."""
-    readable = [r for r in rows if r.label is not None]
-    mean, std = normalization(state["config"], device)
-    labeled = outputs(model, data.train_x, mean, std, state["labeled_idx"])[0]
-    picks, clusters = suggest(torch.stack([r.features for r in readable]).numpy(), labeled.numpy(), n, seed)
-    return [readable[i] for i in picks], clusters.tolist()
+def labeled_features(state, model, device, data_dir=None, echo=lambda line: None):
+    """The pooled features (n, D) of the images labeled so far, which the choice of the images to
+    label next covers first: an own-images folder's labeled/ as it is now (label.py's moves since
+    training included), decoded a batch at a time; another dataset's labeled training images."""
+    root = Path(data_dir or state["config"]["data_dir"])
+    config = state["config"]
+    mean, std = normalization(config, device)
+    if config["dataset"] == "folder" and is_own_layout(root):
+        parts = []
+        if (root / "labeled").is_dir():
+            for _, x, failed, _ in decode_batches(ImageFiles([root / "labeled"]), config["image_size"], 256):
+                readable = [i for i in range(len(x)) if i not in failed]
+                if readable:
+                    parts.append(model_outputs(model, x[readable].to(device), mean, std)[0].cpu())
+        return torch.cat(parts).numpy() if parts else np.zeros((0, model.feature_dim), np.float32)
+    data = restore_data(state, data_dir, echo=echo)
+    return outputs(model, data.train_x, mean, std, state["labeled_idx"])[0].numpy()
+
+
+def suggest_rows(store, labeled, *, n, seed):
+    """The n kept predictions (prediction_store.PredictionStore; readable files only) whose images
+    TypiClust (selection.py) would label next, best first, and the cluster of each; labeled: the
+    labeled images' features."""
+    picks, clusters = suggest(store.features(), labeled, n, seed)
+    wanted = {int(p): k for k, p in enumerate(picks)}
+    chosen, readable = [None] * len(picks), 0
+    for row in store.rows():
+        if row.label is not None:
+            if readable in wanted:
+                chosen[wanted[readable]] = row
+            readable += 1
+    return chosen, clusters.tolist()

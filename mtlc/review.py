@@ -20,16 +20,40 @@ from .runs import atomic_write
 
 ASSETS = Path(__file__).resolve().parent / "review_page"
 THUMBNAIL_SIZE = 96  # pixels, the longer side; about 2-4 kB each as JPEG
-DEFAULT_PER_CLASS = 1000  # images shown per predicted class: 10 classes stay under about 40 MB
+DEFAULT_PER_CLASS = 1000  # images shown per predicted class
+# Images a page shows in all, whatever the folder's size: about 5-10 MB of thumbnails, a page that
+# opens at once (the CIFAR-10 folder's 8,432 at 1,000 a class made 11.8 MB).
+DEFAULT_MOST = 2000
+LISTED_MAX = 1000  # files a page names among those it cannot show (unreadable ones); more are counted
 
 
-def shown_items(predictions, classes, per_class):
-    """The readable predictions to show, per predicted class the per_class least confident (the
-    ones most worth a look), least confident first; and {class: (shown, total)}."""
-    groups = {c: sorted((p for p in predictions if p.label == c), key=lambda p: (p.confidence, str(p.path)))
-              for c in classes}
-    return ([p for c in classes for p in groups[c][:per_class]],
-            {c: (min(per_class, len(groups[c])), len(groups[c])) for c in classes})
+def least_confident(predictions, classes, per_class, most):
+    """The readable predictions worth a look first, from a stream read once and never held whole:
+    per predicted class the per_class least confident, then at most `most` in all, taken from the
+    classes in turn (each class's least confident first); returned grouped by class, least confident
+    first, with {class: (shown, total)}."""
+    kept, total = {c: [] for c in classes}, {c: 0 for c in classes}
+    for p in predictions:
+        group = kept[p.label]
+        group.append(p)
+        total[p.label] += 1
+        if len(group) >= 2 * per_class:  # sorted and cut now and then: n log(per_class), memory per_class
+            group.sort(key=order)
+            del group[per_class:]
+    for group in kept.values():
+        group.sort(key=order)
+        del group[per_class:]
+    taken, left = {c: 0 for c in classes}, most
+    for rank in range(per_class):
+        for c in classes:
+            if left and rank < len(kept[c]):
+                taken[c] += 1
+                left -= 1
+    return [p for c in classes for p in kept[c][:taken[c]]], {c: (taken[c], total[c]) for c in classes}
+
+
+def order(p):
+    return p.confidence, str(p.path)
 
 
 # What must not appear raw in JSON inside a <script> element: "<" (a "</script>" or "<!--" in a file
@@ -65,28 +89,76 @@ def write_page(out, title, data):
     atomic_write(out, lambda f: f.write(page.encode("utf-8", "replace")))
 
 
+class StorageKey:
+    """Where the page keeps its decisions in the browser: one place per set of images, the hash of
+    their paths (one per line), taken as they pass."""
+
+    def __init__(self):
+        self.hash, self.empty = hashlib.sha256(), True
+
+    def add(self, path):
+        self.hash.update((b"" if self.empty else b"\n") + str(path).encode("utf-8", "surrogateescape"))
+        self.empty = False
+
+    def value(self):
+        return self.hash.hexdigest()[:16]
+
+
 def storage_key(paths):
-    """Where the page keeps its decisions in the browser: one place per set of images."""
-    return hashlib.sha256("\n".join(map(str, paths)).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    key = StorageKey()
+    for path in paths:
+        key.add(path)
+    return key.value()
 
 
-def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, threshold=None, max_error=None,
-                 title="Review the predictions", summary=""):
-    """Write the page for these predictions (the Prediction rows of predictions.py; unreadable
-    files, and files whose names are not text (not valid UTF-8: the page could not give them back
-    to label.py), are listed apart). threshold: the --max-error threshold, None where no confidence
-    reaches it (nothing accepted) or max_error is None. Returns (images shown, images whose
-    thumbnail failed)."""
-    readable = [p for p in predictions if p.label is not None and is_text(str(p.path))]
-    items, shown = shown_items(readable, classes, per_class)
+class Unshown:
+    """The files a page cannot show, named up to LISTED_MAX and counted beyond."""
+
+    def __init__(self):
+        self.listed, self.count = [], 0
+
+    def add(self, path, reason):
+        self.count += 1
+        if len(self.listed) < LISTED_MAX:
+            self.listed.append(dict(path=path, reason=reason))
+
+    def entries(self):
+        more = self.count - len(self.listed)
+        return self.listed + ([dict(path=f"... and {more:,} more", reason="not listed here")] if more else [])
+
+
+def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, most=DEFAULT_MOST, threshold=None,
+                 max_error=None, title="Review the predictions", summary=""):
+    """Write the page for these predictions (the Prediction rows of predictions.py, a stream read
+    once: a million rows hold no more memory than the page's own): at most per_class images per
+    predicted class and `most` in all, the least confident (least_confident); unreadable files, and
+    files whose names are not text (not valid UTF-8: the page could not give them back to label.py),
+    are listed apart. threshold: the --max-error threshold, None where no confidence reaches it
+    (nothing accepted) or max_error is None. Returns (images shown, images whose thumbnail failed)."""
+    unshown, key = Unshown(), StorageKey()
+
+    def readable():
+        for p in predictions:
+            key.add(p.path)
+            if p.label is None:
+                unshown.add(str(p.path), p.reason)
+            elif not is_text(str(p.path)):
+                unshown.add(str(p.path).encode("utf-8", "replace").decode(),
+                            "its name is not valid UTF-8 text: rename it to review it here")
+            else:
+                yield p
+
+    items, shown = least_confident(readable(), classes, per_class, most)
     thumbnails = thumbs([p.path for p in items])
-    failed = [dict(path=str(p.path), reason=p.reason) for p in predictions if p.label is None]
-    failed += [dict(path=str(p.path).encode("utf-8", "replace").decode(), reason="its name is not valid UTF-8 text: "
-                    "rename it to review it here") for p in predictions if p.label is not None and not is_text(str(p.path))]
-    failed += [dict(path=str(p.path), reason="no thumbnail could be made") for p, t in zip(items, thumbnails) if t is None]
+    for p, t in zip(items, thumbnails):
+        if t is None:
+            unshown.add(str(p.path), "no thumbnail could be made")
+    left_out = sum(total for _, total in shown.values()) - len(items)
     data = dict(
-        classes=list(classes), threshold=threshold, max_error=max_error, summary=summary, shown=shown, failed=failed,
-        storage_key=storage_key(p.path for p in predictions), findings=[], audit=False,
+        classes=list(classes), threshold=threshold, max_error=max_error, shown=shown, failed=unshown.entries(),
+        summary=summary + (f"; the page shows the {len(items):,} least confident (at most {per_class:,} of a class, "
+                           f"{most:,} in all), {left_out:,} more are in the CSV" if left_out else ""),
+        storage_key=key.value(), findings=[], audit=False,
         items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
                     runner_up=p.runner_up, accepted=None if max_error is None else (
                         threshold is not None and p.confidence >= threshold), thumb=t, digest=p.digest)
@@ -95,24 +167,35 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, thre
     return len(data["items"]), sum(t is None for t in thumbnails)
 
 
-def write_audit_review(out, findings, classes, *, title="Is the folder right?", summary=""):
-    """Write the page of an audit (audit.py's findings): the doubtful labels as cards grouped by the
-    class suggested for them, most doubtful first, the suggestion preselected (one key confirms the
-    fix; Save writes labels.csv, which label.py applies to labeled/ and test/ images), and the copies
-    and outliers found, each with its thumbnail (and its copy's). Returns (cards shown, thumbnails
-    that failed)."""
-    labels = [f for f in findings if f.kind == "label" and is_text(f.path)]
-    others = [f for f in findings if f.kind != "label" and is_text(f.path) and is_text(f.suggestion)]
+def write_audit_review(out, findings, classes, *, most=DEFAULT_MOST, title="Is the folder right?", summary=""):
+    """Write the page of an audit (audit.py's findings, each kind in descending score): the doubtful
+    labels as cards grouped by the class suggested for them, most doubtful first, the suggestion
+    preselected (one key confirms the fix; Save writes labels.csv, which label.py applies to labeled/
+    and test/ images), and the copies and outliers found, each with its thumbnail (and its copy's);
+    at most `most` of each kind (the most likely problems; the audit CSV has every one). Returns (cards
+    shown, thumbnails that failed)."""
+    unshown = Unshown()
+    for f in findings:
+        if not (is_text(f.path) and is_text(f.suggestion)):
+            unshown.add(f.path.encode("utf-8", "replace").decode(), f"{f.kind}: its name (or its copy's) is not valid "
+                        "UTF-8 text: rename it to review it here; the audit CSV has it")
+    all_labels = [f for f in findings if f.kind == "label" and is_text(f.path)]
+    all_others = [f for f in findings if f.kind != "label" and is_text(f.path) and is_text(f.suggestion)]
+    labels = all_labels[:most]
+    others = [f for kind in dict.fromkeys(f.kind for f in all_others) for f in [f for f in all_others if f.kind == kind][:most]]
     thumbnails = thumbs([f.path for f in labels] + [f.path for f in others] + [f.suggestion for f in others if f.suggestion])
     label_thumbs, other_thumbs = thumbnails[:len(labels)], thumbnails[len(labels):len(labels) + len(others)]
     copy_thumbs = iter(thumbnails[len(labels) + len(others):])
-    shown = {c: (sum(f.suggestion == c for f in labels),) * 2 for c in classes}
+    for f, t in zip(labels, label_thumbs):
+        if t is None:
+            unshown.add(f.path, "no thumbnail could be made")
+    shown = {c: (sum(f.suggestion == c for f in labels), sum(f.suggestion == c for f in all_labels)) for c in classes}
+    left_out = [f"{len(every) - len(kept):,} {what}" for every, kept, what in (
+        (all_labels, labels, "doubtful labels"), (all_others, others, "copies, leaks and strays")) if len(every) > len(kept)]
     data = dict(
-        classes=list(classes), threshold=None, max_error=None, summary=summary, shown=shown,
-        failed=[dict(path=f.path, reason="no thumbnail could be made") for f, t in zip(labels, label_thumbs) if t is None] +
-               [dict(path=f.path.encode("utf-8", "replace").decode(), reason=f"{f.kind}: its name (or its copy's) is not "
-                     "valid UTF-8 text: rename it to review it here; the audit CSV has it")
-                for f in findings if not (is_text(f.path) and is_text(f.suggestion))],
+        classes=list(classes), threshold=None, max_error=None, shown=shown, failed=unshown.entries(),
+        summary=summary + (f"; the page shows the {most:,} most likely of each kind: {' and '.join(left_out)} more are "
+                           f"in the audit CSV" if left_out else ""),
         storage_key=storage_key(f.path for f in findings), audit=True,
         items=[dict(path=f.path, name=Path(f.path).name, label=f.suggestion, confidence=1 - f.score, given=f.given,
                     runner_up=None, accepted=None, thumb=t, digest=f.digest)

@@ -7,15 +7,24 @@ only their direction counts) of the labeled and unlabeled images are clustered b
 many clusters as there will be labels; clusters holding no labeled image come first, largest first,
 and from each the most typical unlabeled image (the inverse mean distance to its nearest neighbours
 in the cluster) is taken. Once every cluster holds a label, the ones with the fewest labels come next.
+
+At scale (a million images) the features are a memory map (prediction_store.py) read a batch at a
+time: k-means is faiss's, trained on a sample of TRAINING_PER_CLUSTER points a cluster (its own
+default), every point then assigned to its nearest centre a batch at a time; and a cluster's
+typicality is measured among at most TYPICALITY_MAX of its members drawn at random, so that a cluster
+of a hundred thousand images costs no hundred-thousand-squared distances.
 """
 import heapq
 
+import faiss
 import numpy as np
-from sklearn.cluster import KMeans, MiniBatchKMeans
-from sklearn.neighbors import NearestNeighbors
+from sklearn.cluster import KMeans
 
 TYPICALITY_NEIGHBOURS = 20  # as TypiClust
-FULL_KMEANS_MAX = 50_000    # points; beyond, mini-batch k-means keeps time and memory bounded
+FULL_KMEANS_MAX = 50_000    # points; beyond, faiss's k-means on a sample keeps time and memory bounded
+TRAINING_PER_CLUSTER = 256  # faiss's max_points_per_centroid: the sample k-means is trained on
+TYPICALITY_MAX = 10_000     # members of a cluster its typicality is measured among
+BATCH = 65_536              # feature rows read at a time
 
 
 def unit_rows(x):
@@ -24,40 +33,80 @@ def unit_rows(x):
 
 
 def typicality(points):
-    """1 / mean distance to the k nearest other points (k = min(20, half the points)), per point."""
+    """1 / mean (Euclidean) distance to the k nearest other points (k = min(20, half the points)),
+    per point."""
     if len(points) < 3:
         return np.ones(len(points))
     k = min(TYPICALITY_NEIGHBOURS, len(points) // 2)
-    distances, _ = NearestNeighbors(n_neighbors=k + 1).fit(points).kneighbors(points)
+    squared, _ = faiss.knn(np.ascontiguousarray(points, np.float32), np.ascontiguousarray(points, np.float32), k + 1)
+    distances = np.sqrt(np.maximum(squared, 0))
     return 1.0 / (distances[:, 1:].mean(1) + 1e-12)
 
 
+class Points:
+    """The labeled features (in memory: few) then the unlabeled ones (an array or a memory map), as
+    one sequence of unit rows read a batch at a time."""
+
+    def __init__(self, labeled, unlabeled):
+        self.labeled, self.unlabeled = unit_rows(labeled).reshape(-1, unlabeled.shape[1]), unlabeled
+        self.n_labeled = len(self.labeled)
+        self.n = self.n_labeled + len(unlabeled)
+
+    def rows(self, idx):
+        """Unit rows of the points at sorted positions idx."""
+        idx = np.asarray(idx)
+        at = np.searchsorted(idx, self.n_labeled)
+        return np.concatenate([self.labeled[idx[:at]], unit_rows(self.unlabeled[idx[at:] - self.n_labeled])])
+
+    def batches(self):
+        yield self.labeled
+        for start in range(0, len(self.unlabeled), BATCH):
+            yield unit_rows(self.unlabeled[start:start + BATCH])
+
+
 def cluster(points, n_clusters, seed):
-    kind = KMeans(n_clusters, n_init=1, random_state=seed) if len(points) <= FULL_KMEANS_MAX else \
-        MiniBatchKMeans(n_clusters, n_init=1, random_state=seed, batch_size=4096)
-    return kind.fit_predict(points)
+    """The cluster of each of the Points (int64): scikit-learn's k-means over all of them in memory up
+    to FULL_KMEANS_MAX points, else faiss's trained on a sample and every point assigned in batches."""
+    if points.n <= FULL_KMEANS_MAX:
+        everything = points.rows(np.arange(points.n))
+        return KMeans(n_clusters, n_init=1, random_state=seed).fit_predict(everything)
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(points.n, min(points.n, TRAINING_PER_CLUSTER * n_clusters), replace=False))
+    dim = points.labeled.shape[1]
+    kmeans = faiss.Kmeans(dim, n_clusters, niter=20, seed=seed, max_points_per_centroid=TRAINING_PER_CLUSTER)
+    kmeans.train(points.rows(sample))
+    return np.concatenate([kmeans.index.search(batch, 1)[1][:, 0] for batch in points.batches()]).astype(np.int64)
 
 
 def suggest(unlabeled_features, labeled_features, n, seed=0):
     """The indices of n distinct unlabeled images to label next, best first, and the cluster of each
-    (TypiClust: uncovered clusters first, largest first; the most typical image of each)."""
-    unlabeled = unit_rows(unlabeled_features)
-    labeled = unit_rows(labeled_features).reshape(-1, unlabeled.shape[1])
-    n = min(n, len(unlabeled))
-    points = np.concatenate([labeled, unlabeled])
-    assignment = cluster(points, min(len(labeled) + n, len(points)), seed)
-    labeled_in, unlabeled_in = assignment[:len(labeled)], assignment[len(labeled):]
-    candidates = {}  # cluster -> its unlabeled images, most typical first
-    for c in np.unique(unlabeled_in):
-        members = np.flatnonzero(unlabeled_in == c)
-        candidates[int(c)] = list(members[np.argsort(typicality(unlabeled[members]), kind="stable")])  # most typical last
-    labels_in = {c: int((labeled_in == c).sum()) for c in candidates}
-    size = {c: int((assignment == c).sum()) for c in candidates}
-    queue = [(labels_in[c], -size[c], int(c)) for c in candidates]  # fewest labels, then largest
+    (TypiClust: uncovered clusters first, largest first; the most typical image of each).
+    unlabeled_features: (N, D), an array or a memory map (read a batch at a time)."""
+    unlabeled_features = unlabeled_features if hasattr(unlabeled_features, "shape") else np.asarray(unlabeled_features)
+    points = Points(labeled_features, unlabeled_features)
+    n = min(n, len(unlabeled_features))
+    assignment = cluster(points, min(points.n_labeled + n, points.n), seed)
+    labeled_in, unlabeled_in = assignment[:points.n_labeled], assignment[points.n_labeled:]
+    size = np.bincount(assignment)
+    labels_in = np.bincount(labeled_in, minlength=len(size))
+    order = np.argsort(unlabeled_in, kind="stable")
+    starts = np.searchsorted(unlabeled_in[order], np.arange(len(size) + 1))
+    rng = np.random.default_rng(seed)
+    candidates = {}  # cluster -> its unlabeled images, most typical last; made when the cluster is first drawn from
+
+    def members_by_typicality(c):
+        members = order[starts[c]:starts[c + 1]]
+        if len(members) > TYPICALITY_MAX:
+            members = np.sort(rng.choice(members, TYPICALITY_MAX, replace=False))
+        return list(members[np.argsort(typicality(points.rows(members + points.n_labeled)), kind="stable")])
+
+    queue = [(int(labels_in[c]), -int(size[c]), int(c)) for c in np.unique(unlabeled_in)]  # fewest labels, then largest
     heapq.heapify(queue)
     picks, clusters = [], []
-    while len(picks) < n:
+    while len(picks) < n and queue:
         labels, minus_size, c = heapq.heappop(queue)
+        if c not in candidates:
+            candidates[c] = members_by_typicality(c)
         picks.append(int(candidates[c].pop()))
         clusters.append(c)
         if candidates[c]:

@@ -13,7 +13,7 @@ import torch
 
 import evaluate
 from mtlc import images
-from mtlc import inference, predictions
+from mtlc import inference, predictions, seal
 from mtlc.calibration import fit_temperature, fitted_or_one
 from mtlc.images import decode
 from mtlc.checkpoints import load_checkpoint, restore_models
@@ -134,9 +134,9 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
     assert 5 <= counts["most"] <= 10  # 10 when the next batch is decoded before this one is classified
 
 
-def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, monkeypatch):
-    # Rows stream into a temp file that replaces the CSV only at the end: a run killed after the first
-    # batch (here: the second batch raises) leaves neither a partial CSV nor a temp file.
+def interrupted(trained, tmp_path, monkeypatch):
+    """A run of --predict --csv (batches of 5) killed while it classifies its second batch (it raises):
+    (its arguments, its result, the sizes of the batches classified, the CSV it was to replace)."""
     data, ckpt = trained
     csv_path = tmp_path / "labels.csv"
     csv_path.write_text("the previous run's labels\n")
@@ -144,13 +144,47 @@ def test_a_run_that_dies_half_way_leaves_the_previous_csv(trained, tmp_path, mon
 
     def dies_on_the_second_batch(model, x, mean, std):
         calls.append(len(x))
-        if len(calls) == 2:  # the files' batches (the held-out images pass through mtlc.inference)
+        if calls == [5, 5]:  # the files' batches (the held-out images pass through mtlc.inference)
             raise RuntimeError("killed")
         return real_classify(model, x, mean, std)
     monkeypatch.setattr(predictions, "model_outputs", dies_on_the_second_batch)
-    result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path])
+    args = ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path]
+    result = invoke(evaluate, args)
     assert isinstance(result.exception, RuntimeError) and calls == [5, 5]
-    assert csv_path.read_text() == "the previous run's labels\n" and list(tmp_path.iterdir()) == [csv_path]
+    assert "the same command goes on from there" in result.output
+    calls.append("the kill")
+    return args, csv_path, calls
+
+
+def test_a_run_killed_half_way_leaves_the_previous_csv_and_goes_on_where_it_stopped(trained, tmp_path, monkeypatch):
+    """The CSV is replaced only once every row exists: a run killed after its first batch leaves the
+    previous CSV as it was and its predictions kept beside it; the same command again classifies only
+    the images after them, writes what an uninterrupted run writes, and leaves nothing else behind."""
+    args, csv_path, calls = interrupted(trained, tmp_path, monkeypatch)
+    assert csv_path.read_text() == "the previous run's labels\n"
+    again = invoke(evaluate, args)
+    assert again.exit_code == 0 and "5 of 24 images were predicted before" in again.output, again.output
+    assert calls[3:] == [5, 5, 5, 4]
+    whole = invoke(evaluate, args[:-1] + [tmp_path / "whole.csv"])
+    assert whole.exit_code == 0 and calls[7:] == [5, 5, 5, 5, 4]
+    assert csv_path.read_text() == (tmp_path / "whole.csv").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv", "whole.csv"]
+
+
+@pytest.mark.parametrize("meddle", ["paint a kept row", "another machine's secret"])
+def test_kept_predictions_this_machine_cannot_vouch_for_are_made_again(trained, tmp_path, monkeypatch, meddle):
+    """Kept predictions are taken up only where this machine's seal holds over their bytes: a row
+    painted since, or work sealed under another secret (a folder from elsewhere), is predicted again."""
+    args, csv_path, calls = interrupted(trained, tmp_path, monkeypatch)
+    if meddle == "paint a kept row":
+        rows = next(tmp_path.glob(".labels.csv.mtlc-work")) / "rows.jsonl"
+        rows.write_text(re.sub(r'"(cat|dog|owl)"', '"owl"', rows.read_text(), count=1))
+    else:
+        monkeypatch.setenv("MTLC_CONFIG_DIR", str(tmp_path / "elsewhere"))
+        seal.secret.cache_clear()
+    again = invoke(evaluate, args)
+    seal.secret.cache_clear()
+    assert again.exit_code == 0 and "predicted before" not in again.output and calls[3:] == [5, 5, 5, 5, 4]
 
 
 @pytest.mark.parametrize("args, message", [
