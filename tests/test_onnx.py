@@ -84,3 +84,27 @@ def test_evaluate_onnx_as_a_user_runs_it(trained, tmp_path):
         assert res.returncode == 2 and "--onnx takes exactly one --ckpt" in res.stderr
     res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", checkpoint)
     assert res.returncode == 2 and not (tmp_path / "n.onnx").exists()  # never over its own checkpoint
+
+
+def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, tmp_path):
+    """examples/onnx_predict.py (onnxruntime, numpy and PIL only) on the folder's image files: the
+    classes and confidences evaluate.py --predict writes; torch cannot even be imported."""
+    import csv
+    import subprocess
+    import sys
+
+    from conftest import ROOT, run
+    folder, checkpoint = trained
+    assert run("evaluate.py", "--ckpt", checkpoint, "--onnx", tmp_path / "m.onnx").returncode == 0
+    paths = sorted(str(p) for p in (folder / "unlabeled").rglob("*.png"))
+    assert run("evaluate.py", "--ckpt", checkpoint, "--predict", *paths, "--csv", tmp_path / "p.csv").returncode == 0
+    (tmp_path / "torch.py").write_text("raise ImportError('no torch here')\n")  # shadows torch for the example
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "onnx_predict.py"), tmp_path / "m.onnx", *paths],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    ours = {r["path"]: r for r in csv.DictReader(res.stdout.splitlines())}
+    theirs = {r["path"]: r for r in csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8"))}
+    assert set(ours) == set(theirs) == set(paths)
+    for path, row in theirs.items():
+        assert ours[path]["prediction"] == row["prediction"]
+        assert float(ours[path]["confidence"]) == pytest.approx(float(row["confidence"]), abs=1.01e-4)
