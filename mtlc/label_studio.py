@@ -21,7 +21,6 @@ from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 from .errors import UserError
-from .runs import atomic_write
 
 FROM_NAME, TO_NAME = "label", "image"  # the Choices control and the Image object of labeling_config
 LOCAL_FILES = "/data/local-files/?d="
@@ -217,6 +216,7 @@ def read_export(path, text):
 def write_project(tasks_path, predictions, classes, root, model_version):
     """The import tasks of `predictions` (served from under `root`) and, beside them, the labeling
     config (config_path), each written whole or not at all; returns the number of tasks."""
+    from .runs import atomic_write  # imports torch: label.py, which reads exports, does not need it
     count = []
 
     def write(binary_file):

@@ -413,7 +413,11 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
             record.update(trainer.errors())
             line += f" | {describe_errors(record)}"
             if stage.name == "lc":
-                record.update(trainer.distance_summary())
+                distances = trainer.distance_summary()
+                # The sample's fraction over every LC pair at eps, beside (never over) the epoch's own
+                # neighbour_fraction: the mean over its steps of the pairs LC kept.
+                distances["d2_neighbour_fraction"] = distances.pop("neighbour_fraction")
+                record.update(distances)
                 line += f" | d2 same/different {record['d2_ratio']:.3f} mean {record['d2_mean']:.3g}"
         echo(line)
         trainer.report_all_neighbours(epoch, record.get("all_neighbours"))
