@@ -85,8 +85,8 @@ from mtlc.runs import check_not_among, check_outputs
 @click.option("--audit-folds", type=click.IntRange(min=2), default=DEFAULT_FOLDS,
               help="With --audit: folds of the labeled images' cross-fitting (fewer where a class has fewer images).")
 @click.option("--audit-steps", type=click.IntRange(min=1), default=DEFAULT_STEPS,
-              help="With --audit: training steps of each fold's network (at least one pass over the fold's unlabeled "
-                   "images and one of decay: on a large folder, more).")
+              help="With --audit: training steps of each fold's network, whatever the folder's size (80% at the full "
+                   "learning rate, 20% of decay). An audit interrupted goes on from the parts it kept (beside the CSV).")
 @click.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
               help="With --review: at most this many images per predicted class on the page, the least confident.")
 @click.option("--review-max", type=click.IntRange(min=1), default=DEFAULT_MOST,
@@ -211,7 +211,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
         return
     if audit:
         run_audit(ckpts[0], states[0], audit, review, device, data_dir=data_dir, folds=audit_folds, steps=audit_steps,
-                  seed=seed)
+                  seed=seed, most=review_max)
         return
     results = []
     for path, state in zip(ckpts, states):

@@ -26,9 +26,11 @@ the OS refuses midway (a full disk) puts the batch's earlier moves back. The log
 through a link. One label.py at a time per folder. The decode cache notices the moved files by itself.
 """
 import collections
+import sys
 from pathlib import Path
 
 import click
+from tqdm import tqdm
 
 from mtlc.console import robust_streams
 from mtlc.errors import UserError
@@ -69,6 +71,18 @@ def describe_export(path, export, labeled):
             + (f"; {' and '.join(idle)} move nothing" if idle else ""))
 
 
+def lines_in(path):
+    """The lines of a file (its rows, but for a field holding a line break), counted a block at a
+    time: the total of the progress bar."""
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(2 ** 20), b""))
+
+
+def progress_bar(total, what):
+    """The update function of a progress bar on stderr with the time left (on a terminal; none in a log)."""
+    return tqdm(total=total, desc=what, unit="file", disable=None, leave=False, file=sys.stderr).update
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--data-dir", type=click.Path(file_okay=False), required=True,
               help="The own-images folder (labeled/<class>/, unlabeled/).")
@@ -104,7 +118,7 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
         raise UserError(f"{data_dir} has no unlabeled/ folder: is it an own-images folder?")
     with locked(data_dir):
         if undo_last:
-            result = undo(data_dir)
+            result = undo(data_dir, bar=progress_bar)
             if result is None:
                 click.echo(f"nothing to undo in {data_dir / LOG_NAME}")
             else:
@@ -114,10 +128,11 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
         if export:
             click.echo(describe_export(labels_csv, export, len(rows)))
         # --accepted turns predictions into labels: only for unlabeled/ images, never over a person's label.
-        moves, skipped = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES)
-        done = f" ({skipped:,} applied before, skipped)" if skipped else ""
+        moves = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES, bar=progress_bar,
+                     expected=len(rows) if export else lines_in(labels_csv) - 1)
+        done = f" ({moves.skipped:,} applied before, skipped)" if moves.skipped else ""
         if not moves:
-            click.echo(f"nothing to move: all {len(rows):,} rows of {labels_csv} were applied before" if rows else
+            click.echo(f"nothing to move: all {moves.rows:,} rows of {labels_csv} were applied before" if moves.rows else
                        f"nothing to move: {labels_csv} has no " + ("accepted rows" if accepted else
                                                                    "findings of those kinds" if set_aside else "rows"))
             return
@@ -126,7 +141,7 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
                 click.echo(f"{move.source} -> {move.target}")
             click.echo(f"would move {len(moves):,} images {describe_moves(moves)}{done}; nothing moved")
             return
-        batch = apply(data_dir, moves)
+        batch = apply(data_dir, moves, bar=progress_bar)
         click.echo(f"moved {len(moves):,} images {describe_moves(moves)}{done}; logged as batch {batch} in "
                    f"{data_dir / LOG_NAME}; python label.py --data-dir {data_dir} --undo puts them back")
 

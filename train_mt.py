@@ -18,7 +18,7 @@ from mtlc.benchmark import report_benchmark
 from mtlc.checkpoints import (checkpoint_split, fresh_training, make_trainer, restore_data, restore_training,
                               resume_checkpoint)
 from mtlc.console import robust_streams
-from mtlc.copies import LEAK_CHECK_MAX, leaked_test
+from mtlc.copies import leaked_test
 from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
@@ -31,6 +31,7 @@ from mtlc.splits import balanced_split, hold_out, own_split
 from mtlc.training import run_stage
 
 OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
+LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for copies says it is looking (tens of seconds)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -148,11 +149,15 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
         lc_start_epoch = lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
         if lc_start_epoch > epochs + decay_epochs:
             raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")
-        leaked = leaked_test(data) if data.files and len(data.test_y) else []
-        if leaked is None:
-            procs.echo(f"train_mt: test/ was not checked for copies of training images (more than "
-                       f"{LEAK_CHECK_MAX:,} of them); evaluate.py --audit checks")
-        elif leaked and len(leaked) == len(data.test_y):
+        # A folder's test/ is checked for copies of training images at any size; a dataset without file
+        # names (SVHN, CIFAR-10's batches, digits) is not, and records None: "not checked" is never "none found".
+        leaked = None
+        if data.files:
+            if len(data.test_y) * len(data.train_y) > LEAK_CHECK_SAID:
+                procs.echo(f"train_mt: looking for copies of the {len(data.train_y):,} training images among the "
+                           f"{len(data.test_y):,} test images")
+            leaked = leaked_test(data) if len(data.test_y) else []
+        if leaked and len(leaked) == len(data.test_y):
             procs.echo(f"train_mt: every one of the {len(data.test_y)} test images is also in labeled/ or unlabeled/ (the "
                        f"same image or a near copy; evaluate.py --audit lists them): the test error says nothing about "
                        f"new images, and --max-error has no held-out image to calibrate on")
@@ -169,7 +174,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                       val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
                       image_size=image_size, skip_bad_images=skip_bad_images, files=data.files, contents=data.contents,
-                      leaked_test=leaked or [], relabeled=relabeled,
+                      leaked_test=leaked, relabeled=relabeled,
                       seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],

@@ -28,6 +28,38 @@ def image_batches(x, idx=None, batch_size=None):
             release_pages(x)
 
 
+class ImageRows:
+    """The uint8 images of several arrays (a folder's training then test images, each memory-mapped)
+    as one sequence, never copied into one: consecutive batches, and the rows at given positions."""
+
+    def __init__(self, *parts):
+        self.parts = [p for p in parts if len(p)] or list(parts[:1])
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    @property
+    def image_size(self):
+        return self.parts[0].shape[-1]
+
+    def batches(self, batch_size=None):
+        """Consecutive batches in memory (image_batches of each part in turn)."""
+        for part in self.parts:
+            yield from image_batches(part, None, batch_size)
+
+    def gather(self, idx):
+        """The images at positions idx (any order), in memory; the mapped pages read let go."""
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        out = torch.empty(len(idx), *self.parts[0].shape[1:], dtype=torch.uint8)
+        for k, part in enumerate(self.parts):
+            mine = (idx >= int(self.starts[k])) & (idx < int(self.starts[k + 1]))
+            if mine.any():
+                out[mine] = part[idx[mine] - int(self.starts[k])]
+                release_pages(part)
+        return out
+
+
 def channel_stats(x):
     """Per-channel mean and std (n - 1) of uint8 images, in [0, 1] units: exact, from integer sums
     over batches, so the result is the same whatever the batch size, the order or the folder's size."""

@@ -124,11 +124,55 @@ def in_order(x):
         mm.madvise(mmap.MADV_RANDOM)
 
 
+def entry_key(entry):
+    """A file's path, size, modification and change time as 16 bytes (BLAKE2b, 128 bits): what a
+    previous cache's row is looked up by, without a million tuples in a dict."""
+    return hashlib.blake2b(json.dumps(list(entry[:4])).encode("utf-8", "surrogateescape"), digest_size=16).digest()
+
+
+class SortedRows:
+    """Rows of a previous cache looked up by a fixed-size key (entry_key, or the digest of a file's
+    bytes) in sorted arrays: a million rows in tens of megabytes, each look-up a binary search. The
+    first row of a key where several share it. `key in rows` and `rows[key]` take a key as bytes or
+    hex text (read_for_cache's `known`)."""
+
+    def __init__(self, keys):
+        self.order = np.argsort(keys, kind="stable")
+        self.keys = keys[self.order]
+
+    def rows(self, queries):
+        """The row of each query key, -1 where none."""
+        pos = np.minimum(np.searchsorted(self.keys, queries), max(len(self.keys) - 1, 0))
+        found = (self.keys[pos] == queries) if len(self.keys) else np.zeros(len(queries), bool)
+        return np.where(found, self.order[pos] if len(self.keys) else -1, -1)
+
+    def __contains__(self, key):
+        return self[key] >= 0
+
+    def __getitem__(self, key):
+        key = key.encode() if isinstance(key, str) else key
+        return int(self.rows(np.array([key], self.keys.dtype))[0])
+
+
 class Previous(NamedTuple):
     """What an older cache of the same files' group holds, for a new cache to copy instead of decode."""
-    images: torch.Tensor  # its rows, memory-mapped
-    same_file: dict       # {index in the new paths: (row, digest)}: the same path, size and times
-    by_digest: dict       # {digest of a file's bytes: row}
+    images: torch.Tensor    # its rows, memory-mapped
+    same_row: np.ndarray    # per file of the new cache: the row of the very same file (path, size, times), or -1
+    digests: np.ndarray     # the digest of each row's file (hex, S32)
+    by_digest: SortedRows   # its rows by the digest of their files' bytes
+
+
+class JoinedPaths:
+    """The full paths of entries under root, made when asked for (a million joined paths are no list)."""
+
+    def __init__(self, root, entries):
+        self.root, self.entries = root, entries
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __getitem__(self, i):
+        return os.path.join(self.root, self.entries[i][0])
 
 
 def write_decoded(f, paths, size, progress, previous=None):
@@ -136,22 +180,23 @@ def write_decoded(f, paths, size, progress, previous=None):
     ones' rows one after another. A file that `previous` (an older cache) holds under the same path,
     size and times, or whose bytes have the digest of one of its rows, is copied from it; every other
     file is decoded. Returns ([(index in paths, reason)] of the files that failed, the digest of each
-    file's bytes, None where it could not be read)."""
-    old, same_file, known = previous or (None, {}, {})
-    fresh = [i for i in range(len(paths)) if i not in same_file]
-    stream = pooled(functools.partial(read_for_cache, size=size, known=known), [paths[i] for i in fresh], DECODE_BATCH)
+    file's bytes as hex (an S32 array, empty where it could not be read))."""
+    old, same_row, old_digests, known = previous or (None, np.full(len(paths), -1), None, {})
+    fresh = np.flatnonzero(same_row < 0)
+    stream = pooled(functools.partial(read_for_cache, size=size, known=known), (paths[i] for i in fresh), DECODE_BATCH)
     results, taken = {}, 0  # the stream's current batch by index in paths
-    bad, digests, block, reported = [], [None] * len(paths), [], 0
+    bad, digests, block, reported = [], np.zeros(len(paths), "S32"), [], 0
     for i in range(len(paths)):
-        if i in same_file:
-            row, digests[i] = same_file[i]
-            image = old[row]
+        if same_row[i] >= 0:
+            digests[i] = old_digests[same_row[i]]
+            image = old[same_row[i]]
         else:
             if i not in results:
                 chunk, out = next(stream)
-                results = {fresh[taken + k]: r for k, r in enumerate(out)}
+                results = {int(fresh[taken + k]): r for k, r in enumerate(out)}
                 taken += len(chunk)
-            image, reason, digests[i] = results.pop(i)
+            image, reason, digest = results.pop(i)
+            digests[i] = (digest or "").encode()
             if reason is not None:
                 bad.append((i, reason))
             elif isinstance(image, int):
@@ -166,6 +211,35 @@ def write_decoded(f, paths, size, progress, previous=None):
             if old is not None:
                 release_pages(old)
     return bad, digests
+
+
+def held_rows(f, block=2 ** 20):
+    """Each row [path, size, modification time, change time, digest] of an open .files.json (a JSON
+    list of such lists), read a block at a time (a million rows are never one JSON document in
+    memory). ValueError for anything else."""
+    decoder, text, pos, ended, opened = json.JSONDecoder(), "", 0, False, False
+    while True:
+        while pos < len(text) and text[pos] in (" \n," if opened else " \n"):
+            pos += 1
+        if pos < len(text) and not opened:
+            if text[pos] != "[":
+                raise ValueError("not a list of rows")
+            opened, pos = True, pos + 1
+            continue
+        if pos < len(text) and text[pos] == "]":
+            return
+        try:
+            row, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            if ended:
+                raise ValueError("the rows end too soon") from None
+            more = f.read(block)
+            ended = not more
+            text, pos = text[pos:] + more.decode("utf-8", "surrogateescape"), 0
+            continue
+        if not isinstance(row, list) or len(row) != 5:
+            raise ValueError("a row is not [path, size, modification time, change time, digest]")
+        yield row
 
 
 def content_fingerprint(named_digests):
@@ -211,12 +285,13 @@ class DecodeCache:
         self.header = f"mtlc decode cache {CACHE_VERSION} {self.key}\n".encode().ljust(HEADER_BYTES)
 
     def load(self):
-        """(images, bad files as [(relative path, reason)], content fingerprint) or None when there
-        is no usable cache."""
+        """(images, bad files as [(relative path, reason)], content fingerprint, the rows' digests: a
+        function that reads them) or None when there is no usable cache."""
         if not os.path.lexists(self.meta):
             return None
         try:
-            return self.read(self.meta, self.entries)[:3]
+            images, bad, content, meta = self.read(self.meta, self.entries)
+            return images, bad, content, functools.partial(self.row_digests, meta)
         except Exception as exc:
             self.echo(f"cache {self.meta} is unusable ({type(exc).__name__}: {str(exc)[:100]}): decoding again")
             return None
@@ -240,6 +315,15 @@ class DecodeCache:
                 raise ValueError("wrong size")
             return mapped_images(f, count, self.size, HEADER_BYTES), bad, meta["content"], meta
 
+    def row_digests(self, meta):
+        """The digest of each row's file (hex, an S32 array) as this cache's .files.json holds them
+        (the very file it wrote: meta's identity of it), read a block at a time."""
+        digests = np.zeros(meta["images"], "S32")
+        with open_identified(self.meta.with_suffix(".files.json"), meta["rows"]) as f:
+            for r, row in enumerate(held_rows(f)):
+                digests[r] = row[4].encode()
+        return digests
+
     def previous(self):
         """A Previous: the rows of this group's most recent other cache at this size that hold the
         very files of self.entries (same path, size and times) or files with known bytes; None
@@ -255,26 +339,27 @@ class DecodeCache:
         latest = max(metas)[1]
         try:
             old, _, _, meta = self.read(latest)
+            keys, digests, count = np.zeros(len(old), "S16"), np.zeros(len(old), "S32"), 0
             with open_identified(latest.with_suffix(".files.json"), meta["rows"]) as f:
-                held = json.loads(f.read())
-            if len(held) != len(old):
+                for count, row in enumerate(held_rows(f), 1):
+                    keys[count - 1], digests[count - 1] = entry_key(row), row[4].encode()
+            if count != len(old):
                 return None
-            by_file = {tuple(row[:4]): (r, row[4]) for r, row in enumerate(held)}
-            by_digest = {}
-            for r, row in enumerate(held):
-                by_digest.setdefault(row[4], r)
         except Exception:  # any doubt about the old cache: decode everything
             return None
-        same_file = {i: by_file[tuple(e)] for i, e in enumerate(self.entries) if e[1] >= 0 and tuple(e) in by_file}
-        return Previous(old, same_file, by_digest)
+        new_keys = np.array([entry_key(e) for e in self.entries], "S16")
+        stamped = np.array([e[1] >= 0 for e in self.entries], bool)
+        same_row = np.where(stamped, SortedRows(keys).rows(new_keys), -1)
+        return Previous(old, same_row, digests, SortedRows(digests))
 
     def build(self, root, paths, progress):
-        """Decode paths into the cache; returns (images, bad, content fingerprint, bytes written).
+        """Decode paths into the cache; returns (images, bad, content fingerprint, the rows' digests
+        (a function), bytes written).
         Where the cache folder cannot be written (no permission) the images go to an unnamed
         temporary file instead, said in one line; a full disk or a file-size limit ends the run
         (WriteFailed)."""
         previous = self.previous() if self.folder.is_dir() else None
-        n_same = len(previous.same_file) if previous else 0
+        n_same = int((previous.same_row >= 0).sum()) if previous else 0
         if len(paths) - n_same > 1000:
             self.echo(f"decoding {len(paths) - n_same:,} images of {root} (once: they are cached for the next runs)"
                       + (f"; {n_same:,} more are taken from the previous cache" if n_same else ""))
@@ -301,12 +386,14 @@ class DecodeCache:
             self.echo(f"note: cannot write the decode cache in {self.folder} ({reason}); the images will be "
                       f"decoded again next time (set MTLC_CACHE_DIR to cache elsewhere)")
             return (*self.unnamed(paths, progress), 0)
+        rows = digests[list(self.readable(failed))]
         self.remove_stale()
         if secret()[1]:
             self.echo(f"note: {secret()[1]}: this cache will be decoded again by the next run (set MTLC_CONFIG_DIR "
                       f"to a folder you can write)")
         with open_cache_file(self.path) as f:
-            return mapped_images(f, count, self.size, HEADER_BYTES), bad, content, os.fstat(f.fileno()).st_size
+            return (mapped_images(f, count, self.size, HEADER_BYTES), bad, content, lambda: rows,
+                    os.fstat(f.fileno()).st_size)
 
     def readable(self, failed):
         """The indices of the files that were read, in order."""
@@ -316,18 +403,18 @@ class DecodeCache:
     def outcome(self, failed, digests):
         """(bad files as [(relative path, reason)], the number of rows, the content fingerprint)."""
         return ([(self.entries[i][0], reason) for i, reason in failed], len(self.entries) - len(failed),
-                content_fingerprint((self.entries[i][0], digests[i]) for i in self.readable(failed)))
+                content_fingerprint((self.entries[i][0], digests[i].decode()) for i in self.readable(failed)))
 
     def write_rows(self, f, failed, digests):
         """The .files.json: [path, size, times, digest] of the file of each row, a row at a time."""
         f.write(b"[")
         for k, i in enumerate(self.readable(failed)):
-            f.write((b"," if k else b"") + json.dumps([*self.entries[i], digests[i]]).encode())
+            f.write((b"," if k else b"") + json.dumps([*self.entries[i], digests[i].decode()]).encode())
         f.write(b"]")
 
     def unnamed(self, paths, progress):
-        """(images, bad, content fingerprint) decoded into an unnamed temporary file, deleted when
-        the run ends."""
+        """(images, bad, content fingerprint, the rows' digests (a function)) decoded into an unnamed
+        temporary file, deleted when the run ends."""
         try:
             f = tempfile.TemporaryFile()
             failed, digests = write_decoded(f, paths, self.size, progress)
@@ -335,7 +422,8 @@ class DecodeCache:
         except OSError as exc:
             raise WriteFailed(Path(tempfile.gettempdir()) / "<temporary file>", exc) from None
         bad, count, content = self.outcome(failed, digests)
-        return mapped_images(f, count, self.size), bad, content
+        rows = digests[list(self.readable(failed))]
+        return mapped_images(f, count, self.size), bad, content, lambda: rows
 
     def remove_stale(self):
         """Delete this group's caches of other files at this size, and temporary files that runs killed
@@ -350,17 +438,24 @@ class DecodeCache:
                     tmp.unlink()
 
 
+class CachedImages(NamedTuple):
+    """A group of a folder's files through the decode cache (load_images)."""
+    images: torch.Tensor  # the readable files' images in order, memory-mapped
+    bad: list             # [(path relative to root, reason)] of the others
+    content: str          # their content fingerprint (which names hold which bytes)
+    digests: object       # a function giving the digest of each readable file's bytes (hex, an S32 array)
+    written: int          # bytes written to the cache: 0 on a hit
+
+
 def load_images(root, entries, group, size, echo):
     """The files of entries [(path relative to root, size, modification time, change time)]
     (scan_images) decoded to uint8 images, through root's decode cache (a memory map: the images are
-    read when used). Returns (images of the readable files in order, [(path relative to root,
-    reason)] of the others, their content fingerprint (which names hold which bytes), bytes written
-    to the cache: 0 on a hit)."""
+    read when used): CachedImages."""
     from tqdm import tqdm
     cache = DecodeCache(cache_dir(root), group, size, entries, echo)
     hit = cache.load()
     if hit is not None:
-        return (*hit, 0)
-    paths = [os.path.join(root, entry[0]) for entry in entries]
+        return CachedImages(*hit, 0)
+    paths = JoinedPaths(root, entries)
     with tqdm(total=len(paths), desc=f"decoding {group}", unit="img", disable=None, leave=False) as bar:
-        return cache.build(root, paths, bar.update)
+        return CachedImages(*cache.build(root, paths, bar.update))

@@ -77,7 +77,7 @@ CONFIG_CHECKS = dict(
     image_size=lambda v: is_int(v, MIN_IMAGE_SIZE) and v <= MAX_IMAGE_SIZE,
     skip_bad_images=lambda v: isinstance(v, bool), compile=lambda v: isinstance(v, bool),
     files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
-    leaked_test=is_names, relabeled=is_names, forward=lambda v: v in ("joint", "split"),
+    leaked_test=lambda v: v is None or is_names(v), relabeled=is_names, forward=lambda v: v in ("joint", "split"),
     precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str),
     compress=lambda v: is_number(v) and v >= 1, tensorboard=lambda v: v is None or isinstance(v, str))
 LC_CONFIG_CHECKS = dict(
@@ -106,7 +106,7 @@ def metrics_problem(metrics, required):
 
 # Settings that runs from before they existed did not write, as those runs behaved.
 RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False, leaked_test=[], step_mode="eager", compress=1.0, tensorboard=None, relabeled=[])
+                    precision="fp32", compile=False, leaked_test=None, step_mode="eager", compress=1.0, tensorboard=None, relabeled=[])
 LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
 
 
@@ -344,7 +344,7 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
         raise UserError(f"{where / 'test'} has class folders the checkpoint does not know: {', '.join(foreign)}")
     test_files = listed([groups], config["classes"])
     check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where)
-    (x, y, names, content), bad, _ = read_files(where, test_files, "test", config["image_size"], echo)
+    (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config["image_size"], echo)
     if bad and not config["skip_bad_images"]:
         raise UserError(describe_bad(bad, where))
     check_same_files(files, dict(test=names), where, config["contents"], dict(test=content), parts=("test",))

@@ -8,24 +8,22 @@ most NEAR_RATIO times the median distance of the two images to their other candi
 matters more than the bound: in a folder of simple images (digits) two different images of a class
 are often as close as a photo and its re-saved copy (measured, docs/audit.md: one bound of 0.08 paired
 1,616 different digits; the ratio, none). Candidates are each image's CANDIDATES nearest neighbours by
-an 8 x 8 standardized thumbnail (192 values, 768 bytes an image).
+an 8 x 8 standardized thumbnail (192 values), found with faiss (nearest.py: exact up to a few
+thousand images against a million, an inverted-file index beyond); thumbnails and images are read a
+batch at a time from the memory-mapped cache, never all at once.
 """
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.neighbors import NearestNeighbors
 
-from .batches import image_batches
-from .images import BadImage, file_digest, read_file
+from .batches import ImageRows
+from .nearest import BLOCK, Vectors, nearest
 
 NEAR_DISTANCE = 0.25   # the largest standardized mean squared difference of a near copy
 NEAR_RATIO = 0.1       # and at most this share of the images' median distance to their other candidates
 CANDIDATES = 8         # nearest thumbnails compared with each image at the cache's size
 THUMBNAIL = 8
 VERIFY_BATCH = 1024    # candidate pairs compared at a time
-# Training images whose thumbnails the check of test/ at the start of training holds at most; above,
-# training says the check was not made (evaluate.py --audit makes it).
-LEAK_CHECK_MAX = 200_000
 
 
 def standardized(x):
@@ -34,76 +32,122 @@ def standardized(x):
     return (v - v.mean(1, keepdim=True)) / v.std(1, keepdim=True).clamp_min(1e-3)
 
 
+def thumbnail_batch(images):
+    """The standardized 8 x 8 thumbnails of a batch of uint8 images: (n, 192) float32."""
+    return standardized(F.adaptive_avg_pool2d(images.float(), THUMBNAIL))
+
+
+def as_rows(images):
+    """An ImageRows of uint8 images (n, 3, S, S) or of one already."""
+    return images if isinstance(images, ImageRows) else ImageRows(images)
+
+
 def thumbnails(images):
     """The standardized 8 x 8 thumbnails of uint8 images, read a batch at a time: (n, 192) float32."""
-    if not len(images):
+    rows = as_rows(images)
+    if not len(rows):
         return torch.zeros(0, 3 * THUMBNAIL ** 2)
-    return torch.cat([standardized(F.adaptive_avg_pool2d(batch.float(), THUMBNAIL)) for batch in image_batches(images)])
+    return torch.cat([thumbnail_batch(batch) for batch in rows.batches()])
+
+
+def thumbnail_vectors(images):
+    """The thumbnails of images (ImageRows, or a tensor) as nearest.Vectors: made a batch at a time
+    as a search needs them, never held all at once."""
+    rows = as_rows(images)
+
+    def batches():
+        for batch in rows.batches(BLOCK):
+            yield thumbnail_batch(batch).numpy()
+    return Vectors(len(rows), 3 * THUMBNAIL ** 2, batches, lambda idx: thumbnail_batch(rows.gather(idx)).numpy())
 
 
 def distances(images_a, images_b, pairs):
-    """The standardized mean squared difference of each pair (i into images_a, j into images_b)."""
-    found = []
+    """The standardized mean squared difference of each pair (i into images_a, j into images_b),
+    pairs an (n, 2) array; float32 (n,)."""
+    a, b = as_rows(images_a), as_rows(images_b)
+    found = np.zeros(len(pairs), np.float32)
     for start in range(0, len(pairs), VERIFY_BATCH):
-        chunk = np.array(pairs[start:start + VERIFY_BATCH])
-        found += (standardized(images_a[chunk[:, 0]]) - standardized(images_b[chunk[:, 1]])).square().mean(1).tolist()
+        chunk = pairs[start:start + VERIFY_BATCH]
+        found[start:start + len(chunk)] = (standardized(a.gather(chunk[:, 0])) - standardized(b.gather(chunk[:, 1]))
+                                           ).square().mean(1).numpy()
     return found
 
 
 def is_copy(d, others):
     """Whether a pair d apart is a copy, given the distances of its images to their other candidates."""
-    return d <= NEAR_DISTANCE and d <= NEAR_RATIO * (float(np.median(others)) if others else np.inf)
+    return d <= NEAR_DISTANCE and d <= NEAR_RATIO * (float(np.median(others)) if len(others) else np.inf)
 
 
-def near_pairs(images):
-    """[(i, j, distance)] with i < j of the uint8 images (n, 3, S, S) that are copies or near copies
-    of each other, equal pixels included."""
-    if len(images) < 3:
+def candidate_pairs(index):
+    """The distinct pairs (i, j), i < j, of each image i and its candidates index[i] (-1: none),
+    sorted: an (n, 2) int64 array."""
+    n, k = index.shape
+    i, j = np.repeat(np.arange(n), k), index.ravel()
+    keep = (j >= 0) & (j != i)
+    low, high = np.minimum(i[keep], j[keep]), np.maximum(i[keep], j[keep])
+    key = np.unique(low * n + high)
+    return np.stack([key // n, key % n], 1)
+
+
+def near_pairs(images, progress=lambda n: None):
+    """[(i, j, distance)] with i < j of the uint8 images (ImageRows or (n, 3, S, S)) that are copies
+    or near copies of each other, equal pixels included."""
+    rows = as_rows(images)
+    if len(rows) < 3:
         return []
-    thumbs = thumbnails(images).numpy()
-    _, index = NearestNeighbors(n_neighbors=min(CANDIDATES + 1, len(images))).fit(thumbs).kneighbors(thumbs)
-    pairs = sorted({(min(i, int(j)), max(i, int(j))) for i, row in enumerate(index) for j in row if i != j})
-    d = dict(zip(pairs, distances(images, images, pairs)))
-    around = {}
-    for (i, j), dij in d.items():
-        around.setdefault(i, []).append((j, dij))
-        around.setdefault(j, []).append((i, dij))
-    return [(i, j, dij) for (i, j), dij in d.items()
-            if is_copy(dij, [x for k, x in around[i] if k != j] + [x for k, x in around[j] if k != i])]
+    vectors = thumbnail_vectors(rows)
+    _, index = nearest(vectors, vectors, min(CANDIDATES + 1, len(rows)), progress=progress)
+    pairs = candidate_pairs(index)
+    d = distances(rows, rows, pairs)
+    close = np.flatnonzero(d <= NEAR_DISTANCE)
+    if not len(close):
+        return []
+    # Each image's distances to all its candidates, both ways: grouped by image.
+    ends, others, both = np.concatenate(pairs.T), np.concatenate(pairs[:, ::-1].T), np.concatenate([d, d])
+    order = np.argsort(ends, kind="stable")
+    ends, others, both = ends[order], others[order], both[order]
+
+    def around(i, but):
+        lo, hi = np.searchsorted(ends, [i, i + 1])
+        return both[lo:hi][others[lo:hi] != but]
+    return [(int(i), int(j), float(d[p])) for p, (i, j) in zip(close, pairs[close])
+            if is_copy(d[p], np.concatenate([around(i, j), around(j, i)]))]
 
 
 def copies_in(queries, images):
     """[(i, j, distance)]: query i is a copy or near copy of images[j] (among its CANDIDATES nearest
-    thumbnails; the ratio against the query's other candidates)."""
+    thumbnails; the ratio against the query's other candidates). Both ImageRows or tensors."""
+    queries, images = as_rows(queries), as_rows(images)
     if not len(queries) or len(images) < 2:
         return []
-    _, index = (NearestNeighbors(n_neighbors=min(CANDIDATES, len(images))).fit(thumbnails(images).numpy())
-                .kneighbors(thumbnails(queries).numpy()))
-    pairs = [(i, int(j)) for i, row in enumerate(index) for j in row]
-    d = distances(queries, images, pairs)
-    per_query = {}
-    for (i, j), dij in zip(pairs, d):
-        per_query.setdefault(i, []).append((j, dij))
-    return [(i, j, dij) for i, found in per_query.items() for j, dij in found
-            if is_copy(dij, [x for k, x in found if k != j])]
+    _, index = nearest(thumbnail_vectors(images), thumbnail_vectors(queries), min(CANDIDATES, len(images)))
+    found = index >= 0
+    pairs = np.stack([np.nonzero(found)[0], index[found]], 1)
+    d = np.full(index.shape, np.inf, np.float32)
+    d[found] = distances(queries, images, pairs)
+    result = []
+    for i, k in zip(*np.nonzero(d <= NEAR_DISTANCE)):
+        others = np.delete(d[i], k)
+        if is_copy(d[i, k], others[np.isfinite(others)]):
+            result.append((int(i), int(index[i, k]), float(d[i, k])))
+    return result
 
 
-def exact_groups(paths):
-    """Groups (lists of indices into paths, two or more) of files with the same bytes. A file that
-    cannot be read is in none."""
-    by_digest = {}
-    for i, path in enumerate(paths):
-        try:
-            by_digest.setdefault(file_digest(read_file(path)), []).append(i)
-        except BadImage:
-            continue
-    return [group for group in by_digest.values() if len(group) > 1]
+def exact_groups(digests):
+    """Groups (arrays of indices, two or more, in order) of the images whose files have the same
+    bytes, from the digest of each (None or "" where unknown: in none)."""
+    digests = np.asarray([d or "" for d in digests])
+    if not len(digests):
+        return []
+    order = np.argsort(digests, kind="stable")
+    ordered = digests[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(ordered)]
+    return [np.sort(order[s:e]) for s, e in zip(starts, ends) if e - s > 1 and ordered[s]]
 
 
 def leaked_test(data):
     """The names of the test images of an image folder that are a copy or a near copy of one of its
-    training images, sorted; None where the training images are too many to check (LEAK_CHECK_MAX)."""
-    if len(data.train_x) > LEAK_CHECK_MAX:
-        return None
+    training images, sorted (at any size: nearest.py's search)."""
     leaked = {i for i, _, _ in copies_in(data.test_x, data.train_x)}
     return sorted(data.files["test"][i] for i in leaked)

@@ -28,6 +28,7 @@ class ImageData:
     classes: list
     files: dict = None     # image folders: {"train": [...], "test": [...]} paths relative to the folder
     contents: dict = None  # image folders: {"train": ..., "test": ...} which names hold which bytes (a hash)
+    digests: dict = None   # image folders: {"train": f, "test": f}, f() the digest of each image's file (hex, S32)
     skipped: list = field(default_factory=list)  # [(relative path, reason)] left out by --skip-bad-images
 
     @property
@@ -222,16 +223,16 @@ def listed(groups, classes):
 
 
 def read_files(data_dir, files, group, size, echo):
-    """(uint8 images (memory-mapped), labels, names relative to data_dir, content fingerprint) of
-    the readable files, through the decode cache, [(name, reason)] of the others, bytes written to
-    the cache."""
-    x, bad, content, written = load_images(data_dir, files.entries, group, size, echo)
+    """(uint8 images (memory-mapped), labels, names relative to data_dir, content fingerprint, the
+    digests of their files (a function)) of the readable files, through the decode cache, [(name,
+    reason)] of the others, bytes written to the cache."""
+    x, bad, content, digests, written = load_images(data_dir, files.entries, group, size, echo)
     names = [entry[0] for entry in files.entries]
     if not bad:
-        return (x, files.labels, names, content), bad, written
+        return (x, files.labels, names, content, digests), bad, written
     unreadable = {name for name, _ in bad}
     good = [i for i, name in enumerate(names) if name not in unreadable]
-    return (x, files.labels[good], [names[i] for i in good], content), bad, written
+    return (x, files.labels[good], [names[i] for i in good], content, digests), bad, written
 
 
 def is_own_layout(data_dir):
@@ -292,15 +293,15 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
     if check_listing is not None:
         check_listing(dict(train=[e[0] for e in train_files.entries],
                            test=[e[0] for e in test_files.entries] if test_files else []))
-    (train_x, train_y, train_names, train_content), bad, written = read_files(
+    (train_x, train_y, train_names, train_content, train_digests), bad, written = read_files(
         data_dir, train_files, "train", image_size, echo)
     if test_groups:
-        (test_x, test_y, test_names, test_content), bad_test, written_test = read_files(
+        (test_x, test_y, test_names, test_content, test_digests), bad_test, written_test = read_files(
             data_dir, test_files, "test", image_size, echo)
     else:
-        test_x, test_y, test_names, test_content, bad_test, written_test = (
+        test_x, test_y, test_names, test_content, test_digests, bad_test, written_test = (
             torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), [],
-            content_fingerprint([]), [], 0)
+            content_fingerprint([]), lambda: np.zeros(0, "S32"), [], 0)
     if written + written_test:
         echo(f"cached the decoded images in {cache_dir(data_dir)} ({(written + written_test) / 2**20:.0f} MB; delete it "
              f"at will: it is rebuilt when needed)")
@@ -314,7 +315,8 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
     if missing:
         raise UserError(f"{where / missing[0]} holds no readable images")
     return ImageData(train_x, train_y, test_x, test_y, classes, files=dict(train=train_names, test=test_names),
-                     contents=dict(train=train_content, test=test_content), skipped=bad)
+                     contents=dict(train=train_content, test=test_content), skipped=bad,
+                     digests=dict(train=train_digests, test=test_digests))
 
 
 def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo, download=True, check_listing=None):

@@ -32,18 +32,25 @@ class NotRegular(OSError):
     """A path that is no regular file (a pipe, a socket, a device named like an image)."""
 
 
-def read_regular(path):
-    """The bytes of a regular file, links followed. A pipe named like an image would block a plain
-    read forever: the file is opened without waiting and refused (NotRegular) unless it is a regular
-    file; OSError where it cannot be read."""
+def open_regular(path):
+    """A file descriptor of a regular file, links followed, opened to read. A pipe named like an image
+    would block a plain open or read forever: the file is opened without waiting and refused
+    (NotRegular) unless it is a regular file; OSError where it cannot be opened."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegular("not a regular file (a pipe, a socket or a device)")
-        with open(fd, "rb", closefd=False) as f:
-            return f.read()
-    finally:
+        os.set_blocking(fd, True)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path):
+    """The bytes of a regular file (open_regular); OSError where it cannot be read."""
+    with open(open_regular(path), "rb") as f:
+        return f.read()
 
 
 def file_digest(data):

@@ -11,13 +11,21 @@ a file replaced since (a camera that restarted its numbering) is refused. Names 
 case- and normalization-insensitive file system compares them, so two images never get one name on
 any disk. One label.py at a time per folder (a lock on the folder). A move the OS refuses midway (a
 full disk, a read-only file system) puts back the moves of its batch before it ends; a log line a
-full disk left torn is cut off before the log is written again. Planning is linear in the rows.
+full disk left torn is cut off before the log is written again.
+
+At any size: planning, applying and undoing are linear in the rows; the labels file and the log are
+read a row at a time, the planned moves and the batch to put back wait in a temporary file
+(spill.py), files are hashed on a pool of threads, and the log is written a chunk of moves at a time
+(one fsync a chunk, before the chunk's moves). Memory holds what the checks across rows need (each
+row's path and file, the names taken in the folders moved into): about a few hundred bytes a row.
 """
 import contextlib
 import fcntl
+import heapq
 import os
 import posixpath
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -27,9 +35,14 @@ import click
 from .console import PATH_ENCODING, PATH_ERRORS, is_text
 from .errors import MoveFailed, UserError
 from .files import DIGEST_COLUMN, file_digest, is_hidden, is_image_name, read_regular
-from .label_files import (ASIDE, SOURCES, Log, applied_moves, inside, outside_reason, read_log, target_part,
-                          undone_batches)
+from .images import batched
+from .label_files import (ASIDE, SOURCES, Log, applied_moves, inside, log_rows, next_batch, outside_reason,
+                          remembered_realpath, target_part, undone_batches)
 from .renaming import rename_no_replace
+from .spill import CHUNK, Spill
+
+PLAN_CHUNK = 4096     # rows checked at a time (their files hashed together on a pool of threads)
+PROBLEMS_SHOWN = 10   # rows named in a refusal; the others are counted
 
 
 @dataclass
@@ -57,23 +70,6 @@ def known_classes(data_dir):
     return sorted(p.name for p in labeled.iterdir() if p.is_dir() and not is_hidden(p.name)) if labeled.is_dir() else []
 
 
-def relative_source(data_dir, path):
-    """The path of a labels.csv row relative to the folder, '/'-separated: taken as given (relative to
-    the working directory) or else relative to the folder, the first that exists; None where it lies
-    outside."""
-    if not path or "\0" in path:
-        return None
-    given, root = Path(path), Path(os.path.abspath(data_dir))
-    found = []
-    for candidate in [given] if given.is_absolute() else [Path.cwd() / given, root / given]:
-        absolute = Path(os.path.normpath(os.path.abspath(candidate)))
-        if absolute.is_relative_to(root):
-            if os.path.lexists(absolute):
-                return absolute.relative_to(root).as_posix()
-            found.append(absolute.relative_to(root).as_posix())
-    return found[0] if found else None
-
-
 def name_max(folder):
     """The longest file name (bytes) the folder's file system takes."""
     try:
@@ -82,7 +78,7 @@ def name_max(folder):
         return 255
 
 
-def label_problem(label, labeled, longest):
+def label_problem(label, labeled, longest, realpath=os.path.realpath):
     """Why a label cannot be a class folder's name under labeled/, or None."""
     if (not label or label in (".", "..") or is_hidden(label) or any(c in label for c in "/\\\0")
             or any(ord(c) < 32 for c in label)):
@@ -94,7 +90,7 @@ def label_problem(label, labeled, longest):
     folder = labeled / label
     if os.path.lexists(folder) and not folder.is_dir():
         return f"labeled/{label} is a file, not a class folder"
-    if folder.is_dir() and not inside(labeled.parent, f"labeled/{label}/x", ("labeled",)):
+    if folder.is_dir() and not inside(labeled.parent, f"labeled/{label}/x", ("labeled",), realpath):
         return f"labeled/{label} leads outside the folder through a link"
     return None
 
@@ -122,90 +118,229 @@ class Names:
         while fold(candidate) in taken:
             candidate = f"{stem}-{k}{suffix}"
             k += 1
-        self.next[key] = k
+        if k > 1:  # only names that met a clash are remembered: a million distinct names cost no counters
+            self.next[key] = k
         taken.add(fold(candidate))
         return candidate
 
 
-def digest_problem(data_dir, source, digest):
-    """Why the file `source` is not the image whose bytes hash to digest, or None."""
+class Checks:
+    """What planning asks of the folder, each answer remembered where it cannot change while label.py
+    holds the folder: a million rows into ten classes ask about ten folders, not a million times."""
+
+    def __init__(self, data_dir, sources, device):
+        self.data_dir, self.sources, self.device = data_dir, sources, device
+        self.realpath, self.writable, self.folders = remembered_realpath(), {}, {}  # answers remembered
+        self.cwd, self.root = os.getcwd(), os.path.abspath(data_dir)
+
+    def relative_source(self, path):
+        """(the path of a labels.csv row relative to the folder, '/'-separated, whether a file is
+        there): taken as given (relative to the working directory) or else relative to the folder, the
+        first that exists; None where it lies outside."""
+        if not path or "\0" in path:
+            return None, False
+        found = []
+        for candidate in [path] if os.path.isabs(path) else [os.path.join(self.cwd, path), os.path.join(self.root, path)]:
+            absolute = os.path.normpath(candidate)
+            if absolute == self.root or absolute.startswith(self.root.rstrip(os.sep) + os.sep):
+                relative = Path(os.path.relpath(absolute, self.root)).as_posix()
+                if os.path.lexists(absolute):
+                    return relative, True
+                found.append(relative)
+        return (found[0] if found else None), False
+
+    def source_problem(self, source):
+        """Why the path of a row (relative to the folder) names no image label.py may move, or None."""
+        parts = None if source is None else source.split("/")
+        if parts is None or parts[0] not in self.sources or len(parts) < (2 if parts[0] == "unlabeled" else 3):
+            return f"not a file under {' or '.join(str(self.data_dir / part) for part in self.sources)}"
+        reason = outside_reason(self.data_dir, source, SOURCES, self.realpath)
+        if reason:
+            return reason
+        if any(is_hidden(part) for part in parts[1:]):
+            return "a hidden file or one in a hidden folder (a name starting with '.', or __MACOSX): training never reads it"
+        if not is_image_name(parts[-1]):
+            return "not an image file name (training reads only the formats it knows, by extension)"
+        return None
+
+    def move_problem(self, source, st, folder):
+        """Why the file `source` (its stat st) cannot be renamed into the folder `folder`
+        (labeled/<label>, test/<label> or under set-aside/), or None: another file system (a rename
+        cannot cross one), a link out of the folder, or a folder that cannot be written."""
+        if st.st_dev != self.device:
+            return "it lies on another file system (a mount or a link inside the folder): copy it into unlabeled/ first"
+        if folder not in self.folders:
+            self.folders[folder] = target_folder(self.data_dir, folder, self.realpath)
+        problem, existing = self.folders[folder]
+        if problem:
+            return problem
+        for checked in (Path(self.data_dir / source).parent, existing):
+            if checked not in self.writable:
+                self.writable[checked] = os.access(checked, os.W_OK)
+            if not self.writable[checked]:
+                return (f"{checked.relative_to(self.data_dir) if checked != self.data_dir else self.data_dir}/ cannot "
+                        f"be written (read-only)")
+        return None
+
+
+def target_folder(data_dir, folder, realpath):
+    """(why no file can be renamed into the folder `folder` (relative): a file where a folder should
+    be, or a link out of the folder; None where it can be, the folder itself or the one above it that
+    exists)."""
+    target = data_dir / folder
+    existing = next(p for p in [target, *target.parents] if os.path.lexists(p))
+    if not existing.is_dir():
+        return f"{existing.relative_to(data_dir)} is a file, not a folder", existing
+    reason = outside_reason(data_dir, f"{folder}/x", (folder.split("/")[0],), realpath)
+    return (f"{folder}: {reason}" if reason else None), existing
+
+
+class Problems:
+    """The rows that cannot be applied: counted, the first PROBLEMS_SHOWN (by line) kept to be named."""
+
+    def __init__(self):
+        self.count, self.first = 0, []
+
+    def add(self, row, problem):
+        self.count += 1
+        heapq.heappush(self.first, (-row.line, f"line {row.line} ({row.path}): {problem}"))
+        if len(self.first) > PROBLEMS_SHOWN:
+            heapq.heappop(self.first)
+
+    def refuse(self, rows):
+        if self.count:
+            shown = [text for _, text in sorted(self.first, reverse=True)]
+            raise UserError(f"nothing was moved: {self.count} of {rows} rows cannot be applied: {'; '.join(shown)}"
+                            + (f"; and {self.count - len(shown)} more" if self.count > len(shown) else ""))
+
+
+def file_digest_or_error(path):
+    """The digest of a file's bytes, or the OSError that kept it from being read."""
     try:
-        actual = file_digest(read_regular(data_dir / source))
+        return file_digest(read_regular(path))
     except OSError as exc:
-        return f"it cannot be read ({exc.strerror or exc})"
+        return exc
+
+
+def digest_problem(actual, digest):
+    """Why a file whose bytes hash to `actual` (or could not be read: an OSError) is not the image
+    whose bytes hash to digest, or None."""
+    if isinstance(actual, OSError):
+        return f"it cannot be read ({actual.strerror or actual})"
     if actual != digest:
         return ("its image is not the one this row was written for (the file's bytes changed since: replaced by "
                 "another picture of the same name?); predict it again")
     return None
 
 
-def plan(data_dir, rows, new_classes=False, sources=SOURCES):
-    """The moves the rows [label_files.LabelRow] ask for, in order (each with the free name it will
-    take), and the number of rows applied before (or already so); exits 2 naming every row that cannot
-    be applied (unknown class, missing file, a file another row names too, an image replaced since its
-    row was written, a path outside unlabeled/, labeled/ and test/ or through a link, a hidden file or
-    a file that is no image (training would never see it), a name the file system refuses, a file on
-    another file system, a folder that cannot be written) before any move. An unlabeled/ image goes to
-    labeled/<label>/; a labeled/ or test/ image whose label is wrong (evaluate.py --audit) to <its
-    part>/<label>/; a row that sets its image aside to set-aside/<its path>. `sources`: the parts rows
-    may come from (--accepted: unlabeled/ only, never a label a person gave)."""
+class Plan:
+    """The moves of a labels file (plan's): kept in a Spill, read back as Moves in order or in reverse."""
+
+    def __init__(self):
+        self.moves, self.skipped, self.rows = Spill(), 0, 0
+
+    def add(self, move):
+        self.moves.append([move.source, move.target, move.label, move.digest])
+
+    def __len__(self):
+        return len(self.moves)
+
+    def __iter__(self):
+        return (Move(*m) for m in self.moves)
+
+    def chunks(self):
+        for chunk in self.moves.chunks():
+            yield [Move(*m) for m in chunk]
+
+    def reversed(self, limit):
+        return (Move(*m) for m in self.moves.reversed(limit))
+
+
+def no_bar(total, what):
+    """A progress bar's update function (label.py shows one with the time left); here: none."""
+    return lambda n: None
+
+
+def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expected=None):
+    """The Plan of the rows (label_files.LabelRow, a stream read once): the moves they ask for, in
+    order (each with the free name it will take), the number of rows applied before (or already so)
+    and of rows read; exits 2 naming the rows that cannot be applied (unknown class, missing file, a
+    file another row names too, an image replaced since its row was written, a path outside
+    unlabeled/, labeled/ and test/ or through a link, a hidden file or a file that is no image
+    (training would never see it), a name the file system refuses, a file on another file system, a
+    folder that cannot be written) before any move. An unlabeled/ image goes to labeled/<label>/; a
+    labeled/ or test/ image whose label is wrong (evaluate.py --audit) to <its part>/<label>/; a row
+    that sets its image aside to set-aside/<its path>. `sources`: the parts rows may come from
+    (--accepted: unlabeled/ only, never a label a person gave). Linear in the rows: the planned moves
+    go to a temporary file, the files named are hashed on a pool of threads a chunk of rows at a time,
+    and what the checks across rows need (each row's path and file, the names taken) is what memory
+    holds. bar(expected rows, what) gives the update function of a progress bar."""
     data_dir = Path(data_dir)
+    undone = undone_batches(data_dir)  # the log read (and checked: one that cannot be trusted moves nothing) first
+    progress = bar(expected, "checking rows")
     labeled = data_dir / "labeled"
-    classes, applied = set(known_classes(data_dir)), applied_moves(read_log(data_dir))
+    classes = set(known_classes(data_dir))
     spelled = {fold(c): c for c in classes}  # the spelling a class has, or the first new one takes
     longest = name_max(labeled if labeled.is_dir() else data_dir)
-    device = os.stat(labeled if labeled.is_dir() else data_dir).st_dev
-    names = Names(data_dir)
-    moves, problems, seen, files, skipped = [], [], set(), {}, 0
-    for row in rows:
-        source = relative_source(data_dir, row.path)
-        problem, moved = source_problem(data_dir, source, sources), False
-        if problem is None and source in seen:
-            problem = "listed twice"
-        if problem is None and not row.aside:
-            problem = label_problem(row.label, labeled, longest) or class_problem(row.label, source, classes, spelled,
-                                                                                  new_classes)
-        if problem is None and not os.path.lexists(data_dir / source):
-            problem, moved = applied_before(data_dir, row, applied.get(source)), True
-        elif problem is None:
-            problem = (same_file_problem(data_dir, source, files, row.line)
-                       or (digest_problem(data_dir, source, row.digest) if row.digest else None))
-        if problem is None and moved:
-            skipped += 1
-        elif problem is None and not row.aside and source.split("/")[0] != "unlabeled" and source.split("/")[1] == row.label:
-            skipped += 1  # labeled so already
-        elif problem is None:
-            folder = f"{ASIDE}/{posixpath.dirname(source)}" if row.aside else f"{target_part(source)}/{row.label}"
-            problem = move_problem(data_dir, source, folder, device)
-            if problem is None:
-                name = names.free(folder, posixpath.basename(source))
-                if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > longest:
-                    problem = f"the name {name!r} is longer than the file system takes"
-                else:
-                    moves.append(Move(source, f"{folder}/{name}", row.label, row.digest))
+    checks = Checks(data_dir, sources, os.stat(labeled if labeled.is_dir() else data_dir).st_dev)
+    names, labels = Names(data_dir), {}
+    result, problems, seen, files, gone = Plan(), Problems(), set(), {}, []
+    with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
+        for chunk in batched(rows, PLAN_CHUNK):
+            result.rows += len(chunk)
+            checked = []  # (row, source, its stat) of the rows whose file is to be hashed and moved
+            for row in chunk:
+                source, there = checks.relative_source(row.path)
+                problem = checks.source_problem(source)
+                if problem is None and source in seen:
+                    problem = "listed twice"
+                if problem is None and not row.aside:
+                    if row.label not in labels:
+                        labels[row.label] = label_problem(row.label, labeled, longest, checks.realpath)
+                    problem = labels[row.label] or class_problem(row.label, source, classes, spelled, new_classes)
+                if problem is None and not there:
+                    gone.append((row, source))  # applied before? the log says, once every row is read
+                elif problem is None:
+                    try:
+                        st = os.stat(data_dir / source)
+                    except OSError as exc:  # a link to nothing
+                        st, problem = None, exc.strerror
+                    first = files.setdefault((st.st_dev, st.st_ino), row.line) if st else row.line
+                    if first != row.line:
+                        problem = f"the same file as line {first} names (another spelling of one name?)"
+                    elif st:
+                        checked.append((row, source, st))
+                if problem:
+                    problems.add(row, problem)
+                if source is not None:
+                    seen.add(source)
+            actual = pool.map(file_digest_or_error, [data_dir / source for row, source, _ in checked if row.digest])
+            for row, source, st in checked:
+                problem = digest_problem(next(actual), row.digest) if row.digest else None
+                if problem is None and not row.aside and source.split("/")[0] != "unlabeled" and source.split("/")[1] == row.label:
+                    result.skipped += 1  # labeled so already
+                    continue
+                if problem is None:
+                    folder = f"{ASIDE}/{posixpath.dirname(source)}" if row.aside else f"{target_part(source)}/{row.label}"
+                    problem = checks.move_problem(source, st, folder)
+                if problem is None:
+                    name = names.free(folder, posixpath.basename(source))
+                    if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > longest:
+                        problem = f"the name {name!r} is longer than the file system takes"
+                    else:
+                        result.add(Move(source, f"{folder}/{name}", row.label, row.digest))
+                if problem:
+                    problems.add(row, problem)
+            progress(len(chunk))
+    applied = applied_moves(data_dir, [source for _, source in gone], undone) if gone else {}
+    for row, source in gone:
+        problem = applied_before(data_dir, row, applied.get(source))
         if problem:
-            problems.append(f"line {row.line} ({row.path}): {problem}")
-        if source is not None:
-            seen.add(source)
-    if problems:
-        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
-        raise UserError(f"nothing was moved: {len(problems)} of {len(rows)} rows cannot be applied: {shown}")
-    return moves, skipped
-
-
-def source_problem(data_dir, source, sources):
-    """Why the path of a row (relative to the folder) names no image label.py may move, or None."""
-    parts = None if source is None else source.split("/")
-    if parts is None or parts[0] not in sources or len(parts) < (2 if parts[0] == "unlabeled" else 3):
-        return f"not a file under {' or '.join(str(data_dir / part) for part in sources)}"
-    reason = outside_reason(data_dir, source, SOURCES)
-    if reason:
-        return reason
-    if any(is_hidden(part) for part in parts[1:]):
-        return "a hidden file or one in a hidden folder (a name starting with '.', or __MACOSX): training never reads it"
-    if not is_image_name(parts[-1]):
-        return "not an image file name (training reads only the formats it knows, by extension)"
-    return None
+            problems.add(row, problem)
+        else:
+            result.skipped += 1
+    problems.refuse(result.rows)
+    return result
 
 
 def class_problem(label, source, classes, spelled, new_classes):
@@ -243,36 +378,6 @@ def applied_before(data_dir, row, applied):
     return None
 
 
-def same_file_problem(data_dir, source, files, line):
-    """Why `source` cannot be moved as a file of its own, or None: it is a file another row names too
-    under another name (on a case-insensitive file system 'IMG.JPG' and 'img.jpg' are one file)."""
-    st = os.stat(data_dir / source)
-    first = files.setdefault((st.st_dev, st.st_ino), line)
-    return None if first == line else f"the same file as line {first} names (another spelling of one name?)"
-
-
-def move_problem(data_dir, source, folder, device):
-    """Why the file `source` cannot be renamed into the folder `folder` (labeled/<label>,
-    test/<label> or under set-aside/), or None: another file system (a rename cannot cross one), a
-    link out of the folder, or a folder that cannot be written."""
-    try:
-        if os.stat(data_dir / source).st_dev != device:
-            return "it lies on another file system (a mount or a link inside the folder): copy it into unlabeled/ first"
-    except OSError as exc:
-        return exc.strerror
-    target_folder = data_dir / folder
-    existing = next(p for p in [target_folder, *target_folder.parents] if os.path.lexists(p))
-    if not existing.is_dir():
-        return f"{existing.relative_to(data_dir)} is a file, not a folder"
-    reason = outside_reason(data_dir, f"{folder}/x", (folder.split("/")[0],))
-    if reason:
-        return f"{folder}: {reason}"
-    for checked in (Path(data_dir / source).parent, existing):
-        if not os.access(checked, os.W_OK):
-            return f"{checked.relative_to(data_dir) if checked != data_dir else data_dir}/ cannot be written (read-only)"
-    return None
-
-
 # Changing the folder: one label.py at a time, logged, all or nothing ---------------------------------
 
 @contextlib.contextmanager
@@ -296,15 +401,19 @@ def locked(data_dir):
         os.close(fd)
 
 
-def next_batch(log_rows):
-    return 1 + max((int(r["batch"]) for r in log_rows), default=0)
-
-
-def folders_to_make(data_dir, folder):
-    """The folders of the path `folder` (relative) that do not exist yet, outermost first."""
+def folders_to_make(data_dir, folder, existing):
+    """The folders of the path `folder` (relative) that do not exist yet, outermost first; `existing`:
+    the folders known to exist (added to as they are found)."""
     parts = folder.split("/")
-    prefixes = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
-    return [p for p in prefixes if not os.path.lexists(data_dir / p)]
+    needed = []
+    for k in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:k])
+        if prefix not in existing:
+            if os.path.lexists(data_dir / prefix):
+                existing.add(prefix)
+            else:
+                needed.append(prefix)
+    return needed
 
 
 def folder_label(folder):
@@ -313,31 +422,44 @@ def folder_label(folder):
     return parts[1] if len(parts) == 2 and parts[0] in ("labeled", "test") else ""
 
 
-def apply(data_dir, moves, echo=click.echo):
-    """Move each image to its target (plan's), each with one rename that never replaces a file,
-    logged first; the folders it needs are made (and logged). Returns the batch number. If the OS
-    refuses a step, the batch's moves are put back and its folders removed before MoveFailed says so."""
+def apply(data_dir, moves, echo=click.echo, bar=no_bar):
+    """Move each image to its target (a Plan's), each with one rename that never replaces a file; the
+    folders it needs are made. A chunk of moves at a time, the log's rows for the whole chunk are
+    written and flushed to disk (one fsync) before any of its moves is made, so that a run cut short
+    leaves every file in its old place or its new one, logged. Returns the batch number. If the OS
+    refuses a step, the batch's moves are put back (latest first) and its folders removed before
+    MoveFailed says so."""
     data_dir = Path(data_dir)
-    batch = next_batch(read_log(data_dir))
-    log, done, made = Log(data_dir, echo), [], []
+    batch = next_batch(data_dir)
+    log, done, made, existing, failed = Log(data_dir, echo), 0, [], set(), None
+    progress = bar(len(moves), "moving")
     try:
-        for move in moves:
-            for folder in folders_to_make(data_dir, posixpath.dirname(move.target)):
-                log.write(batch, "mkdir", target=folder, label=folder_label(folder))
-                (data_dir / folder).mkdir()
-                made.append(data_dir / folder)
-            log.write(batch, "aside" if move.aside else "move", move.source, move.target, move.label, move.digest)
-            rename_no_replace(data_dir / move.source, data_dir / move.target)
-            done.append(move)
+        for chunk in moves.chunks():
+            steps, rows = [], []  # steps: (the folders to make first, the move)
+            for move in chunk:
+                folders = folders_to_make(data_dir, posixpath.dirname(move.target), existing)
+                rows += [log.row(batch, "mkdir", target=folder, label=folder_label(folder)) for folder in folders]
+                rows.append(log.row(batch, "aside" if move.aside else "move", move.source, move.target, move.label,
+                                    move.digest))
+                steps.append((folders, move))
+                existing.update(folders)
+            log.put(rows)
+            for folders, failed in steps:
+                for folder in folders:
+                    (data_dir / folder).mkdir()
+                    made.append(data_dir / folder)
+                rename_no_replace(data_dir / failed.source, data_dir / failed.target)
+                done += 1
+            failed = None
+            progress(len(chunk))
     except OSError as exc:
-        failed = moves[len(done)] if len(done) < len(moves) else None
-        stuck = rename_back(data_dir, [(m.source, m.target) for m in done], made)
+        stuck = rename_back(data_dir, ((m.source, m.target) for m in moves.reversed(done)), made)
         with contextlib.suppress(OSError):
             log.write(batch, "undo")
         what = f"moving {failed.source}" if failed else "the log"
         raise MoveFailed(f"{what} failed ({exc.strerror or exc}): " + (
-            f"the {len(done)} images moved before it were put back; nothing was moved" if not stuck else
-            f"and {len(stuck)} of the {len(done)} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None
+            f"the {done} images moved before it were put back; nothing was moved" if not stuck else
+            f"and {len(stuck)} of the {done} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None
     finally:
         log.close()
     return batch
@@ -347,7 +469,7 @@ def rename_back(data_dir, renames, made):
     """Undo renames already made [(from, to)], latest first, and remove the folders made for them
     (latest first, if empty); returns '<to> (reason)' for each file that could not be renamed back."""
     stuck = []
-    for old, new in reversed(renames):
+    for old, new in renames:
         try:
             rename_no_replace(data_dir / new, data_dir / old)
         except OSError as exc:
@@ -358,57 +480,83 @@ def rename_back(data_dir, renames, made):
     return stuck
 
 
-def undo(data_dir, echo=click.echo):
+def last_batch(data_dir):
+    """The number (text) of the last batch of the log with moves that is not undone, or None."""
+    undone, last = undone_batches(data_dir), None
+    for r in log_rows(data_dir):
+        if r["action"] in ("move", "aside") and r["batch"] not in undone:
+            last = r["batch"]
+    return last
+
+
+def undo(data_dir, echo=click.echo, bar=no_bar):
     """Put the last batch not yet undone back: each moved file to where it was (never replacing a
     file), the folders it created removed (if empty). Returns (batch, files put back), or None where
     there is nothing to undo. Every file is checked first: where one cannot be put back (its old name
     taken by another file, gone from both places, another image at its new place than the one moved,
-    a folder that cannot be written) nothing moves, the batch stays open and exit 2 names the files."""
+    a folder that cannot be written) nothing moves, the batch stays open and exit 2 names the files.
+    The batch's moves are read from the log into a temporary file (spill.py), checked a chunk at a
+    time (the moved files hashed on a pool of threads) and put back latest first."""
     data_dir = Path(data_dir)
-    log_rows = read_log(data_dir)
-    undone = undone_batches(log_rows)
-    batches = [r["batch"] for r in log_rows if r["action"] in ("move", "aside") and r["batch"] not in undone]
-    if not batches:
+    batch = last_batch(data_dir)
+    if batch is None:
         return None
-    batch = batches[-1]
-    mine = [r for r in log_rows if r["batch"] == batch]
-    back, problems = [], []
-    for r in reversed([r for r in mine if r["action"] in ("move", "aside")]):
-        source, target = data_dir / r["source"], data_dir / r["target"]
-        if os.path.lexists(source):
-            if os.path.lexists(target):
-                problems.append(f"{r['source']}: the name is taken by another file ({r['target']} is still there)")
-            continue  # already back (a move a kill cut short never happened)
-        if not target.is_file() or target.is_symlink():
-            problems.append(f"{r['target']}: gone (it was moved or deleted since)")
-            continue
-        if r.get(DIGEST_COLUMN) and digest_problem(data_dir, r["target"], r[DIGEST_COLUMN]):
-            problems.append(f"{r['target']}: another image than the one label.py moved there (replaced since)")
-            continue
-        parent = next(p for p in source.parents if p.exists())
-        for folder in {target.parent, parent}:
-            if not os.access(folder, os.W_OK):
-                problems.append(f"{folder.relative_to(data_dir)}/ cannot be written (read-only)")
-        back.append(Move(r["source"], r["target"], r["label"]))
+    mine, made_by_batch = Spill(), []
+    for r in log_rows(data_dir):
+        if r["batch"] == batch and r["action"] in ("move", "aside"):
+            mine.append([r["source"], r["target"], r["label"], r.get(DIGEST_COLUMN) or None])
+        elif r["batch"] == batch and r["action"] == "mkdir":
+            made_by_batch.append(r["target"])
+    back, problems, writable = bytearray(len(mine)), set(), {}
+    progress = bar(len(mine), "checking")
+    with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
+        for k, chunk in enumerate(mine.chunks()):
+            present = []
+            for i, (source, target, label, digest) in enumerate(chunk, k * CHUNK):
+                if os.path.lexists(data_dir / source):
+                    if os.path.lexists(data_dir / target):
+                        problems.add(f"{source}: the name is taken by another file ({target} is still there)")
+                    continue  # already back (a move a kill cut short never happened)
+                if not (data_dir / target).is_file() or (data_dir / target).is_symlink():
+                    problems.add(f"{target}: gone (it was moved or deleted since)")
+                    continue
+                present.append((i, source, target, digest))
+            actual = pool.map(file_digest_or_error, [data_dir / target for _, _, target, digest in present if digest])
+            for i, source, target, digest in present:
+                if digest and digest_problem(next(actual), digest):
+                    problems.add(f"{target}: another image than the one label.py moved there (replaced since)")
+                    continue
+                parent = next(p for p in (data_dir / source).parents if p.exists())
+                for folder in {(data_dir / target).parent, parent}:
+                    if folder not in writable:
+                        writable[folder] = os.access(folder, os.W_OK)
+                    if not writable[folder]:
+                        problems.add(f"{folder.relative_to(data_dir)}/ cannot be written (read-only)")
+                back[i] = 1
+            progress(len(chunk))
     if problems:
         raise UserError(f"batch {batch} stays applied, nothing was put back: {len(problems)} of its files cannot "
-                        f"be: {'; '.join(sorted(set(problems))[:5])}" + (" ..." if len(set(problems)) > 5 else ""))
+                        f"be: {'; '.join(sorted(problems)[:5])}" + (" ..." if len(problems) > 5 else ""))
     log, restored, made = Log(data_dir, echo), [], []
+    progress = bar(sum(back), "putting back")
     try:
-        for move in back:
-            source = data_dir / move.source
-            for folder in reversed([p for p in source.parents if not p.exists()]):
-                folder.mkdir()
-                made.append(folder)
-            rename_no_replace(data_dir / move.target, source)
-            restored.append(move)
-        for r in reversed([r for r in mine if r["action"] == "mkdir"]):
-            folder = data_dir / r["target"]
+        for i, (source, target, label, digest) in zip(range(len(mine) - 1, -1, -1), mine.reversed()):
+            if back[i]:
+                for folder in reversed([p for p in (data_dir / source).parents if not p.exists()]):
+                    folder.mkdir()
+                    made.append(folder)
+                rename_no_replace(data_dir / target, data_dir / source)
+                restored.append(i)
+                progress(1)
+        for folder in reversed(made_by_batch):
+            folder = data_dir / folder
             if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
                 folder.rmdir()
         log.write(batch, "undo")
     except OSError as exc:
-        stuck = rename_back(data_dir, [(m.target, m.source) for m in restored], made)
+        put_back = set(restored)
+        stuck = rename_back(data_dir, ((target, source) for i, (source, target, _, _) in enumerate(mine)
+                                       if i in put_back), made)
         raise MoveFailed(f"putting back batch {batch} failed ({exc.strerror or exc}): " + (
             "its files are where they were before the undo; the batch stays applied" if not stuck else
             f"{len(stuck)} files are neither here nor there: {'; '.join(stuck[:5])}")) from None

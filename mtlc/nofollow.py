@@ -49,17 +49,6 @@ def open_kept(path, flags, what, mode=0o666, writing=False):
     return fd
 
 
-def read_kept(path, what, writing=False):
-    """The bytes of the kept file `path`, or None where there is none (open_kept's checks; `writing`:
-    a file that will be written next, checked as such)."""
-    try:
-        fd = open_kept(path, os.O_RDONLY, what, writing=writing)
-    except FileNotFoundError:
-        return None
-    with open(fd, "rb") as f:
-        return f.read()
-
-
 def check_folder(path, what):
     """Exit 2 unless `path`, where it exists, is a real folder (not a link to one, not a file)."""
     try:

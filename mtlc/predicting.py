@@ -221,19 +221,27 @@ def export(path, state, out, model_name, device, data_dir):
                                                  else f"uncalibrated (the raw softmax): {classifier.uncalibrated}"))
 
 
-def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed):
+def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed, most=2000):
     """--audit of the checkpoint at path: the findings (audit.py) to the CSV `out`, one line per
-    kind, and with `review` the page of doubtful labels and copies."""
+    kind, and with `review` the page of doubtful labels and copies (at most `most` of each kind). The
+    parts done are kept beside `out` until it is written: an interrupted audit goes on from there."""
     from .audit import audit, describe_audit, write_audit
     root = data_dir or state["config"]["data_dir"]
     data = restore_data(state, data_dir, echo=say)
     start = time.perf_counter()
-    findings = audit(state, data, root, device, folds=folds, steps=steps, seed=seed, echo=say)
-    write_audit(out, findings)
+    key = dict(step="audit", checkpoint=checkpoint_identity(path), root=os.path.abspath(root), folds=folds, steps=steps,
+               seed=seed, contents=data.contents, device=device.type)
+    work = Work(work_folder(out), key, echo=say)
+    if work.resumed:
+        say(f"audit: going on from {work.folder} (the parts an earlier run finished are kept)")
+    with work.kept_if_interrupted("the audit's parts done so far"):
+        findings = audit(state, data, root, device, work, folds=folds, steps=steps, seed=seed, echo=say)
+        write_audit(out, findings)
+    work.remove()
     for line in describe_audit(findings):
         say(line)
     say(f"wrote {out} ({len(findings):,} findings, {time.perf_counter() - start:.0f} s)")
     if review:
-        shown, _ = write_audit_review(review, findings, state["config"]["classes"],
+        shown, _ = write_audit_review(review, findings, state["config"]["classes"], most=most,
                                       title=f"Audit: {root}", summary=f"{len(findings):,} findings in {root}")
         say(f"wrote {review}: {shown:,} doubtful labels shown, with the copies found")

@@ -17,9 +17,12 @@ import label
 from conftest import invoke, run, save_labels, snapshot, write_labels
 from fakedata import write_own_folder
 from mtlc.audit import AUDIT_HEADER, KINDS, outlier_findings
-from mtlc.copies import copies_in, near_pairs
+from mtlc import audit as audit_module, nearest
+from mtlc.copies import copies_in, leaked_test, near_pairs
+from mtlc.data import ImageData
 from mtlc.files import file_digest
 from mtlc.crossfit import fold_config
+from mtlc.training import learning_rate
 from mtlc.images import decode
 
 
@@ -69,10 +72,40 @@ def test_an_image_like_no_class_is_an_outlier():
     assert all(f.score > 1 for f in found)
 
 
-def test_the_fold_schedule_is_sized_to_the_steps():
+@pytest.mark.parametrize("n_unlabeled", [100, 1_000_000])
+def test_the_fold_schedule_is_the_steps_asked_whatever_the_folder(n_unlabeled):
+    """200 steps at 10 images a step: on 100 unlabeled images and on a million alike, the lr stays
+    full for 160 steps, decays to 0 at step 200, and the consistency ramp ends at step 40."""
     config = dict(unlabeled_batch=10, epochs=999, decay_epochs=99, eval_every=5, cons_rampup=300.0)
-    fold = fold_config(config, n_unlabeled=100, steps=200)  # 10 steps an epoch
-    assert (fold["epochs"], fold["decay_epochs"]) == (16, 4) and fold["cons_rampup"] == pytest.approx(4.0)
+    fold = fold_config(config, n_unlabeled=n_unlabeled, steps=200)
+    per_epoch = n_unlabeled // 10
+    lr = [learning_rate(step / per_epoch, 1.0, fold["epochs"], fold["decay_epochs"]) for step in (159, 180, 200)]
+    assert lr == pytest.approx([1.0, 0.5, 0.0]) and fold["cons_rampup"] * per_epoch == pytest.approx(40)
+
+
+def smooth_images(n, seed=0):
+    """n smooth random images (3, 32, 32), as photos are: neighbouring pixels alike."""
+    rng = np.random.default_rng(seed)
+    small = torch.from_numpy(rng.integers(0, 256, (n, 3, 6, 5), dtype=np.uint8)).float()
+    return torch.nn.functional.interpolate(small, size=32, mode="bicubic").clamp(0, 255).round().to(torch.uint8)
+
+
+def test_copies_among_ten_thousand_images_are_found_by_the_approximate_index(monkeypatch):
+    """With the search made approximate (an inverted-file index, 32 cells probed 16 at a time), 40
+    copies planted among 10,000 smooth images (the same pixels, or brighter by 20) are all found, and
+    nothing else; test images copied from training are leaks at the start of training alike."""
+    monkeypatch.setattr(nearest, "EXACT_PAIRS", 0)
+    images = smooth_images(10_000)
+    originals = np.arange(0, 8_000, 200)
+    copies = images[originals].clone()
+    copies[1::2] = (copies[1::2].int() + 20).clamp(max=255).to(torch.uint8)
+    everything = torch.cat([images, copies])
+    found = {(i, j) for i, j, _ in near_pairs(everything)}
+    assert found == {(int(o), 10_000 + k) for k, o in enumerate(originals)}
+    test = torch.cat([copies[:5], smooth_images(20, seed=1)])
+    data = ImageData(images, torch.zeros(10_000, dtype=torch.long), test, torch.zeros(25, dtype=torch.long), ["a"],
+                     files=dict(train=[f"u{i}" for i in range(10_000)], test=[f"t{i}" for i in range(25)]))
+    assert leaked_test(data) == ["t0", "t1", "t2", "t3", "t4"]
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +259,23 @@ def test_test_images_relabeled_with_label_py_count_as_errors_in_calibration(tmp_
                   "50", "--json", "--csv", tmp_path / "p.csv")
     assert summary.returncode == 0, summary.stderr
     assert json.loads(summary.stdout.splitlines()[-1])["relabeled_counted_wrong"] == 2
+
+
+@pytest.mark.slow
+def test_an_audit_interrupted_goes_on_from_the_parts_it_kept(faulty, tmp_path, monkeypatch):
+    """An audit killed in its copy search (here: it raises) keeps its folds and the teacher's
+    outputs beside the CSV; the same command again trains no fold, and writes what an audit never
+    interrupted writes; nothing is left beside the CSV."""
+    _, ckpt, _ = faulty
+    args = ["--ckpt", ckpt, "--audit-folds", "2", "--audit-steps", "20", "--audit"]
+    real = audit_module.copy_findings
+    monkeypatch.setattr(audit_module, "copy_findings", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed")))
+    first = invoke(evaluate, args + [tmp_path / "a.csv"])
+    assert isinstance(first.exception, RuntimeError) and "the same command goes on from there" in first.output
+    monkeypatch.setattr(audit_module, "copy_findings", real)
+    again = invoke(evaluate, args + [tmp_path / "a.csv"])
+    assert again.exit_code == 0 and "fold 1 of 2: kept from before" in again.output, again.output
+    assert "fold 2 of 2: kept from before" in again.output and "steps at" not in again.output
+    whole = invoke(evaluate, args + [tmp_path / "b.csv"])
+    assert whole.exit_code == 0 and (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.csv"]

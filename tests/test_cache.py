@@ -55,7 +55,7 @@ cache.DECODE_BATCH = 64
 images.decode_bytes = lambda data, s: torch.full((3, s, s), 7, dtype=torch.uint8)
 list(images.decode_batches([root / entry[0] for entry in entries[:128]], size, 64))  # warm the pool and the allocator
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-x, bad, _, written = cache.load_images(root, entries, "train", size, lambda line: None)
+x, bad, _, _, written = cache.load_images(root, entries, "train", size, lambda line: None)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 assert x.shape == (n, 3, size, size) and not bad and written > x.numel()
 print(after - before, x.numel())

@@ -2,6 +2,7 @@
 rerun is idempotent; --undo restores the folder bitwise; a run cut short leaves each file whole in
 one place."""
 import csv
+import errno
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import label
-from mtlc import label_files, labeling
+from mtlc import label_files, labeling, spill
 from conftest import ROOT, invoke, snapshot, write_labels
 from fakedata import write_own_folder
 
@@ -132,3 +133,51 @@ def test_paths_with_spaces_accents_commas_and_quotes(folder, tmp_path):
     assert result.exit_code == 0, result.output
     assert (folder / "labeled" / "owl" / odd.name).is_file() and not odd.exists()
     assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0 and odd.is_file()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Rows checked, moves logged and batches put back 3 at a time (thousands in use), and the
+    log's flushes to disk counted."""
+    monkeypatch.setattr(spill, "CHUNK", 3)
+    monkeypatch.setattr(labeling, "CHUNK", 3)
+    monkeypatch.setattr(labeling, "PLAN_CHUNK", 3)
+    flushes, real_fsync = [], label_files.os.fsync
+    monkeypatch.setattr(label_files.os, "fsync", lambda fd: flushes.append(fd) or real_fsync(fd))
+    return flushes
+
+
+EIGHT = [(f"unlabeled/u{i:04d}.png", "cat") for i in (0, 3, 6)] + [(f"unlabeled/a/u{i:04d}.png", "dog") for i in (1, 4, 7)] \
+    + [("unlabeled/a/b/u0002.png", "owl"), ("unlabeled/a/b/u0005.png", "cat")]
+
+
+def test_a_batch_of_many_chunks_is_logged_a_chunk_at_a_time_and_undone_whole(folder, tmp_path, small_chunks):
+    """8 moves in chunks of 3: the log is flushed once a chunk (3 times, and once for its header), not
+    once a move; the files land as in one chunk; one --undo puts all 8 back, bitwise."""
+    before = snapshot(folder)
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", EIGHT), "--new-classes"])
+    assert res.exit_code == 0 and "moved 8 images into labeled/ (cat 4, dog 3, owl 1)" in res.output, res.output
+    assert len(small_chunks) == 1 + 3
+    assert sorted(p.relative_to(folder).as_posix() for p in (folder / "labeled").rglob("u*.png")) == sorted(
+        f"labeled/{label_}/{path.rsplit('/', 1)[1]}" for path, label_ in EIGHT)
+    with open(folder / label_files.LOG_NAME, newline="") as f:
+        log = list(csv.DictReader(f))
+    assert sum(r["action"] == "move" for r in log) == 8 and {r["batch"] for r in log} == {"1"}
+    undone = invoke(label, ["--data-dir", folder, "--undo"])
+    assert undone.exit_code == 0 and "put back the 8 images of batch 1" in undone.output
+    assert snapshot(folder) == before
+
+
+def test_a_move_refused_in_a_later_chunk_puts_every_earlier_chunk_back(folder, tmp_path, monkeypatch, small_chunks):
+    before = snapshot(folder)
+    calls, real_rename = [], labeling.rename_no_replace
+
+    def rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 5:  # the second of the second chunk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_rename(src, dst)
+    monkeypatch.setattr(labeling, "rename_no_replace", rename)
+    res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", EIGHT), "--new-classes"])
+    assert res.exit_code == 1 and "the 4 images moved before it were put back" in res.output, res.output
+    assert snapshot(folder) == before

@@ -303,9 +303,9 @@ def test_a_file_made_between_planning_and_the_move_is_never_replaced(folder, tmp
     rename over it, the batch is put back, both files are whole."""
     real_apply = labeling.apply
 
-    def apply_after_someone_else(data_dir, moves, echo=print):
-        (folder / moves[-1].target).write_bytes(b"made meanwhile")
-        return real_apply(data_dir, moves, echo)
+    def apply_after_someone_else(data_dir, moves, **options):
+        (folder / list(moves)[-1].target).write_bytes(b"made meanwhile")
+        return real_apply(data_dir, moves, **options)
     monkeypatch.setattr(label, "apply", apply_after_someone_else)
     before = snapshot(folder)
     rows = [("unlabeled/u0000.png", "cat"), ("unlabeled/u0003.png", "dog")]

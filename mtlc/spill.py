@@ -1,0 +1,50 @@
+"""A long list of small records (label.py's planned moves, the rows of a batch to put back) kept in an
+unnamed temporary file instead of memory: appended one at a time, read back in order or in reverse
+order a chunk at a time. A million records cost a few megabytes of memory, not hundreds.
+"""
+import json
+import tempfile
+
+CHUNK = 10_000  # records read back at a time
+
+
+class Spill:
+    """Records (JSON-able lists) in a temporary file, deleted when closed or collected."""
+
+    def __init__(self):
+        self.file = tempfile.TemporaryFile()
+        self.count, self.offsets = 0, []  # offsets: where each chunk of CHUNK records starts
+
+    def append(self, record):
+        end = self.file.seek(0, 2)  # a read back may have moved the file's position
+        if self.count % CHUNK == 0:
+            self.offsets.append(end)
+        self.file.write(json.dumps(record).encode() + b"\n")
+        self.count += 1
+
+    def __len__(self):
+        return self.count
+
+    def chunk(self, k):
+        """The records of chunk k, in order."""
+        self.file.seek(self.offsets[k])
+        return [json.loads(self.file.readline()) for _ in range(min(CHUNK, self.count - k * CHUNK))]
+
+    def chunks(self, limit=None):
+        """Lists of consecutive records, in order, up to the first `limit` of them."""
+        limit = self.count if limit is None else limit
+        for k in range(-(-limit // CHUNK)):
+            yield self.chunk(k)[:limit - k * CHUNK]
+
+    def __iter__(self):
+        for chunk in self.chunks():
+            yield from chunk
+
+    def reversed(self, limit=None):
+        """The first `limit` records (all of them), last first."""
+        limit = self.count if limit is None else limit
+        for k in reversed(range(-(-limit // CHUNK))):
+            yield from reversed(self.chunk(k)[:limit - k * CHUNK])
+
+    def close(self):
+        self.file.close()
