@@ -51,6 +51,7 @@ def export_onnx(classifier, path, checkpoint=""):
     `path` as an ONNX model with a dynamic batch size and metadata(); returns the metadata."""
     try:
         import onnx
+        import onnxscript  # noqa: F401  torch's exporter needs it
     except ImportError:
         raise UserError("--onnx needs the onnx and onnxscript packages: pip install onnx onnxscript") from None
     module = CalibratedProbabilities(copy.deepcopy(classifier.model).cpu(), classifier.mean.cpu(),
