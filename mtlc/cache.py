@@ -25,6 +25,7 @@ from .images import pooled, read_for_cache
 from .nofollow import check_folder, open_kept
 from .runs import atomic_write
 from .seal import holds, seal, secret
+from .work import WORK_SUFFIX, Work, remove_work
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
 # orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped
@@ -37,6 +38,7 @@ HEADER_BYTES = 128
 # Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.
 DECODE_BATCH = 1024
 CACHE_DIR_NAME = "mtlc-cache"
+KEPT_IMAGES = "images.u8"  # the rows decoded so far, in a decode's work folder
 # A cache that cannot be written for these reasons ends the run (the next write would fail too);
 # for others (no permission) training goes on without it.
 OUT_OF_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -175,18 +177,20 @@ class JoinedPaths:
         return os.path.join(self.root, self.entries[i][0])
 
 
-def write_decoded(f, paths, size, progress, previous=None):
-    """The images of paths, a batch at a time, written to the open binary file f, the readable
-    ones' rows one after another. A file that `previous` (an older cache) holds under the same path,
-    size and times, or whose bytes have the digest of one of its rows, is copied from it; every other
-    file is decoded. Returns ([(index in paths, reason)] of the files that failed, the digest of each
-    file's bytes as hex (an S32 array, empty where it could not be read))."""
+def write_decoded(f, paths, size, progress, previous=None, start=0, digests=None, kept=lambda done, bad: None):
+    """The images of paths from `start` on, a batch at a time, written to f (anything with a write),
+    the readable ones' rows one after another; kept(files done, [(index, reason)] so far) after each
+    batch. A file that `previous` (an older cache) holds under the same path, size and times, or whose
+    bytes have the digest of one of its rows, is copied from it; every other file is decoded. Returns
+    ([(index in paths, reason)] of the files that failed, the digest of each file's bytes as hex (an
+    S32 array, empty where it could not be read; `digests` filled in where given))."""
     old, same_row, old_digests, known = previous or (None, np.full(len(paths), -1), None, {})
-    fresh = np.flatnonzero(same_row < 0)
+    fresh = np.flatnonzero(same_row[start:] < 0) + start
     stream = pooled(functools.partial(read_for_cache, size=size, known=known), (paths[i] for i in fresh), DECODE_BATCH)
     results, taken = {}, 0  # the stream's current batch by index in paths
-    bad, digests, block, reported = [], np.zeros(len(paths), "S32"), [], 0
-    for i in range(len(paths)):
+    digests = np.zeros(len(paths), "S32") if digests is None else digests
+    bad, block, reported = [], [], start
+    for i in range(start, len(paths)):
         if same_row[i] >= 0:
             digests[i] = old_digests[same_row[i]]
             image = old[same_row[i]]
@@ -208,6 +212,7 @@ def write_decoded(f, paths, size, progress, previous=None):
                 f.write(torch.stack(block).numpy().data)
             progress(i + 1 - reported)
             block, reported = [], i + 1
+            kept(reported, bad)
             if old is not None:
                 release_pages(old)
     return bad, digests
@@ -363,16 +368,13 @@ class DecodeCache:
         if len(paths) - n_same > 1000:
             self.echo(f"decoding {len(paths) - n_same:,} images of {root} (once: they are cached for the next runs)"
                       + (f"; {n_same:,} more are taken from the previous cache" if n_same else ""))
-        outcome = []
-
-        def write(f):
-            f.write(self.header)
-            outcome.extend(write_decoded(f, paths, self.size, progress, previous))
-
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, write)
-            failed, digests = outcome
+            work = Work(self.folder / f".{self.stem}{WORK_SUFFIX}", dict(step="decode", key=self.key), self.echo)
+            with work.kept_if_interrupted("the images decoded so far"):
+                failed, digests = self.decode_into(work, paths, progress, previous)
+            os.replace(work.folder / KEPT_IMAGES, self.path)
+            work.remove()
             bad, count, content = self.outcome(failed, digests)
             atomic_write(self.folder / f"{self.stem}.files.json", lambda f: self.write_rows(f, failed, digests))
             meta = dict(version=CACHE_VERSION, key=self.key, size=self.size, images=count, bad=[list(b) for b in bad],
@@ -394,6 +396,31 @@ class DecodeCache:
         with open_cache_file(self.path) as f:
             return (mapped_images(f, count, self.size, HEADER_BYTES), bad, content, lambda: rows,
                     os.fstat(f.fileno()).st_size)
+
+    def decode_into(self, work, paths, progress, previous):
+        """Decode paths (write_decoded) into the Work's file KEPT_IMAGES, the header first, going on
+        after the files an interrupted run kept there (their rows, digests and failures); returns
+        (failed, digests) of every file. The file is flushed to disk before it becomes the cache."""
+        images, kept_digests = work.appended(KEPT_IMAGES), work.appended("digests")
+        if not images.length:
+            images.write(self.header)
+        done, failed = work.state.setdefault("done", 0), [tuple(b) for b in work.state.setdefault("bad", [])]
+        digests = np.zeros(len(paths), "S32")
+        if done:
+            digests[:done] = np.asarray(work.rows("digests", "S32", 1))[:done, 0]
+            self.echo(f"going on with the decode kept in {work.folder}: {done:,} of {len(paths):,} files were done before")
+            progress(done)
+
+        def keep(upto, bad):
+            kept_digests.write(digests[work.state["done"]:upto].tobytes())
+            work.state.update(done=upto, bad=[list(b) for b in failed + bad])
+            work.commit()
+
+        bad, digests = write_decoded(images, paths, self.size, progress, previous, start=done, digests=digests, kept=keep)
+        work.commit(force=True)
+        os.fsync(images.file.fileno())
+        work.close()
+        return failed + bad, digests
 
     def readable(self, failed):
         """The indices of the files that were read, in order."""
@@ -426,16 +453,17 @@ class DecodeCache:
         return mapped_images(f, count, self.size), bad, content, lambda: rows
 
     def remove_stale(self):
-        """Delete this group's caches of other files at this size, and temporary files that runs killed
-        mid-write left behind (untouched for an hour: a running decode writes every few seconds)."""
+        """Delete this group's caches of other files at this size, and the temporary files and decodes
+        kept that runs killed mid-write left behind (untouched for an hour: a running decode writes every
+        few seconds)."""
         for old in self.folder.glob(f"{self.group}-{self.size}px-*"):
             if not old.name.startswith(self.stem + "."):
                 with contextlib.suppress(OSError):  # a folder of that name (a folder from elsewhere) stays
                     old.unlink(missing_ok=True)
-        for tmp in self.folder.glob(f".{self.group}-{self.size}px-*.tmp"):
+        for tmp in self.folder.glob(f".{self.group}-{self.size}px-*"):
             with contextlib.suppress(OSError):
                 if time.time() - os.lstat(tmp).st_mtime > 3600:
-                    tmp.unlink()
+                    remove_work(tmp) if tmp.name.endswith(WORK_SUFFIX) else tmp.unlink()
 
 
 class CachedImages(NamedTuple):

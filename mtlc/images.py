@@ -3,7 +3,6 @@ a time on a pool of threads; the file's bytes are read once (and hashed, for the
 """
 import functools
 import io
-import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,6 +11,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .files import FORMATS, READ_AS, file_digest, read_regular
+from .iterables import batched
 
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
@@ -143,13 +143,6 @@ def read_for_cache(path, size, known):
         return decode_bytes(data, size), None, digest
     except BadImage as exc:
         return None, str(exc), digest
-
-
-def batched(items, batch_size):
-    """Consecutive lists of batch_size items (the last one shorter) of any iterable, taken as needed."""
-    items = iter(items)
-    while chunk := list(itertools.islice(items, batch_size)):
-        yield chunk
 
 
 def pooled(work, items, batch_size, workers=None):

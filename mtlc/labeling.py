@@ -35,7 +35,7 @@ import click
 from .console import PATH_ENCODING, PATH_ERRORS, is_text
 from .errors import MoveFailed, UserError
 from .files import DIGEST_COLUMN, file_digest, is_hidden, is_image_name, read_regular
-from .images import batched
+from .iterables import batched
 from .label_files import (ASIDE, SOURCES, Log, applied_moves, inside, log_rows, next_batch, outside_reason,
                           remembered_realpath, target_part, undone_batches)
 from .renaming import rename_no_replace

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .images import batched
+from .iterables import batched
 from .predictions import Prediction
 
 ROWS, FEATURES = "rows.jsonl", "features.f32"

@@ -14,7 +14,6 @@ import contextlib
 import hmac
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -32,10 +31,25 @@ WORK_VERSION = 1
 READ_BLOCK = 2 ** 24  # bytes hashed at a time when work is taken up again
 
 
+WORK_SUFFIX = ".mtlc-work"
+
+
 def work_folder(output):
     """Where the work of a step writing `output` is kept: a hidden folder beside it."""
     output = Path(output)
-    return output.parent / f".{output.name}.mtlc-work"
+    return output.parent / f".{output.name}{WORK_SUFFIX}"
+
+
+def remove_work(folder):
+    """Remove a work folder left behind: the files in it (links never followed), then the folder; a
+    folder holding anything else stays."""
+    if Path(folder).is_dir() and not Path(folder).is_symlink():
+        for entry in os.scandir(folder):
+            if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def running_hmac():
@@ -51,8 +65,9 @@ class Appended:
         self.file.truncate()
 
     def write(self, data):
-        data = memoryview(data).cast("B")
-        self.file.write(data)
+        data = left = memoryview(data).cast("B")
+        while left:  # an unbuffered write may take part of it (a file-size limit reached): the rest raises
+            left = left[self.file.write(left):]
         self.mac.update(data)
         self.length += len(data)
 
@@ -122,12 +137,7 @@ class Work:
 
     def clear(self):
         """Remove what the folder holds of earlier work (files only, links never followed)."""
-        if not self.folder.is_dir():
-            return
-        for entry in os.scandir(self.folder):
-            if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+        remove_work(self.folder)
 
     def appended(self, name):
         """The work file `name`, positioned after what earlier work did of it (nothing, where none)."""
@@ -164,7 +174,7 @@ class Work:
     def remove(self):
         """The step is done and its outputs written: its work goes."""
         self.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove_work(self.folder)
 
     @contextlib.contextmanager
     def kept_if_interrupted(self, what):

@@ -76,35 +76,40 @@ def test_the_first_decode_holds_one_batch_not_every_image(tmp_path):
     assert growth < total / 3, f"peak RSS grew by {growth / 2**20:.0f} MB decoding {total / 2**20:.0f} MB"
 
 
-# Decodes a folder slowly (each image waits 20 ms) until killed.
+# Decodes a folder slowly (each image waits 50 ms: 10 s in all, two manifests of kept work) until killed.
 SLOW_DECODE = """
 import sys, time
 from mtlc import cache, files, images
 from mtlc.data import load_dataset
 cache.DECODE_BATCH = 8
 original = images.decode_bytes
-images.decode_bytes = lambda data, size: time.sleep(0.02) or original(data, size)
+images.decode_bytes = lambda data, size: time.sleep(0.05) or original(data, size)
 load_dataset("folder", sys.argv[1], echo=lambda line: None)
 """
 
 
-def test_a_decode_killed_mid_write_leaves_no_cache_that_looks_valid(tmp_path):
+def test_a_decode_killed_mid_write_leaves_no_cache_that_looks_valid_and_the_next_goes_on(tmp_path, monkeypatch):
+    """kill -9 in the middle of the first decode: the rows decoded so far are kept under a hidden name,
+    nothing that a later run could take for a cache; the next run decodes only the files after those
+    kept, and its images are those of a decode never interrupted."""
     write_tiny_pngs(tmp_path, 400)
     proc = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, str(tmp_path)], cwd=ROOT)
     folder = tmp_path / "mtlc-cache"
     deadline = time.time() + 60
-    while time.time() < deadline and not any(p.stat().st_size > 20 * 3072 for p in folder.glob(".train-*.tmp")):
+    while time.time() < deadline and not list(folder.glob(".train-*.mtlc-work/manifest.json")):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    (partial,) = folder.glob(".train-*.tmp")  # the half-written images, under a hidden temporary name
-    assert partial.stat().st_size < 128 + 408 * 3072
+    (kept,) = folder.glob(".train-*.mtlc-work")  # the rows decoded so far, under a hidden name
+    assert 128 + 8 * 3072 <= (kept / "images.u8").stat().st_size < 128 + 408 * 3072
     assert not list(folder.glob("train-*"))  # no .u8, no .json: nothing that a later run could take for a cache
-    said = []
-    data = load_dataset("folder", tmp_path, echo=said.append)  # decodes again, in full
-    assert len(data.train_x) == 408 and any("cached the decoded images" in line for line in said)
-    expected = images.decode(tmp_path / "unlabeled" / "00399.png", 32)
-    assert torch.equal(data.train_x[-1], expected)
+    said, decoded = [], counting(monkeypatch, "decode_bytes")
+    data = load_dataset("folder", tmp_path, echo=said.append)
+    assert any("going on with the decode kept" in line for line in said) and 0 < len(decoded) < 400
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "fresh"))
+    whole = load_dataset("folder", tmp_path, echo=said.append)
+    assert torch.equal(data.train_x, whole.train_x) and data.contents == whole.contents
+    assert not list(folder.glob(".train-*"))
 
 
 def shared_worker(rank, world, init_file, folder, out_dir):

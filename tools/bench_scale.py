@@ -18,6 +18,7 @@ process, peak private memory (RssAnon) sampled every 0.1 s):
   predict        evaluate.py --predict <folder>/unlabeled --csv (a checkpoint trained for one epoch on
                  a small companion folder of the same classes and size)
 """
+import csv
 import json
 import os
 import shutil
@@ -79,12 +80,13 @@ def memory(pid):
     return {k: int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile") if k in fields}
 
 
-def measure(name, args, env=None):
-    """Run a command; its wall time, peak RSS (the kernel's ru_maxrss), peak RssAnon and RssFile
-    (sampled every 0.1 s) and the end of its stdout."""
-    start = time.perf_counter()
+def measure(name, args, env=None, cwd=ROOT, allowed=(0,)):
+    """Run a command (in cwd: the code measured); its wall time, peak RSS (the kernel's ru_maxrss),
+    peak RssAnon and RssFile (sampled every 0.1 s) and the end of its stdout and stderr. An exit code
+    outside `allowed` ends the benchmark."""
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
     with open(os.devnull, "rb") as stdin, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, cwd=ROOT, stdin=stdin, stdout=out, stderr=err, env=dict(os.environ, **(env or {})))
+        proc = subprocess.Popen(args, cwd=cwd, stdin=stdin, stdout=out, stderr=err, env=dict(os.environ, **(env or {})))
         peaks, running = {"RssAnon": 0, "RssFile": 0}, [True]
 
         def sample():
@@ -105,11 +107,12 @@ def measure(name, args, env=None):
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if os.waitstatus_to_exitcode(status) != 0:
+    if os.waitstatus_to_exitcode(status) not in allowed:
         raise click.ClickException(f"{name} failed ({os.waitstatus_to_exitcode(status)}): {stderr[-2000:]}")
     record = dict(wall_s=round(wall, 2), peak_rss_mb=round(usage.ru_maxrss / 1024),
                   peak_rss_anon_mb=round(peaks["RssAnon"] / 2**20), peak_rss_file_mb=round(peaks["RssFile"] / 2**20),
-                  stdout_tail=stdout.strip().splitlines()[-3:])
+                  stdout_tail=stdout.strip().splitlines()[-3:], stderr_tail=stderr.strip().splitlines()[-8:],
+                  load_average=[round(load_before, 2), round(os.getloadavg()[0], 2)])  # another job on the cores shows here
     print(f"{name}: {json.dumps(record)}", file=sys.stderr, flush=True)
     return record
 
@@ -183,6 +186,184 @@ def last_json(record):
     return json.loads(record["stdout_tail"][-1])
 
 
+# The loop at scale (--loop): every step a user takes after training, on a copy of the folder with
+# copies of real photos planted, each measured as its own process with the code after and, given
+# --before, the code before (a checkout of it) in the same run.
+
+LOOP_PARTS = ("loop_folder", "checkpoint", "model_alone", "predict", "suggest", "review", "audit", "audit_small",
+              "apply", "retrain_start", "undo")
+SMALL_LOOP = 5000  # unlabeled images of the folder whose audit recall the million's is compared with
+
+
+def cifar_photos(root):
+    """CIFAR-10's 10,000 test photos as 32 px JPEGs (the copy in ../shared/data), extracted once."""
+    photos = root / "cifar10-jpeg"
+    if not (photos / "test").is_dir():
+        photos.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-xJf", ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.xz", "-C", photos], check=True)
+    return sorted((photos / "test").rglob("*.jpg"))
+
+
+def plant_copies(folder, photos, count, seed=0):
+    """`count` photos planted in folder/unlabeled/planted/, each with a copy of the same bytes and a near
+    copy (resized to 80% and saved as a JPEG of quality 70, as examples/own_images.py faults makes
+    them), each copy in unlabeled/planted/ or, one in four, in test/ (a leak). Returns the rows
+    (copy, original, kind exact or near) written to <folder>-planted.csv."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    rows = []
+    (folder / "unlabeled" / "planted").mkdir(parents=True, exist_ok=True)
+    for k, photo in enumerate(rng.choice(photos, count, replace=False)):
+        original = folder / "unlabeled" / "planted" / f"o{k:05d}.jpg"
+        shutil.copyfile(photo, original)
+        for kind in ("exact", "near"):
+            part = folder / "test" / f"c{k % CLASSES}" if rng.random() < 0.25 else folder / "unlabeled" / "planted"
+            copy = part / f"{kind[0]}{k:05d}.jpg"
+            if kind == "exact":
+                shutil.copyfile(photo, copy)
+            else:
+                with Image.open(photo) as image:
+                    image.convert("RGB").resize((max(8, round(image.width * 0.8)), max(8, round(image.height * 0.8))),
+                                                Image.BILINEAR).save(copy, format="JPEG", quality=70)
+            rows.append((str(copy), str(original), kind))
+    with open(f"{folder}-planted.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("copy", "original", "kind")] + rows)
+    return rows
+
+
+def make_loop_folder(root, n, image_size, photos, count):
+    """root/loop-<n>-<size>px: the synthetic folder of n images (hard links: the original stays as it
+    is) with `count` photos and their copies planted (once)."""
+    base, folder = root / f"{n}-{image_size}px", root / f"loop-{n}-{image_size}px"
+    make_folder(base, n, image_size)
+    if not (folder / "complete").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(["cp", "-al", base, folder], check=True)
+        (folder / "complete").unlink()
+        plant_copies(folder, photos, count)
+        (folder / "complete").touch()
+    return folder
+
+
+def copy_recall(audit_csv, planted_csv):
+    """The planted copies the audit found (a duplicate or leak row pairing the copy with its photo or
+    the photo's other copy), by kind, and the precision of its duplicate and leak rows."""
+    with open(planted_csv, newline="") as f:
+        planted = list(csv.DictReader(f))
+    group = {}
+    for row in planted:
+        group[row["copy"]] = group[row["original"]] = row["original"]
+    with open(audit_csv, newline="") as f:
+        found = [r for r in csv.DictReader(f) if r["kind"] in ("duplicate", "leak")]
+    paired = {(r["path"], r["suggestion"]) for r in found}
+    hits = {p for p in paired if p[0] in group and group[p[0]] == group.get(p[1])}
+    named = {path for pair in hits for path in pair}
+    recall = {kind: round(sum(r["copy"] in named for r in planted if r["kind"] == kind) /
+                          max(1, sum(r["kind"] == kind for r in planted)), 4) for kind in ("exact", "near")}
+    return dict(recall=recall, copies_planted=len(planted), rows=len(found),
+                precision=round(len(hits) / max(1, len(paired)), 4))
+
+
+def labels_from(predictions_csv, labels_csv):
+    """A labels file for label.py: nine in ten readable rows of a predictions CSV (training needs
+    some images left in unlabeled/), each with its prediction as the label."""
+    with open(predictions_csv, newline="") as f, open(labels_csv, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(("path", "label", "blake2b"))
+        rows = 0
+        for k, r in enumerate(csv.DictReader(f)):
+            if r["prediction"] and k % 10:
+                writer.writerow((r["path"], r["prediction"], r["blake2b"]))
+                rows += 1
+    return rows
+
+
+def run_loop(n, image_size, root, width, out, before, parts, planted, folds, steps, max_error, suggest, audit_before):
+    """Measure the loop's steps (LOOP_PARTS) on root/loop-<n>-<size>px; see --loop."""
+    python, root = sys.executable, Path(root)
+    codes = dict(after=ROOT, **({"before": Path(before).resolve()} if before else {}))
+    folder, small = root / f"loop-{n}-{image_size}px", root / f"loop-{SMALL_LOOP}-{image_size}px"
+    env = dict(MTLC_CACHE_DIR=str(root / "cache-loop"))
+    record = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+    record.update(images=n, image_size=image_size, width=width, planted_photos=planted, audit_folds=folds,
+                  audit_steps=steps, max_error=max_error, suggest=suggest, codes={k: str(v) for k, v in codes.items()},
+                  cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
+                  .splitlines()[0].strip(), cores=os.cpu_count(),
+                  memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                  command=" ".join(sys.argv))
+
+    def save():
+        Path(out).write_text(json.dumps(record, indent=1) + "\n")
+
+    def checkpoint_of(where):
+        return root / f"ckpt-{where.name}" / "mt_final.pt"
+
+    def train(where, name):
+        record[name] = measure(name, [python, "train_mt.py", "--dataset", "folder", "--data-dir", where, "--image-size",
+                                      str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
+                                      "--device", "cpu", "--out", checkpoint_of(where).parent, "--overwrite"], env)
+        save()
+
+    def evaluate(where, name, *args, code="after", allowed=(0,)):
+        return measure(f"{name} ({code})", [python, "evaluate.py", "--ckpt", checkpoint_of(where), *args, "--device",
+                                            "cpu"], env, codes[code], allowed)
+
+    if "loop_folder" in parts:
+        photos = cifar_photos(root)
+        make_loop_folder(root, n, image_size, photos, planted)
+        make_loop_folder(root, SMALL_LOOP, image_size, photos, planted)
+    if "checkpoint" in parts:
+        train(folder, "checkpoint")
+    unlabeled = folder / "unlabeled"
+    if "model_alone" in parts:
+        record["model_alone"] = measure("model alone", [python, "-c", MODEL_ALONE, checkpoint_of(folder), folder,
+                                                        str(image_size), "50000"], env)
+        record["model_alone"]["images_per_s"] = round(last_json(record["model_alone"])["images_per_s"])
+        save()
+    for part, args in (("predict", ["--max-error", str(max_error), "--csv"]), ("suggest", ["--suggest", str(suggest),
+                                                                                           "--csv"]),
+                       ("review", ["--max-error", str(max_error), "--review"])):
+        if part not in parts:
+            continue
+        record[part] = {}
+        for code in codes:
+            output = root / f"{part}-{code}.{'html' if part == 'review' else 'csv'}"
+            record[part][code] = evaluate(folder, part, "--predict", unlabeled, *args, output, code=code)
+            record[part][code]["output_bytes"] = output.stat().st_size
+            if part == "predict":
+                said = next(line for line in record[part][code]["stderr_tail"] if line.startswith("predicted "))
+                images = int(said.split(" of ")[1].split(" ")[0].replace(",", ""))
+                record[part][code].update(images=images, images_per_s=round(images / record[part][code]["wall_s"]))
+            save()
+    audits = [("audit", folder, [c for c in codes if c == "after" or audit_before]),
+              ("audit_small", small, list(codes))]
+    for part, where, which in audits:
+        if part not in parts:
+            continue
+        if part == "audit_small":
+            train(where, "checkpoint_small")
+        record[part] = {}
+        for code in which:
+            output = root / f"{part}-{code}.csv"
+            record[part][code] = evaluate(where, part, "--audit", output, "--audit-folds", str(folds), "--audit-steps",
+                                          str(steps), code=code)
+            record[part][code].update(copy_recall(output, f"{where}-planted.csv"))
+            save()
+    labels = root / "labels-loop.csv"
+    if {"apply", "retrain_start", "undo"} & set(parts):
+        record["label_rows"] = labels_from(root / "predict-after.csv", labels)
+        for code in codes:
+            for part, command in (("apply", [python, "label.py", "--data-dir", folder, "--apply", labels]),
+                                  ("retrain_start", [python, "train_mt.py", "--dataset", "folder", "--data-dir", folder,
+                                                     "--image-size", str(image_size), "--width", str(width),
+                                                     "--benchmark", "1", "--device", "cpu"]),
+                                  ("undo", [python, "label.py", "--data-dir", folder, "--undo"])):
+                record.setdefault(part, {})[code] = measure(f"{part} ({code})", command, env, codes[code])
+                save()
+    save()
+    print(json.dumps(record, indent=1))
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--images", "n", type=click.IntRange(min=1000), default=200_000, help="Unlabeled images in the folder.")
 @click.option("--image-size", type=click.IntRange(min=16), default=64, help="Pixels square of the JPEGs and of training.")
@@ -196,11 +377,39 @@ def last_json(record):
                    "network runs at a few hundred images/s on a CPU. [default: all]")
 @click.option("--model-images", type=click.IntRange(min=1000), default=50_000,
               help="Images the model-alone rate is measured on (the first of the cache).")
-@click.option("--parts", default=",".join(PARTS),
-              help="The measurements to run, comma-separated; those left out keep their values from --out if it exists.")
-def main(n, image_size, root, width, steps, out, predict_images, model_images, parts):
-    """Make the folder, then time and weigh decoding, start-up, training and prediction on it."""
-    parts = parts.split(",")
+@click.option("--parts", default=None,
+              help="The measurements to run, comma-separated; those left out keep their values from --out if it exists. "
+                   f"[default: all of them: {','.join(PARTS)}; with --loop: {','.join(LOOP_PARTS)}]")
+@click.option("--loop", is_flag=True,
+              help="Measure the loop after training instead (LOOP_PARTS): on root/loop-<images>-<size>px, a hard-linked "
+                   "copy of the folder with --planted CIFAR-10 test photos and their exact and near copies planted, "
+                   "train a checkpoint one epoch (--width), then evaluate.py --predict --max-error --csv, --suggest, "
+                   "--review, --audit (and on a folder of 5,000 with the same photos planted, for the copies' "
+                   "recall), label.py --apply of nine predictions in ten, the next training start (--benchmark 1) and "
+                   "label.py --undo, each with the code before too where --before is given.")
+@click.option("--before", type=click.Path(file_okay=False, exists=True), default=None,
+              help="With --loop: a checkout of the code before (git worktree add DIR COMMIT) measured beside this one.")
+@click.option("--planted", type=click.IntRange(min=1), default=250, help="With --loop: photos planted, each with 2 copies.")
+@click.option("--audit-folds", "folds", type=click.IntRange(min=2), default=2, help="With --loop: --audit-folds.")
+@click.option("--audit-steps", "audit_steps", type=click.IntRange(min=1), default=100, help="With --loop: --audit-steps.")
+@click.option("--max-error", type=float, default=5.0, help="With --loop: --max-error of predict and review.")
+@click.option("--suggest", type=click.IntRange(min=1), default=1000, help="With --loop: --suggest N.")
+@click.option("--audit-before", is_flag=True,
+              help="With --loop and --before: audit the big folder with the code before too (hours, and its memory "
+                   "grows with the folder: 3 GB of images at a million, on top of the rest).")
+def main(n, image_size, root, width, steps, out, predict_images, model_images, parts, loop, before, planted, folds,
+         audit_steps, max_error, suggest, audit_before):
+    """Make the folder, then time and weigh decoding, start-up, training and prediction on it (or,
+    with --loop, every step of the loop after training)."""
+    if loop:
+        parts = (parts or ",".join(LOOP_PARTS)).split(",")
+        unknown = sorted(set(parts) - set(LOOP_PARTS))
+        if unknown:
+            raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(LOOP_PARTS)}",
+                                     param_hint="--parts")
+        return run_loop(n, image_size, root, width, out, before, parts, planted, folds, audit_steps, max_error, suggest,
+                        audit_before)
+    parts = (parts or ",".join(PARTS)).split(",")
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(PARTS)}", param_hint="--parts")
