@@ -36,8 +36,9 @@ from .data import is_own_layout
 from .errors import UserError
 from .files import DIGEST_COLUMN
 from .inference import model_outputs
-from .nearest import Vectors, in_memory, nearest
+from .nearest import BLOCK, Vectors, in_memory, nearest
 from .runs import atomic_write
+from .selection import unit_rows
 
 AUDIT_HEADER = ("kind", "path", "score", "suggestion", "given", "detail", DIGEST_COLUMN)
 KINDS = ("label", "duplicate", "leak", "outlier")
@@ -131,8 +132,11 @@ def distance_ratios(vectors, labeled):
     k = min(OUTLIER_NEIGHBOURS, len(positions) - 1)
     if k < 1:
         return None
-    base = Vectors(len(positions), vectors.dim, lambda: (vectors.rows(positions[s:s + 65_536])
-                                                         for s in range(0, len(positions), 65_536)), lambda idx: vectors.rows(positions[idx]))
+
+    def labeled_batches():
+        for start in range(0, len(positions), BLOCK):
+            yield vectors.rows(positions[start:start + BLOCK])
+    base = Vectors(len(positions), vectors.dim, labeled_batches, lambda idx: vectors.rows(positions[idx]))
     squared, _ = nearest(base, vectors, k + 1)
     distance = np.sqrt(np.maximum(squared, 0))
     mean = np.where(labeled, distance[:, 1:].mean(1), distance[:, :k].mean(1))  # a labeled image is its own nearest
@@ -148,11 +152,6 @@ def outlier_scores(features, images, labeled):
                    lambda idx: unit_rows(normalized.rows(idx)))
     ratios = [distance_ratios(space, labeled) for space in (unit, thumbnail_vectors(images))]
     return None if ratios[0] is None else np.maximum(*ratios)
-
-
-def unit_rows(x):
-    x = np.asarray(x, np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def outlier_findings(paths, features, images, labeled):
