@@ -10,6 +10,7 @@ start of fine-tuning. Writes lc.pt, lc_metrics.jsonl and lc_last.pt (the state a
 epoch, for --resume) to --out (default: the checkpoint's folder).
 """
 import math
+import os
 from pathlib import Path
 
 import click
@@ -23,6 +24,7 @@ from mtlc.splits import true_classes
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
+from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import preset, preset_help, ramp_epochs
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
@@ -105,6 +107,8 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    if tensorboard:
+        check_folder(tensorboard)  # before any work
     outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out) if out is not None else Path(ckpt).parent
     with processes(device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
@@ -144,7 +148,7 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
         training = restore_training(state, device)
         student = training[0]
         config.update(precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
-                      tensorboard=str(Path(tensorboard).resolve()) if tensorboard else None,
+                      tensorboard=os.path.abspath(tensorboard) if tensorboard else None,
                       processes=procs.world)
         batches = Batches(data, checkpoint_split(state), config, device)
         eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config["forward"] == "split"))

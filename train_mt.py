@@ -9,6 +9,8 @@ Writes to --out: mt.pt (the state LC starts from: the end of the constant-lr pha
 mt_final.pt (after the lr decay: the MT baseline), mt_metrics.jsonl (one JSON line per epoch) and
 mt_last.pt (the state after the latest epoch, from which --resume continues).
 """
+import math
+import os
 from pathlib import Path
 
 import click
@@ -24,6 +26,7 @@ from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
+from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import DATASETS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, ramp_epochs
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
@@ -77,7 +80,7 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
                    f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
-@click.option("--compress", type=click.FloatRange(min=1), default=1.0,
+@click.option("--compress", type=click.FloatRange(min=1, max=1e6), default=1.0,
               help="Train the dataset's schedule this many times shorter: the paper's shape on a budget. Its "
                    "constant-lr and decay epochs, consistency ramp-up, LC's start (--lc-start-epoch) and evaluation "
                    f"interval are divided by it (whole epochs, at least 1; ramps at least {MIN_RAMP_STEPS} steps), and "
@@ -103,6 +106,10 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    if tensorboard:
+        check_folder(tensorboard)  # before any work
+    if math.isnan(compress):
+        raise UserError("--compress nan: give a number of times, 1 or more")
     outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out or ".")
     with processes(device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
@@ -180,7 +187,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
                       eval_every=eval_every or defaults["eval_every"], compress=compress,
                       precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
-                      tensorboard=str(Path(tensorboard).resolve()) if tensorboard else None,
+                      tensorboard=os.path.abspath(tensorboard) if tensorboard else None,
                       processes=procs.world)
         procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(val_idx)} validation / "
                    f"{len(data.test_y)} test, {image_size} px, width {width}, {epochs}+{decay_epochs} epochs of "

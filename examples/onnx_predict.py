@@ -3,11 +3,12 @@ alone (no torch, no mtlc): what an app or a service that receives the .onnx file
 
     python examples/onnx_predict.py model.onnx photo.jpg more/*.png > predictions.csv
 
-Prints path,prediction,confidence (the calibrated probability of the predicted class). The images are
-prepared as the project's training read them (mtlc.images.decode_bytes) for 8-bit images: EXIF
-orientation applied, RGB (transparency on white), JPEGs decoded at a reduced scale still at least the
-model's size, then resized bilinearly to it (16-bit and float images: mtlc.images.as_seen scales
-them first); the model's metadata says that size and the class names.
+Prints path,prediction,confidence (the calibrated probability of the predicted class); a file that
+cannot be read gets an empty prediction, a message on stderr and exit code 1 at the end. The images
+are prepared as the project's training read them (mtlc.images.decode_bytes): EXIF orientation
+applied, 16-bit and float images scaled to 8 bits by their range, RGB (transparency on white), JPEGs
+decoded at a reduced scale still at least the model's size, then resized bilinearly to it; the
+model's metadata says that size and the class names.
 """
 import csv
 import json
@@ -18,12 +19,30 @@ import onnxruntime
 from PIL import Image, ImageOps
 
 
+def eight_bit(img):
+    """A 16/32-bit integer or float image as 8-bit grayscale, scaled as mtlc.images.eight_bit does:
+    integers by 0-255 or 0-65535 where they fit, floats in [0, 1] by 255, else from min to max."""
+    x = np.asarray(img, dtype=np.float64)
+    low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if img.mode == "F" and 0 <= low and high <= 1:
+        scale, offset = 255.0, 0.0
+    elif img.mode != "F" and 0 <= low and high <= 255:
+        scale, offset = 1.0, 0.0
+    elif img.mode != "F" and 0 <= low and high <= 65535:
+        scale, offset = 255.0 / 65535.0, 0.0
+    else:
+        scale, offset = 255.0 / (high - low) if high > low else 0.0, low
+    return Image.fromarray(np.clip((x - offset) * scale, 0, 255).round().astype(np.uint8), "L")
+
+
 def prepared(path, size):
     """An image file as uint8 (3, size, size), as the project prepares it."""
     with Image.open(path) as img:
         img.draft("RGB", (size, size))
         img = ImageOps.exif_transpose(img)
-        if img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:
+        if img.mode.startswith("I") or img.mode == "F":
+            img = eight_bit(img)
+        if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
             background = Image.new("RGBA", img.size, (255, 255, 255, 255))
             img = Image.alpha_composite(background, img.convert("RGBA"))
         img = img.convert("RGB").resize((size, size), Image.BILINEAR)
@@ -31,19 +50,31 @@ def prepared(path, size):
 
 
 def main(model_path, paths, batch_size=256):
+    """Write the rows; returns the number of files that could not be read."""
     session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
     meta = session.get_modelmeta().custom_metadata_map
     classes, size = json.loads(meta["classes"]), int(meta["image_size"])
     writer = csv.writer(sys.stdout)
     writer.writerow(["path", "prediction", "confidence"])
+    failed = 0
     for start in range(0, len(paths), batch_size):
-        batch = paths[start:start + batch_size]
-        probabilities = session.run(None, {"images": np.stack([prepared(p, size) for p in batch])})[0]
-        for path, row in zip(batch, probabilities):
-            writer.writerow([path, classes[int(row.argmax())], f"{row.max():.4f}"])
+        images, readable = [], []
+        for path in paths[start:start + batch_size]:
+            try:
+                images.append(prepared(path, size))
+                readable.append(path)
+            except Exception as exc:  # PIL raises many types for a broken file
+                failed += 1
+                print(f"cannot read {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                writer.writerow([path, "", ""])
+        if readable:
+            probabilities = session.run(None, {"images": np.stack(images)})[0]
+            for path, row in zip(readable, probabilities):
+                writer.writerow([path, classes[int(row.argmax())], f"{row.max():.4f}"])
+    return failed
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit("usage: python examples/onnx_predict.py model.onnx IMAGE ...")
-    main(sys.argv[1], sys.argv[2:])
+    sys.exit(1 if main(sys.argv[1], sys.argv[2:]) else 0)

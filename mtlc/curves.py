@@ -4,6 +4,7 @@ stage 2 share one step axis: MT's curve and MT+LC's branching from it at LC's st
 Fig. 2. TensorBoard's own convention: one folder per run (runs/tb/mt, runs/tb/lc), `tensorboard
 --logdir runs/tb` shows them together.
 """
+import os
 from pathlib import Path
 
 from .errors import UserError
@@ -30,9 +31,36 @@ def tag(key):
 
 
 def scalars(record):
-    """{tag: value} of every number in a metrics record (booleans as 0 and 1)."""
-    return {tag(key): float(value) for key, value in record.items()
-            if key not in NOT_CURVES and isinstance(value, (int, float))}
+    """{tag: value} of every number in a metrics record (booleans as 0 and 1); a number no float holds
+    (a damaged checkpoint's) is left out."""
+    values = {}
+    for key, value in record.items():
+        if key not in NOT_CURVES and isinstance(value, (int, float)):
+            try:
+                values[tag(key)] = float(value)
+            except OverflowError:
+                continue
+    return values
+
+
+def is_step(step):
+    """Whether a record's step is one TensorBoard takes (an int64 that is no bool)."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2 ** 63
+
+
+def check_folder(log_dir):
+    """--tensorboard's folder as given (a link in it is not resolved away), refused in one line, before
+    any work, where it is a link, or something else than a folder."""
+    log_dir = Path(log_dir)
+    if log_dir.is_symlink() or (log_dir.exists() and not log_dir.is_dir()):
+        raise UserError(f"--tensorboard {log_dir}: not a folder (a file, a link or a pipe is there)")
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(log_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise UserError(f"--tensorboard {log_dir}: cannot write there ({exc.strerror or exc})") from None
+    return log_dir
 
 
 class TensorBoardCurves:
@@ -41,9 +69,10 @@ class TensorBoardCurves:
     and that record written again, so each step appears once whatever moment the run was killed."""
 
     def __init__(self, log_dir, resumed_record=None):
-        log_dir = Path(log_dir)
-        if log_dir.exists() and not log_dir.is_dir() or log_dir.is_symlink():
-            raise UserError(f"--tensorboard {log_dir}: not a folder (a file or a link is there)")
+        log_dir = check_folder(log_dir)
+        if resumed_record is not None and not is_step(resumed_record.get("step")):
+            raise UserError(f"the checkpoint's last metrics record has no step a curve can take "
+                            f"({resumed_record.get('step')!r}): it is damaged")
         try:  # imported only when asked for: it takes a second
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:

@@ -15,6 +15,8 @@ its bytes, so an export binds every label to the image it was given for.
 import csv
 import io
 import json
+import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -35,12 +37,14 @@ def labeling_config(classes):
 
 
 def common_folder(paths):
-    """The deepest folder holding every one of the files."""
-    folders = [Path(p).resolve().parent for p in paths]
-    common = folders[0]
-    while any(common != f and common not in f.parents for f in folders):
-        common = common.parent
-    return common
+    """The deepest folder holding every one of the files, by their absolute paths as named (links are
+    not followed: a link in the folder must not widen what Label Studio is told to serve); one pass,
+    constant memory."""
+    common = None
+    for path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
+        common = folder if common is None else os.path.commonpath([common, folder])
+    return Path(common)
 
 
 def local_storage(paths, root=None):
@@ -49,7 +53,10 @@ def local_storage(paths, root=None):
     its path under the root, which starts with the storage's folder (guide/storage, "Tasks with local
     storage file references"). Default root: the folder above the deepest one holding every file."""
     common = common_folder(paths)
-    root = Path(root).resolve() if root else common.parent
+    if root is None and common == common.parent:
+        raise UserError(f"--label-studio: the images lie in no common folder below {common} (Label Studio serves "
+                        f"a storage folder below its document root): predict images of one folder")
+    root = Path(os.path.abspath(root)) if root else common.parent
     if root == common or root not in common.parents:
         raise UserError(f"--label-studio-root {root}: the images must lie in a folder under it (they are all under "
                         f"{common}); Label Studio serves a storage folder below its document root")
@@ -57,8 +64,10 @@ def local_storage(paths, root=None):
 
 
 def local_files_url(path, root):
-    """Where Label Studio's local files storage serves the file `path` from, under `root`."""
-    return LOCAL_FILES + quote(Path(path).resolve().relative_to(root).as_posix(), safe="/")
+    """Where Label Studio's local files storage serves the file `path` from, under `root`: the path's
+    bytes URL-quoted (a name that is not UTF-8 included)."""
+    relative = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+    return LOCAL_FILES + quote(os.fsencode(relative), safe=b"/")
 
 
 def task(prediction, root, model_version):
@@ -80,8 +89,8 @@ def write_tasks(text_file, predictions, root, model_version):
     text_file.write("[")
     count = 0
     for count, prediction in enumerate(predictions, 1):
-        text_file.write(("\n" if count == 1 else ",\n") + json.dumps(task(prediction, root, model_version),
-                                                                     ensure_ascii=False))
+        # ASCII: a name that is not UTF-8 keeps its bytes as \udcXX escapes, which label.py reads back
+        text_file.write(("\n" if count == 1 else ",\n") + json.dumps(task(prediction, root, model_version)))
     text_file.write("\n]\n")
     return count
 
@@ -117,7 +126,36 @@ def task_path(data, where):
         raise UserError(f"{where}: the task has no 'path' in its data: label.py reads the tasks that "
                         f"evaluate.py --label-studio wrote (their data names each image's path)")
     digest = data.get("blake2b")
-    return path, digest if isinstance(digest, str) and digest else None
+    if digest in (None, ""):
+        return path, None
+    if not isinstance(digest, str):
+        raise UserError(f"{where}: its blake2b is not a hash ({digest!r})")
+    return path, digest.strip().lower()
+
+
+def is_true(flag):
+    """Label Studio's true (a JSON true; "true" or 1 where a converter turned it into text)."""
+    return flag is True or flag == 1 or (isinstance(flag, str) and flag.strip().lower() in ("true", "1"))
+
+
+def listed(value, what, where):
+    """A JSON list, or none for null; anything else is not what Label Studio writes."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise UserError(f"{where}: its {what} are not a list ({type(value).__name__})")
+    return value
+
+
+def latest_label(annotations, where):
+    """The label of the latest of a task's annotations ({created_at, label}), refused where annotations
+    made at the same time give different classes (nothing tells which counts)."""
+    made = max(str(a["created_at"] or "") for a in annotations)  # ISO times sort as text
+    labels = {a["label"] for a in annotations if str(a["created_at"] or "") == made}
+    if len(labels) > 1:
+        raise UserError(f"{where}: annotations made at the same time give different classes "
+                        f"({', '.join(sorted(labels))}): keep one in Label Studio and export again")
+    return labels.pop()
 
 
 def from_json(tasks, name):
@@ -128,61 +166,81 @@ def from_json(tasks, name):
         if not isinstance(item, dict):
             raise UserError(f"{where} is not a task (a JSON object)")
         path, digest = task_path(item.get("data"), where)
-        annotations = [a for a in item.get("annotations") or () if isinstance(a, dict)]
-        kept = [a for a in annotations if not (a.get("was_cancelled") or a.get("skipped"))]
+        annotations = listed(item.get("annotations"), "annotations", where)
+        if any(not isinstance(a, dict) for a in annotations):
+            raise UserError(f"{where}: an annotation is not a JSON object")
+        kept = [a for a in annotations if not (is_true(a.get("was_cancelled")) or is_true(a.get("skipped")))]
         if not annotations:
             labels.no_annotation += 1
             continue
         if not kept:
             labels.cancelled += 1
             continue
-        latest = max(kept, key=lambda a: str(a.get("created_at") or ""))  # ISO times sort as text
-        picked = [r for r in latest.get("result") or () if isinstance(r, dict) and r.get("from_name") == FROM_NAME]
-        if not picked:
+        found = []
+        for a in kept:
+            results = listed(a.get("result"), "results", where)
+            picked = {choice(r.get("value"), where) for r in results
+                      if isinstance(r, dict) and r.get("from_name") == FROM_NAME}
+            if len(picked) > 1:
+                raise UserError(f"{where}: one annotation gives {len(picked)} classes ({', '.join(sorted(picked))})")
+            if results and not picked:
+                controls = sorted({str(r.get("from_name")) for r in results if isinstance(r, dict)})
+                raise UserError(f"{where}: its annotation chose with {', '.join(controls)}, not the control "
+                                f"'{FROM_NAME}' of the labeling config evaluate.py --label-studio wrote")
+            if picked:
+                found.append(dict(created_at=a.get("created_at"), label=picked.pop()))
+        if not found:
             labels.no_annotation += 1
             continue
-        labels.rows.append((path, choice(picked[0].get("value"), where), digest))
+        labels.rows.append((path, latest_label(found, where), digest))
     return labels
 
 
 def from_records(records, name, what):
     """JSON-MIN or CSV: one record per annotation (several for a task annotated several times: the
     latest counts), a task without annotations as a record without the label; Label Studio leaves
-    tasks whose annotations were all cancelled out of these exports."""
+    tasks whose annotations were all cancelled out of these exports. A task is its id, or its path
+    where a record has none."""
     labels = ExportLabels(what)
-    latest = {}
+    tasks = {}  # task -> (path, digest, [annotations])
     for n, record in enumerate(records, 1):
         where = f"{name}: record {n}"
         if not isinstance(record, dict):
             raise UserError(f"{where} is not a record (a JSON object)")
         path, digest = task_path(record, where)
+        key = record.get("id")
+        if key in (None, ""):
+            key = ("path", path)
+        elif not isinstance(key, (int, str)):
+            raise UserError(f"{where}: its task id is not a number ({key!r})")
+        known = tasks.setdefault(key, (path, digest, []))
+        if known[0] != path:
+            raise UserError(f"{where}: task {key} names two images ({known[0]} and {path})")
         value = record.get(FROM_NAME)
-        key = record.get("id", path)
-        if value in (None, ""):
-            latest.setdefault(key, None)
-            continue
-        made = str(record.get("created_at") or "")
-        if latest.get(key) is None or made > latest[key][0]:
-            latest[key] = (made, (path, choice(value, where), digest))
-    for found in latest.values():
-        if found is None:
-            labels.no_annotation += 1
+        if value not in (None, ""):
+            known[2].append(dict(created_at=record.get("created_at"), label=choice(value, where)))
+    for key, (path, digest, annotations) in tasks.items():
+        if annotations:
+            labels.rows.append((path, latest_label(annotations, f"{name}: task {key}"), digest))
         else:
-            labels.rows.append(found[1])
+            labels.no_annotation += 1
     return labels
 
 
-def csv_records(text):
+def csv_records(text, name):
     """The rows of a CSV export as dicts; a choice given as JSON ({"choices": [...]}) decoded."""
     records = []
-    for row in csv.DictReader(io.StringIO(text)):
-        value = row.get(FROM_NAME)
-        if value and value.startswith("{"):
-            try:
-                row[FROM_NAME] = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        records.append(row)
+    try:
+        for row in csv.DictReader(io.StringIO(text, newline="")):
+            value = row.get(FROM_NAME)
+            if value and value.startswith("{"):
+                try:
+                    row[FROM_NAME] = json.loads(value)
+                except ValueError:
+                    pass
+            records.append(row)
+    except csv.Error as exc:
+        raise UserError(f"cannot read {name} as CSV: {exc}") from None
     return records
 
 
@@ -199,11 +257,14 @@ def read_export(path, text):
     """ExportLabels of a Label Studio export's text (JSON, JSON-MIN or CSV)."""
     name = str(path)
     if Path(path).suffix.lower() != ".json":
-        return from_records(csv_records(text), name, "Label Studio CSV")
+        return from_records(csv_records(text, name), name, "Label Studio CSV")
     try:
         tasks = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{name} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # a number too long to read, nesting too deep
+        raise UserError(f"{name} is not a Label Studio export ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:120]})") from None
     if isinstance(tasks, dict):
         tasks = [tasks]
     if not isinstance(tasks, list):
@@ -215,8 +276,13 @@ def read_export(path, text):
 
 def write_project(tasks_path, predictions, classes, root, model_version):
     """The import tasks of `predictions` (served from under `root`) and, beside them, the labeling
-    config (config_path), each written whole or not at all; returns the number of tasks."""
+    config (config_path), each written whole or not at all; returns the number of tasks. A file at
+    the config's path is replaced only where it is a labeling config (this command's, before)."""
     from .runs import atomic_write  # imports torch: label.py, which reads exports, does not need it
+    config = config_path(tasks_path)
+    if os.path.lexists(config) and not is_labeling_config(config):
+        raise UserError(f"{config} is there and is no labeling config: --label-studio writes its config there; "
+                        f"move that file or give the tasks another name")
     count = []
 
     def write(binary_file):
@@ -225,8 +291,17 @@ def write_project(tasks_path, predictions, classes, root, model_version):
         text.flush()
         text.detach()  # leave the file to atomic_write
     atomic_write(tasks_path, write)
-    atomic_write(config_path(tasks_path), lambda f: f.write(labeling_config(classes).encode()))
+    atomic_write(config, lambda f: f.write(labeling_config(classes).encode()))
     return count[0]
+
+
+def is_labeling_config(path):
+    """Whether a file starts as a labeling config does (<View>)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"<View>"
+    except OSError:
+        return False
 
 
 def config_path(tasks_path):
@@ -235,12 +310,14 @@ def config_path(tasks_path):
 
 
 def setup_lines(root, storage, tasks_path, labels_folder):
-    """How to open the tasks in Label Studio, step by step (guide/storage, "Local storage")."""
+    """How to open the tasks in Label Studio, step by step (guide/storage, "Local storage"); the
+    commands' paths quoted for a POSIX shell."""
+    q = lambda path: shlex.quote(str(path))  # noqa: E731
     return [f"Label Studio, to label these images with the model's suggestions preselected:",
             f"  1. start it serving the files: LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true "
-            f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root} label-studio start",
+            f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={q(root)} label-studio start",
             f"  2. create a project; Settings > Labeling Interface > Code: paste {config_path(tasks_path)}",
             f"  3. Settings > Cloud Storage > Add Source Storage > Local files, absolute local path {storage}, "
             f"'Treat every bucket object as a source file' off; Add Storage (do not Sync)",
             f"  4. Import {tasks_path}; label; Export as JSON, JSON-MIN or CSV, then: "
-            f"python label.py --data-dir {labels_folder} --apply <the export>"]
+            f"python label.py --data-dir {q(labels_folder)} --apply <the export>"]

@@ -9,6 +9,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -33,11 +34,29 @@ def os_error_in(exc):
     return None
 
 
+def not_a_file(path):
+    """What stands at path if it is neither a regular file nor a link nor nothing (a folder, a pipe, a
+    device, a socket): an output never replaces one (as root, /dev/full or a FIFO would otherwise
+    become a plain file); None otherwise."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return "a folder" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
 def atomic_write(path, write):
     """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
-    never leaves a truncated file behind. A write the OS refuses raises WriteFailed. Returns what
-    write(f) returns."""
+    never leaves a truncated file behind; a link at path is replaced, never followed. A write the OS
+    refuses raises WriteFailed; a folder, pipe, device or socket at path is refused (UserError).
+    Returns what write(f) returns."""
     path = Path(path)
+    kind = not_a_file(path)
+    if kind:
+        raise UserError(f"{path} is {kind}, not a file: give the output another name")
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -87,6 +106,10 @@ def check_outputs(outputs, inputs):
     """Exit 2 before any work where an output {option: path} would replace an input {option: path}
     or another output of the same command."""
     outputs = [(name, path) for name, path in outputs.items() if path]
+    for name, path in outputs:
+        kind = not_a_file(path)
+        if kind:
+            raise UserError(f"{name} {path} is {kind}, not a file: give the output another name")
     for k, (name, path) in enumerate(outputs):
         for other, other_path in outputs[k + 1:]:
             if same_file(path, other_path):

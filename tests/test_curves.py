@@ -90,3 +90,29 @@ def test_a_resumed_run_writes_curves_only_where_its_command_says(tmp_path, monke
     result = invoke(train_mt, ["--resume", "--out", tmp_path / "run"])
     assert result.exit_code == 0 and "this run wrote TensorBoard curves to" in result.output, result.output
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == before
+
+
+def test_a_tensorboard_folder_that_is_a_link_or_a_pipe_is_refused_before_any_work(tmp_path):
+    import os
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(tmp_path / "pipe")
+    for name in ("link", "pipe"):
+        result = invoke(train_mt, [*MT_ARGS, "--out", tmp_path / "run", "--tensorboard", tmp_path / name])
+        assert result.exit_code == 2 and "not a folder" in result.output, result.output
+    assert not list((tmp_path / "elsewhere").iterdir()) and not (tmp_path / "run").exists()
+
+
+def test_a_damaged_record_to_resume_from_is_one_line(tmp_path):
+    from mtlc.curves import TensorBoardCurves
+    from mtlc.errors import UserError
+    for step in ("abc", float("nan"), 10 ** 30, True):
+        with pytest.raises(UserError, match="damaged"):
+            TensorBoardCurves(tmp_path / "tb", dict(step=step, loss=1.0))
+    assert scalars(dict(step=1, loss=10 ** 400, ce=0.5)) == {"loss/ce": 0.5}  # no float holds that number
+
+
+@pytest.mark.parametrize("value, message", [("nan", "--compress nan"), ("inf", "not in the range")])
+def test_compress_must_be_a_number_of_times(tmp_path, value, message):
+    result = invoke(train_mt, [*MT_ARGS, "--out", tmp_path / "run", "--compress", value])
+    assert result.exit_code == 2 and message in result.output and not (tmp_path / "run").exists()

@@ -114,16 +114,52 @@ def test_written_tasks_are_one_json_list(images, tmp_path):
     assert json.loads((tmp_path / "none.json").read_text()) == []
 
 
+def annotated(*annotations, path="u.png"):
+    return json.dumps([{"id": 7, "data": {"path": path}, "annotations": list(annotations)}])
+
+
+def result(*labels, control="label"):
+    return [{"from_name": control, "to_name": "image", "type": "choices", "value": {"choices": [c]}} for c in labels]
+
+
 @pytest.mark.parametrize("export, message", [
     ("{not json", "is not JSON"),
     ('"a string"', "a list of tasks"),
     ('[{"data": {"image": "x"}, "annotations": []}]', "no 'path'"),
     ('[{"data": {"path": "u.png"}, "annotations": [{"result": [{"from_name": "label", "value": {"choices": '
      '["cat", "dog"]}}]}]}]', "2 classes chosen"),
+    ('[{"data": {"path": "u.png"}, "annotations": 5}]', "annotations are not a list"),
+    ('[{"data": {"path": "u.png"}, "annotations": [5]}]', "an annotation is not a JSON object"),
+    ('[{"data": {"path": "u.png"}, "annotations": [{"result": 5}]}]', "results are not a list"),
+    ('[{"data": {"path": "u.png", "n": ' + "9" * 5000 + '}}]', "not a Label Studio export"),
+    ("[" * 100000, "not a Label Studio export"),
+    ('[{"path": "u.png", "label": "cat", "id": [1]}]', "task id is not a number"),
+    ('[{"path": "u.png", "label": "cat", "id": 1}, {"path": "v.png", "label": "cat", "id": 1}]', "names two images"),
+    ('[{"data": {"path": "u.png", "blake2b": 5}, "annotations": []}]', "blake2b is not a hash"),
+    (annotated({"result": result("cat", "dog")}), "one annotation gives 2 classes"),
+    (annotated({"result": result("cat", control="choice")}), "chose with choice, not the control 'label'"),
+    (annotated({"result": result("cat"), "created_at": "2026-11-28T10:00:00Z"},
+               {"result": result("dog"), "created_at": "2026-11-28T10:00:00Z"}), "same time give different classes"),
+    ('[{"path": "u.png", "label": "cat"}, {"path": "u.png", "label": "dog"}]', "same time give different classes"),
 ])
 def test_bad_exports_are_one_line(tmp_path, export, message):
     with pytest.raises(UserError, match=message):
         read_export(tmp_path / "export.json", export)
+
+
+def test_a_csv_export_with_a_field_too_large_is_one_line(tmp_path):
+    text = "annotation_id,annotator,path,label\n1,1,u.png," + "x" * 200_000 + "\n"
+    with pytest.raises(UserError, match="cannot read .* as CSV"):
+        read_export(tmp_path / "export.csv", text)
+
+
+def test_what_label_studio_writes_as_text_reads_as_it_means():
+    """A was_cancelled turned to text by a converter ("false") is not a cancel; a hash is compared in
+    lower case, as label.py compares a labels CSV's."""
+    labels = read_export("e.json", annotated({"result": result("cat"), "was_cancelled": "false"},
+                                              path="u.png").replace('"u.png"}', '"u.png", "blake2b": "AB12"}'))
+    assert labels.rows == [("u.png", "cat", "ab12")] and labels.cancelled == 0
+    assert read_export("e.json", annotated({"result": [], "was_cancelled": "true"})).cancelled == 1
 
 
 def test_local_files_url_is_relative_to_the_document_root(tmp_path):
@@ -193,3 +229,49 @@ def test_round_trip_through_label_studio(folder_copy, tmp_path, kind):
     res = run("label.py", "--data-dir", folder, "--undo")
     assert res.returncode == 0, res.stderr
     assert snapshot(folder) == before
+
+
+def test_names_that_are_not_utf8_and_links_in_the_folder(tmp_path):
+    """A file name that is not UTF-8 gets a URL of its bytes and comes back from an export as the same
+    name; a link in the folder does not widen what Label Studio is told to serve."""
+    import os
+    folder = tmp_path / "mydata" / "unlabeled"
+    folder.mkdir(parents=True)
+    name = os.fsdecode(b"bad\xffname.png")
+    (folder / name).write_bytes(b"x")
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "link.png").symlink_to(tmp_path / "elsewhere" / "x.png")
+    paths = [str(folder / name), str(folder / "link.png")]
+    root, storage = local_storage(paths)
+    assert (root, storage) == (tmp_path / "mydata", folder)
+    t = task(prediction(paths[0], "cat"), root, "m")
+    assert t["data"][TO_NAME] == "/data/local-files/?d=unlabeled/bad%FFname.png"
+    import io
+    text = io.StringIO()
+    write_tasks(text, [prediction(paths[0], "cat")], root, "m")
+    back = json.loads(text.getvalue())[0]
+    back["annotations"] = [{"result": result("dog")}]
+    assert read_export("e.json", json.dumps([back])).rows == [(paths[0], "dog", "ab" * 32)]
+    with pytest.raises(UserError, match="no common folder"):
+        local_storage(["/a.png", "/b/c.png"])
+
+
+def test_setup_lines_quote_paths_for_the_shell(tmp_path):
+    import shlex
+    from mtlc.label_studio import setup_lines
+    root = tmp_path / "My Photos$(touch PWNED)"
+    lines = setup_lines(root, root / "unlabeled", "tasks.json", root)
+    assert f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={shlex.quote(str(root))} label-studio start" in lines[1]
+    assert shlex.split(lines[1].split(": ", 1)[1])[1] == f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}"
+    assert f"--data-dir {shlex.quote(str(root))} --apply" in lines[4]
+
+
+def test_the_config_beside_the_tasks_replaces_only_a_labeling_config(tmp_path):
+    from mtlc.label_studio import write_project
+    (tmp_path / "t.label-config.xml").write_bytes(b"PK\x03\x04 someone's file")
+    with pytest.raises(UserError, match="is no labeling config"):
+        write_project(tmp_path / "t.json", [], ["cat"], tmp_path, "m")
+    assert not (tmp_path / "t.json").exists()
+    (tmp_path / "t.label-config.xml").write_text(labeling_config(["dog"]))
+    assert write_project(tmp_path / "t.json", [], ["cat"], tmp_path, "m") == 0
+    assert '"cat"' in (tmp_path / "t.label-config.xml").read_text()

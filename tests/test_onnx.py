@@ -94,17 +94,39 @@ def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, 
     import sys
 
     from conftest import ROOT, run
+    from PIL import Image
     folder, checkpoint = trained
     assert run("evaluate.py", "--ckpt", checkpoint, "--onnx", tmp_path / "m.onnx").returncode == 0
-    paths = sorted(str(p) for p in (folder / "unlabeled").rglob("*.png"))
-    assert run("evaluate.py", "--ckpt", checkpoint, "--predict", *paths, "--csv", tmp_path / "p.csv").returncode == 0
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    ramp = np.linspace(0, 1, 40 * 30).reshape(30, 40)
+    Image.fromarray((ramp * 60000).astype(np.uint16)).save(odd / "g16.png")  # 16-bit gray
+    Image.fromarray(ramp.astype(np.float32), "F").save(odd / "f.tif")  # float
+    Image.fromarray((np.dstack([ramp] * 4) * 255).astype(np.uint8), "RGBA").save(odd / "rgba.png")
+    (odd / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    paths = sorted(str(p) for p in (folder / "unlabeled").rglob("*.png")) + sorted(str(p) for p in odd.iterdir())
+    res = run("evaluate.py", "--ckpt", checkpoint, "--predict", *paths, "--csv", tmp_path / "p.csv", "--skip-bad-images")
+    assert res.returncode == 0, res.stderr
     (tmp_path / "torch.py").write_text("raise ImportError('no torch here')\n")  # shadows torch for the example
     res = subprocess.run([sys.executable, str(ROOT / "examples" / "onnx_predict.py"), tmp_path / "m.onnx", *paths],
                          capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1 and "cannot read" in res.stderr  # the broken file, reported; the rest predicted
     ours = {r["path"]: r for r in csv.DictReader(res.stdout.splitlines())}
     theirs = {r["path"]: r for r in csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8"))}
     assert set(ours) == set(theirs) == set(paths)
     for path, row in theirs.items():
-        assert ours[path]["prediction"] == row["prediction"]
-        assert float(ours[path]["confidence"]) == pytest.approx(float(row["confidence"]), abs=1.01e-4)
+        assert ours[path]["prediction"] == row["prediction"], path
+        if row["prediction"]:
+            assert float(ours[path]["confidence"]) == pytest.approx(float(row["confidence"]), abs=1.01e-4), path
+    assert ours[str(odd / "broken.png")]["prediction"] == ""
+
+
+def test_outputs_never_replace_a_pipe_or_a_device(trained, tmp_path):
+    """As root a FIFO, /dev/full or any device at an output's path would become a plain file."""
+    import os
+    from conftest import run
+    _, checkpoint = trained
+    os.mkfifo(tmp_path / "pipe.onnx")
+    res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", tmp_path / "pipe.onnx")
+    assert res.returncode == 2 and "is a pipe, not a file" in res.stderr
+    assert (tmp_path / "pipe.onnx").is_fifo()
