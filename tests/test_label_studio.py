@@ -275,3 +275,14 @@ def test_the_config_beside_the_tasks_replaces_only_a_labeling_config(tmp_path):
     (tmp_path / "t.label-config.xml").write_text(labeling_config(["dog"]))
     assert write_project(tmp_path / "t.json", [], ["cat"], tmp_path, "m") == 0
     assert '"cat"' in (tmp_path / "t.label-config.xml").read_text()
+
+
+def test_reading_exports_keeps_label_py_free_of_torch():
+    """label.py starts without importing torch (a second, not ten); reading Label Studio's exports
+    keeps it so."""
+    import subprocess
+    import sys
+    code = "import sys, label; assert 'torch' not in sys.modules, 'torch imported'"
+    from conftest import ROOT
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
