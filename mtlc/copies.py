@@ -17,13 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from .batches import ImageRows
-from .nearest import BLOCK, Vectors, nearest
+from .nearest import Vectors, nearest
 
 NEAR_DISTANCE = 0.25   # the largest standardized mean squared difference of a near copy
 NEAR_RATIO = 0.1       # and at most this share of the images' median distance to their other candidates
 CANDIDATES = 8         # nearest thumbnails compared with each image at the cache's size
 THUMBNAIL = 8
 VERIFY_BATCH = 1024    # candidate pairs compared at a time
+POOL_BATCH = 4096      # images made into thumbnails at a time
 
 
 def standardized(x):
@@ -33,8 +34,11 @@ def standardized(x):
 
 
 def thumbnail_batch(images):
-    """The standardized 8 x 8 thumbnails of a batch of uint8 images: (n, 192) float32."""
-    return standardized(F.adaptive_avg_pool2d(images.float(), THUMBNAIL))
+    """The standardized 8 x 8 thumbnails of a batch of uint8 images: (n, 192) float32, pooled
+    POOL_BATCH images at a time (a float copy of 65,536 images of 32 px would be 800 MB)."""
+    if len(images) <= POOL_BATCH:
+        return standardized(F.adaptive_avg_pool2d(images.float(), THUMBNAIL))
+    return torch.cat([thumbnail_batch(images[start:start + POOL_BATCH]) for start in range(0, len(images), POOL_BATCH)])
 
 
 def as_rows(images):
@@ -56,7 +60,7 @@ def thumbnail_vectors(images):
     rows = as_rows(images)
 
     def batches():
-        for batch in rows.batches(BLOCK):
+        for batch in rows.batches():  # 64 MiB of images at a time (batches.PASS_BYTES)
             yield thumbnail_batch(batch).numpy()
     return Vectors(len(rows), 3 * THUMBNAIL ** 2, batches, lambda idx: thumbnail_batch(rows.gather(idx)).numpy())
 
