@@ -88,6 +88,13 @@ def test_folder_dataset(tmp_path):
     assert res.returncode == 0, res.stderr
     ev = run("evaluate.py", "--ckpt", tmp_path / "run" / "mt_final.pt", "--json")
     assert json.loads(ev.stdout.splitlines()[-1])["n_test"] == 9
+    # test/ was looked through for copies of training images and none was found: [] (digits: None, below)
+    assert torch.load(tmp_path / "run" / "mt_final.pt", weights_only=True)["config"]["leaked_test"] == []
+
+
+def test_a_dataset_without_file_names_records_its_test_set_as_not_checked(mt_run):
+    """digits has no files to look through for copies: None, never the [] of 'none found'."""
+    assert torch.load(mt_run / "mt.pt", weights_only=True)["config"]["leaked_test"] is None
 
 
 @pytest.mark.parametrize("args, message", [

@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mtlc.predictions import Prediction
-from mtlc.review import write_review
+from mtlc.review import least_confident, write_review
 from conftest import ROOT, read_rows, save_labels
 
 def page_data(page):
@@ -47,6 +48,22 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
     assert data["failed"] == [{"path": str(tmp_path / "broken.png"), "reason": "OSError: truncated"}]
     assert not re.search(r'(src|href)=["\']?(https?:)?//|url\(\s*["\']?https?:', page)  # opens offline
 
+
+def test_a_stream_of_many_rows_gives_the_least_confident_of_each_class_in_turn():
+    """3,000 rows in a random order, read once: per class at most per_class kept, then `most` in all
+    taken from the classes in turn, each class's least confident first; every row counted."""
+    rng = np.random.default_rng(0)
+    confidence = rng.permutation(3000) / 3000
+    label = np.array(["a", "b", "c"])[np.arange(3000) % 3]
+    label[:100] = "c"  # classes of different sizes
+    rows = [Prediction(Path(f"{i}.png"), str(label[i]), float(confidence[i]), None) for i in range(3000)]
+    shown, counts = least_confident(iter(rows), ["a", "b", "c"], per_class=40, most=100)
+    total = {c: int((label == c).sum()) for c in "abc"}
+    assert counts == {"a": (34, total["a"]), "b": (33, total["b"]), "c": (33, total["c"])}
+    for c in "abc":
+        expected = sorted(confidence[label == c])[:counts[c][0]]
+        assert [p.confidence for p in shown if p.label == c] == pytest.approx(expected)
+    assert [p.label for p in shown] == ["a"] * 34 + ["b"] * 33 + ["c"] * 33
 
 @pytest.mark.slow
 def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_path):

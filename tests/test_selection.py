@@ -1,6 +1,7 @@
 """--suggest's choice (TypiClust) on synthetic features where the answer is known."""
 import numpy as np
 
+from mtlc import selection
 from mtlc.selection import suggest
 
 CENTRES = [(1, 0, 0), (0, 1, 0), (0, 0, 1), (-1, 0, 0), (0, -1, 0), (0, 0, -1)]
@@ -43,3 +44,22 @@ def test_no_labeled_images_yet():
     points, blob = blobs()
     picks, _ = suggest(points, np.zeros((0, 3)), 6)
     assert sorted(blob[picks]) == list(range(6))  # one from each blob
+
+
+def test_beyond_the_in_memory_size_faiss_clusters_a_memory_map_with_the_same_answer(monkeypatch, tmp_path):
+    """Past FULL_KMEANS_MAX points (here made 0) the features are read from a memory map a batch at a
+    time and clustered by faiss's k-means on a sample, with a cluster's typicality among at most
+    TYPICALITY_MAX of its members: the uncovered blobs still come first, one image each."""
+    monkeypatch.setattr(selection, "FULL_KMEANS_MAX", 0)
+    monkeypatch.setattr(selection, "TYPICALITY_MAX", 25)
+    monkeypatch.setattr(selection, "BATCH", 7)
+    points, blob = blobs()
+    stored = np.lib.format.open_memmap(tmp_path / "features.npy", mode="w+", dtype=np.float32, shape=points.shape)
+    stored[:] = points
+    stored.flush()
+    features = np.load(tmp_path / "features.npy", mmap_mode="r")
+    labeled = np.array([CENTRES[0], CENTRES[2], CENTRES[4]], float)
+    picks, clusters = suggest(features, labeled, 3)
+    assert sorted(blob[picks]) == [1, 3, 5] and len(set(clusters)) == 3
+    picks, _ = suggest(features, np.zeros((0, 3)), 6)
+    assert sorted(blob[picks]) == list(range(6))
