@@ -376,13 +376,14 @@ class DecodeCache:
             os.replace(work.folder / KEPT_IMAGES, self.path)
             work.remove()
             bad, count, content = self.outcome(failed, digests)
-            atomic_write(self.folder / f"{self.stem}.files.json", lambda f: self.write_rows(f, failed, digests))
+            atomic_write(self.folder / f"{self.stem}.files.json", lambda f: self.write_rows(f, failed, digests),
+                         own_name=True)
             meta = dict(version=CACHE_VERSION, key=self.key, size=self.size, images=count, bad=[list(b) for b in bad],
                         content=content, u8=identity(os.lstat(self.path)),
                         rows=identity(os.lstat(self.folder / f"{self.stem}.files.json")))
-            atomic_write(self.meta, lambda f: f.write(json.dumps(dict(meta, seal=seal(meta))).encode()))
-        except (OSError, WriteFailed) as exc:
-            if exc.errno in OUT_OF_SPACE:
+            atomic_write(self.meta, lambda f: f.write(json.dumps(dict(meta, seal=seal(meta))).encode()), own_name=True)
+        except (OSError, WriteFailed, UserError) as exc:  # UserError: a folder stands at one of the cache's names
+            if getattr(exc, "errno", None) in OUT_OF_SPACE:
                 raise (WriteFailed(self.path, exc) if isinstance(exc, OSError) else exc) from None
             reason = exc.strerror if isinstance(exc, OSError) else exc.message
             self.echo(f"note: cannot write the decode cache in {self.folder} ({reason}); the images will be "

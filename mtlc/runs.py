@@ -48,14 +48,15 @@ def not_a_file(path):
         "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
-def atomic_write(path, write):
+def atomic_write(path, write, *, own_name=False):
     """Write a file via a temp file in the same folder, flush + fsync, then os.replace: a crash
     never leaves a truncated file behind; a link at path is replaced, never followed. A write the OS
-    refuses raises WriteFailed; a folder, pipe, device or socket at path is refused (UserError).
-    Returns what write(f) returns."""
+    refuses raises WriteFailed; a folder, pipe, device or socket at path is refused (UserError),
+    except that with own_name (a name the tools keep in their own folder, the decode cache's) a pipe,
+    device or socket there is replaced like any stray file. Returns what write(f) returns."""
     path = Path(path)
     kind = not_a_file(path)
-    if kind:
+    if kind and not (own_name and kind != "a folder"):
         raise UserError(f"{path} is {kind}, not a file: give the output another name")
     tmp = None
     try:

@@ -66,8 +66,11 @@ class Appended:
 
     def write(self, data):
         data = left = memoryview(data).cast("B")
-        while left:  # an unbuffered write may take part of it (a file-size limit reached): the rest raises
-            left = left[self.file.write(left):]
+        try:
+            while left:  # an unbuffered write may take part of it (a file-size limit reached): the rest raises
+                left = left[self.file.write(left):]
+        except OSError as exc:  # a full disk or a size limit: one line naming the work file (its output's)
+            raise WriteFailed(self.path, exc) from None
         self.mac.update(data)
         self.length += len(data)
 
@@ -164,7 +167,8 @@ class Work:
         for name, (length, mac) in self.taken_up.items():  # files this run has not opened yet
             files.setdefault(name, [length, mac.copy().hexdigest()])
         body = dict(key=self.key, files=files, state=self.state)
-        atomic_write(self.folder / MANIFEST, lambda f: f.write(json.dumps(dict(body, seal=seal(body))).encode()))
+        atomic_write(self.folder / MANIFEST, lambda f: f.write(json.dumps(dict(body, seal=seal(body))).encode()),
+                     own_name=True)
         self.last_commit = time.monotonic()
 
     def close(self):

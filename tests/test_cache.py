@@ -357,3 +357,18 @@ def test_a_pipe_in_the_cache_never_hangs(tmp_path, monkeypatch):
     res = run("-c", "import sys; from mtlc.data import load_dataset; load_dataset('folder', sys.argv[1])", tmp_path / "d",
               env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")), timeout=120)
     assert res.returncode == 0 and "a link or a pipe" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_folder_at_a_cache_file_name_leaves_the_images_decoded_and_says_so(tmp_path, monkeypatch):
+    """A folder where the cache's record of a group goes cannot be replaced: the run goes on with the
+    images decoded, and says the cache could not be written."""
+    write_own_folder(tmp_path / "d")
+    as_machine(monkeypatch, tmp_path / "me")
+    load_dataset("folder", tmp_path / "d", echo=quiet)
+    (meta,) = [p for p in (tmp_path / "d" / "mtlc-cache").glob("train-*.json") if not p.name.endswith(".files.json")]
+    meta.unlink()
+    meta.mkdir()
+    res = run("-c", "import sys; from mtlc.data import load_dataset; d = load_dataset('folder', sys.argv[1]); "
+              "print(len(d.train_y))", tmp_path / "d", env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")), timeout=120)
+    assert res.returncode == 0 and "cannot write the decode cache" in res.stdout + res.stderr, res.stdout + res.stderr
+    assert meta.is_dir()
