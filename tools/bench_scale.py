@@ -278,19 +278,22 @@ def labels_from(predictions_csv, labels_csv):
     return rows
 
 
-def run_loop(n, image_size, root, width, out, before, parts, planted, folds, steps, max_error, suggest, audit_before):
+def run_loop(n, image_size, root, width, out, before, parts, planted, folds, steps, max_error, suggest, audit_before,
+             only):
     """Measure the loop's steps (LOOP_PARTS) on root/loop-<n>-<size>px; see --loop."""
     python, root = sys.executable, Path(root)
     codes = dict(after=ROOT, **({"before": Path(before).resolve()} if before else {}))
+    codes = {code: where for code, where in codes.items() if only is None or code == only}
     folder, small = root / f"loop-{n}-{image_size}px", root / f"loop-{SMALL_LOOP}-{image_size}px"
     env = dict(MTLC_CACHE_DIR=str(root / "cache-loop"))
     record = json.loads(Path(out).read_text()) if Path(out).exists() else {}
     record.update(images=n, image_size=image_size, width=width, planted_photos=planted, audit_folds=folds,
-                  audit_steps=steps, max_error=max_error, suggest=suggest, codes={k: str(v) for k, v in codes.items()},
+                  audit_steps=steps, max_error=max_error, suggest=suggest,
                   cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
                   .splitlines()[0].strip(), cores=os.cpu_count(),
-                  memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                  command=" ".join(sys.argv))
+                  memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1))
+    record.setdefault("codes", {}).update({k: str(v) for k, v in codes.items()})
+    record.setdefault("commands", {})[only or "all"] = " ".join(sys.argv)
 
     def save():
         Path(out).write_text(json.dumps(record, indent=1) + "\n")
@@ -325,7 +328,7 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
                        ("review", ["--max-error", str(max_error), "--review"])):
         if part not in parts:
             continue
-        record[part] = {}
+        record.setdefault(part, {})
         for code in codes:
             output = root / f"{part}-{code}.{'html' if part == 'review' else 'csv'}"
             record[part][code] = evaluate(folder, part, "--predict", unlabeled, *args, output, code=code)
@@ -342,7 +345,7 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
             continue
         if part == "audit_small":
             train(where, "checkpoint_small")
-        record[part] = {}
+        record.setdefault(part, {})
         for code in which:
             output = root / f"{part}-{code}.csv"
             record[part][code] = evaluate(where, part, "--audit", output, "--audit-folds", str(folds), "--audit-steps",
@@ -394,11 +397,14 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
 @click.option("--audit-steps", "audit_steps", type=click.IntRange(min=1), default=100, help="With --loop: --audit-steps.")
 @click.option("--max-error", type=float, default=5.0, help="With --loop: --max-error of predict and review.")
 @click.option("--suggest", type=click.IntRange(min=1), default=1000, help="With --loop: --suggest N.")
+@click.option("--only", type=click.Choice(["after", "before"]), default=None,
+              help="With --loop: measure this code alone; the other's measurements stay in --out as they were (a "
+                   "long run in two sittings). [default: both]")
 @click.option("--audit-before", is_flag=True,
               help="With --loop and --before: audit the big folder with the code before too (hours, and its memory "
                    "grows with the folder: 3 GB of images at a million, on top of the rest).")
 def main(n, image_size, root, width, steps, out, predict_images, model_images, parts, loop, before, planted, folds,
-         audit_steps, max_error, suggest, audit_before):
+         audit_steps, max_error, suggest, audit_before, only):
     """Make the folder, then time and weigh decoding, start-up, training and prediction on it (or,
     with --loop, every step of the loop after training)."""
     if loop:
@@ -408,7 +414,7 @@ def main(n, image_size, root, width, steps, out, predict_images, model_images, p
             raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(LOOP_PARTS)}",
                                      param_hint="--parts")
         return run_loop(n, image_size, root, width, out, before, parts, planted, folds, audit_steps, max_error, suggest,
-                        audit_before)
+                        audit_before, only)
     parts = (parts or ",".join(PARTS)).split(",")
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
