@@ -308,6 +308,10 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
         save()
 
     def evaluate(where, name, *args, code="after", allowed=(0,)):
+        # Work an earlier, interrupted measurement kept beside its output would be taken up: a step
+        # measured whole starts without it (the hidden folder .<output>.mtlc-work of mtlc/work.py).
+        for output in (a for a in args if isinstance(a, Path)):
+            shutil.rmtree(output.parent / f".{output.name}.mtlc-work", ignore_errors=True)
         return measure(f"{name} ({code})", [python, "evaluate.py", "--ckpt", checkpoint_of(where), *args, "--device",
                                             "cpu"], env, codes[code], allowed)
 
