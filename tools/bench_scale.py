@@ -288,12 +288,19 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
     env = dict(MTLC_CACHE_DIR=str(root / "cache-loop"))
     record = json.loads(Path(out).read_text()) if Path(out).exists() else {}
     record.update(images=n, image_size=image_size, width=width, planted_photos=planted, audit_folds=folds,
-                  audit_steps=steps, max_error=max_error, suggest=suggest,
+                  audit_steps=steps, max_error=max_error, suggest_asked=suggest,
                   cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
                   .splitlines()[0].strip(), cores=os.cpu_count(),
                   memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1))
     record.setdefault("codes", {}).update({k: str(v) for k, v in codes.items()})
-    record.setdefault("commands", {})[only or "all"] = " ".join(sys.argv)
+    commands = record.get("commands") if isinstance(record.get("commands"), list) else []
+    record["commands"] = commands + [" ".join(sys.argv)]
+
+    def part_record(part):
+        """The part's measurements by code (the other code's kept from --out), a dict."""
+        if not isinstance(record.get(part), dict):
+            record[part] = {}
+        return record[part]
 
     def save():
         Path(out).write_text(json.dumps(record, indent=1) + "\n")
@@ -332,7 +339,7 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
                        ("review", ["--max-error", str(max_error), "--review"])):
         if part not in parts:
             continue
-        record.setdefault(part, {})
+        part_record(part)
         for code in codes:
             output = root / f"{part}-{code}.{'html' if part == 'review' else 'csv'}"
             record[part][code] = evaluate(folder, part, "--predict", unlabeled, *args, output, code=code)
@@ -349,7 +356,7 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
             continue
         if part == "audit_small":
             train(where, "checkpoint_small")
-        record.setdefault(part, {})
+        part_record(part)
         for code in which:
             output = root / f"{part}-{code}.csv"
             record[part][code] = evaluate(where, part, "--audit", output, "--audit-folds", str(folds), "--audit-steps",
@@ -365,7 +372,7 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
                                                      "--image-size", str(image_size), "--width", str(width),
                                                      "--benchmark", "1", "--device", "cpu"]),
                                   ("undo", [python, "label.py", "--data-dir", folder, "--undo"])):
-                record.setdefault(part, {})[code] = measure(f"{part} ({code})", command, env, codes[code])
+                part_record(part)[code] = measure(f"{part} ({code})", command, env, codes[code])
                 save()
     save()
     print(json.dumps(record, indent=1))
