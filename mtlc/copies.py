@@ -62,7 +62,11 @@ def thumbnail_vectors(images):
     def batches():
         for batch in rows.batches():  # 64 MiB of images at a time (batches.PASS_BYTES)
             yield thumbnail_batch(batch).numpy()
-    return Vectors(len(rows), 3 * THUMBNAIL ** 2, batches, lambda idx: thumbnail_batch(rows.gather(idx)).numpy())
+
+    def at(idx):  # POOL_BATCH images in memory at a time: a faiss training sample is a quarter of a million
+        made = [thumbnail_batch(rows.gather(idx[s:s + POOL_BATCH])).numpy() for s in range(0, len(idx), POOL_BATCH)]
+        return np.concatenate(made) if made else np.zeros((0, 3 * THUMBNAIL ** 2), np.float32)
+    return Vectors(len(rows), 3 * THUMBNAIL ** 2, batches, at)
 
 
 def distances(images_a, images_b, pairs):
@@ -100,8 +104,9 @@ def near_pairs(images, progress=lambda n: None):
     if len(rows) < 3:
         return []
     vectors = thumbnail_vectors(rows)
-    _, index = nearest(vectors, vectors, min(CANDIDATES + 1, len(rows)), progress=progress)
-    pairs = candidate_pairs(index)
+    index = nearest(vectors, vectors, min(CANDIDATES + 1, len(rows)), progress=progress)[1]
+    pairs = candidate_pairs(index).astype(np.int32 if len(rows) < 2 ** 31 else np.int64)  # 9 million at a million
+    del index
     d = distances(rows, rows, pairs)
     close = np.flatnonzero(d <= NEAR_DISTANCE)
     if not len(close):

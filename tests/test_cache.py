@@ -372,3 +372,18 @@ def test_a_folder_at_a_cache_file_name_leaves_the_images_decoded_and_says_so(tmp
               "print(len(d.train_y))", tmp_path / "d", env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")), timeout=120)
     assert res.returncode == 0 and "cannot write the decode cache" in res.stdout + res.stderr, res.stdout + res.stderr
     assert meta.is_dir()
+
+
+def test_a_large_gather_lets_the_mapped_pages_go_every_gather_rows(monkeypatch):
+    """Scattered images are gathered GATHER_ROWS at a time, the mapped pages let go after each chunk
+    (each image can map a whole folio of the cache: a quarter of a million gathered at once mapped all
+    3 GB of a million-image cache), with the same images in the same order as plain indexing."""
+    released = []
+    monkeypatch.setattr(batches, "release_pages", lambda part: released.append(len(part)))
+    monkeypatch.setattr(batches, "GATHER_ROWS", 100)
+    train = torch.randint(0, 256, (700, 3, 4, 4), dtype=torch.uint8)
+    test = torch.randint(0, 256, (300, 3, 4, 4), dtype=torch.uint8)
+    idx = np.random.default_rng(0).permutation(1000)[:650]
+    assert torch.equal(batches.ImageRows(train, test).gather(idx), torch.cat([train, test])[idx])
+    in_train = int((idx < 700).sum())
+    assert released == [700] * -(-in_train // 100) + [300] * -(-(650 - in_train) // 100)
