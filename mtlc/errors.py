@@ -13,10 +13,9 @@ class WriteFailed(click.ClickException):
     written before it are whole."""
     exit_code = 1
 
-    def __init__(self, path, error):
+    def __init__(self, path, error, after="nothing of it was left behind; the files written before it are complete"):
         self.errno = error.errno
-        super().__init__(f"cannot write {path}: {error.strerror or error} (nothing of it was left behind; "
-                         f"the files written before it are complete)")
+        super().__init__(f"cannot write {path}: {error.strerror or error} ({after})")
 
 
 class TrainingFailed(click.ClickException):

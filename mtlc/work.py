@@ -70,7 +70,8 @@ class Appended:
             while left:  # an unbuffered write may take part of it (a file-size limit reached): the rest raises
                 left = left[self.file.write(left):]
         except OSError as exc:  # a full disk or a size limit: one line naming the work file (its output's)
-            raise WriteFailed(self.path, exc) from None
+            raise WriteFailed(self.path, exc, "the work done before it is kept: the same command goes on from there "
+                                              "once it can write") from None
         self.mac.update(data)
         self.length += len(data)
 

@@ -113,7 +113,8 @@ def test_decode_cache_write_refused_ends_the_run(tmp_path):
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--image-size", "64", "--width", "0.0625",
               "--epochs", "1", "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path / "run", limit_kb=256)
     assert res.returncode == 1, res.stderr
-    assert f"cannot write {data}/mtlc-cache/train-64px-" in res.stderr and "File too large" in res.stderr
+    # the rows are written into the cache's work folder first (.train-64px-<key>.mtlc-work/): that write is refused
+    assert f"cannot write {data}/mtlc-cache/.train-64px-" in res.stderr and "File too large" in res.stderr
     assert no_temp_files(data) and not list((data / "mtlc-cache").glob("train-*"))
 
 
