@@ -372,6 +372,8 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
                                                      "--image-size", str(image_size), "--width", str(width),
                                                      "--benchmark", "1", "--device", "cpu"]),
                                   ("undo", [python, "label.py", "--data-dir", folder, "--undo"])):
+                if part not in parts:
+                    continue
                 part_record(part)[code] = measure(f"{part} ({code})", command, env, codes[code])
                 save()
     save()
