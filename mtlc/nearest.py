@@ -14,7 +14,6 @@ carry the codes' rounding); docs/audit.md measures what that costs the copy sear
 """
 import math
 
-import faiss
 import numpy as np
 
 EXACT_PAIRS = 10 ** 10   # queries x base vectors compared one by one at most: about a minute here
@@ -65,6 +64,7 @@ def nearest(base, queries, k, seed=0, progress=lambda n: None):
 def exact_search(base, k):
     """A search that compares a batch of queries with every base vector (faiss.knn block by block,
     merged in a faiss.ResultHeap); a base of one block is made once."""
+    import faiss  # here, not above: training on a dataset without files never searches (GPU hosts lack faiss)
     held = list(base.batches()) if base.n <= BLOCK else None
 
     def search(batch):
@@ -85,6 +85,7 @@ def exact_search(base, k):
 def approximate_search(base, k, seed):
     """A search in an inverted-file index of the base (8-bit scalar-quantized codes), trained on a
     sample of it and filled a batch at a time."""
+    import faiss
     cells = max(1, min(base.n // TRAINING_PER_CELL, 2 ** round(math.log2(max(1, base.n // CELL_POINTS)))))
     index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatL2(base.dim), base.dim, cells, faiss.ScalarQuantizer.QT_8bit,
                                           faiss.METRIC_L2)

@@ -21,7 +21,6 @@ of a hundred thousand images costs no hundred-thousand-squared distances.
 """
 import heapq
 
-import faiss
 import numpy as np
 from sklearn.cluster import KMeans, kmeans_plusplus
 
@@ -41,6 +40,7 @@ def unit_rows(x):
 def typicality(points):
     """1 / mean (Euclidean) distance to the k nearest other points (k = min(20, half the points)),
     per point."""
+    import faiss  # here, not above: only --suggest needs it (the GPU hosts, which train, lack faiss)
     if len(points) < 3:
         return np.ones(len(points))
     k = min(TYPICALITY_NEIGHBOURS, len(points) // 2)
@@ -76,6 +76,7 @@ def cluster(points, n_clusters, seed):
     if points.n <= FULL_KMEANS_MAX:
         everything = points.rows(np.arange(points.n))
         return KMeans(n_clusters, n_init=1, random_state=seed).fit_predict(everything)
+    import faiss
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(points.n, min(points.n, TRAINING_PER_CLUSTER * n_clusters), replace=False))
     dim = points.labeled.shape[1]

@@ -89,3 +89,12 @@ def test_gpu_session_runs_the_parts_it_has_time_for(tmp_path):
     assert list(json.loads((tmp_path / "summary.json").read_text())) == ["env"]
     res = subprocess.run([*session, tmp_path / "late", "20", "env"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert res.returncode == 1 and "env not run" in res.stdout and not (tmp_path / "late").exists()
+
+
+def test_the_scripts_start_without_faiss_as_on_the_lent_gpu_hosts():
+    """The lent GPU machines have no faiss and nothing can be installed there: the training scripts,
+    evaluate.py and the GPU check import without it (only the neighbour searches need it)."""
+    blocked = ("import sys; sys.modules['faiss'] = None; sys.path.insert(0, 'tools'); "
+               "import train_mt, finetune_lc, evaluate, gpu_check; print('started')")
+    res = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "started", res.stderr
