@@ -195,7 +195,8 @@ def stage_two(config, data, state, training, device, procs, reference_spread=Non
     """Stage 2's trainer; with --lc-pairs true-class it also holds every training image's true class."""
     pairs_truth = true_classes(data, config["lc"]["truth"]) if config["lc"]["pairs"] == "true-class" else None
     return make_trainer("lc", config, data, checkpoint_split(state), training, device, procs,
-                        reference_spread=reference_spread, true_classes=pairs_truth)
+                        reference_spread=reference_spread, true_classes=pairs_truth,
+                        adaptive_threshold=state["adaptive_threshold"])
 
 
 def milestones(config):

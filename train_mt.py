@@ -28,7 +28,10 @@ from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.presets import DATASETS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, ramp_epochs
+from mtlc.presets import (CONSISTENCY, DATASETS, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
+                          preset_help, ramp_epochs)
+from mtlc.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
+from mtlc.report import objective_name
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
 from mtlc.training import run_stage
@@ -54,8 +57,9 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "evaluation, for model selection that never looks at the test set: unlabeled ones, or for a "
                    "folder with labeled/, labeled ones (stratified by class).")
 @click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
-@click.option("--unlabeled-batch", type=click.IntRange(min=1), default=128,
-              help="Unlabeled images per step; an epoch is one pass over the unlabeled set.")
+@click.option("--unlabeled-batch", type=click.IntRange(min=1), default=None,
+              help="Unlabeled images per step; an epoch is one pass over the unlabeled set. "
+                   f"{objective_help('unlabeled_batch')}")
 @click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0,
               help="Channel multiplier of the 13-layer ConvNet; 1.0 is the paper's network.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
@@ -64,8 +68,23 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help=f"Epochs of linear lr decay to 0 after that. {preset_help('decay_epochs')}")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
 @click.option("--ema", type=click.FloatRange(0, 1), default=None, help=f"Teacher EMA decay alpha. {preset_help('ema')}")
-@click.option("--cons-weight", type=click.FloatRange(min=0), default=100.0,
-              help="Consistency weight lambda1; 0 trains the supervised-only baseline.")
+@click.option("--consistency", type=click.Choice(CONSISTENCIES), default=None,
+              help="The unlabeled images' objective. mt: Mean Teacher's (Eq. 1): the student's class probabilities "
+                   "near the EMA teacher's on another view of the image. fixmatch: pseudo-labels (FixMatch): the class "
+                   "given to a weak view (shift, flip) is the target of the student's cross-entropy on a strong view "
+                   "of the same image (torchvision's RandAugment and Cutout) wherever its confidence clears "
+                   "--threshold. The EMA teacher is the model kept and evaluated either way, and stage 2 adds LC to "
+                   f"the same objective. [default: {', '.join(f'{k} {v}' for k, v in CONSISTENCY.items())}]")
+@click.option("--threshold", type=ThresholdParam(), default=None,
+              help="fixmatch: the confidence a pseudo-label needs: a number in (0, 1] (FixMatch's 0.95) or adaptive: "
+                   "FreeMatch's self-adaptive threshold, global and per class, starting low and rising with the "
+                   f"network's confidence. {objective_help('threshold')}")
+@click.option("--pseudo-labels", type=click.Choice(PSEUDO_LABEL_SOURCES), default=None,
+              help="fixmatch: the network whose prediction on the weak view is the pseudo-label: the EMA teacher, or "
+                   f"the student itself (FixMatch's), without gradient. {objective_help('pseudo_labels')}")
+@click.option("--cons-weight", type=click.FloatRange(min=0), default=None,
+              help="Weight lambda1 of the unlabeled objective (--consistency); 0 trains the supervised-only baseline. "
+                   f"{objective_help('cons_weight')}")
 @click.option("--cons-rampup", type=click.FloatRange(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda1. {preset_help('cons_rampup')}")
 @click.option("--lc-start-epoch", type=click.IntRange(min=1), default=None,
@@ -100,7 +119,7 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
 @speed_options("mt")
 @tensorboard_option("mt")
 def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, compress, image_size,
+         lr, ema, consistency, threshold, pseudo_labels, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, compress, image_size,
          skip_bad_images, seed, device, out, overwrite, resume, precision, compile_, step_mode, benchmark, tensorboard):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
@@ -118,7 +137,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
-                                   procs)
+                                   procs, adaptive_threshold=state["adaptive_threshold"])
             run_stage(trainer, out, milestones(config), start_epoch=state["epoch"],
                       tensorboard=resumed_curves(config, tensorboard, procs.echo))
             return
@@ -132,6 +151,10 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
             raise UserError(f"--labels is required for --dataset folder in the benchmark layout ({data_dir}/train/<class>): "
                             f"how many training images keep their labels")
         check_image_size(image_size)
+        consistency = consistency or CONSISTENCY[dataset]
+        objective = objective_settings(consistency, threshold=threshold, pseudo_labels=pseudo_labels,
+                                       cons_weight=cons_weight, unlabeled_batch=unlabeled_batch)
+        unlabeled_batch = objective["unlabeled_batch"]
         existing = existing_outputs(out, outputs, overwrite)
 
         data = procs.main_first(lambda: load_dataset(dataset, data_dir, image_size, skip_bad_images, procs.echo))
@@ -178,11 +201,11 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                        f"(test/, --val), they count as errors in the calibration of --max-error")
         mean, std = channel_stats(data.train_x)
         config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
-                      val=val, labeled_batch=labeled_batch, unlabeled_batch=unlabeled_batch, width=width,
+                      val=val, labeled_batch=labeled_batch, width=width,
                       num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
                       image_size=image_size, skip_bad_images=skip_bad_images, files=data.files, contents=data.contents,
                       leaked_test=leaked, relabeled=relabeled,
-                      seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], cons_weight=cons_weight,
+                      seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], **objective,
                       cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
                       forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
                       eval_every=eval_every or defaults["eval_every"], compress=compress,
@@ -193,13 +216,26 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
                    f"{len(data.test_y)} test, {image_size} px, width {width}, {epochs}+{decay_epochs} epochs of "
                    f"{steps_per_epoch} steps ({(epochs + decay_epochs) * steps_per_epoch:,} steps, consistency ramp "
                    f"{round(cons_rampup * steps_per_epoch):,}; mt.pt after epoch {lc_start_epoch}), {config['forward']} "
-                   f"forward, device {device} x {procs.world}, {config['precision']}")
+                   f"forward, device {device} x {procs.world}, {config['precision']}; unlabeled objective "
+                   f"{objective_name(config)}, lambda1 {config['cons_weight']:g}")
 
         trainer = make_trainer("mt", config, data, split, fresh_training(config, data, labeled_idx, device), device, procs)
         if benchmark:
             report_benchmark(trainer, benchmark, out if outputs else None)
             return
         run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
+
+
+def objective_settings(consistency, **given):
+    """The settings of the unlabeled objective: those given, else the objective's defaults
+    (OBJECTIVE_DEFAULTS); the pseudo-label settings are refused with MT."""
+    defaults = OBJECTIVE_DEFAULTS[consistency]
+    wrong = [key for key, value in given.items() if value is not None and key not in defaults]
+    if wrong:
+        raise UserError(f"--{wrong[0].replace('_', '-')} goes with --consistency fixmatch, not {consistency}")
+    settings = dict(OBJECTIVE_DEFAULTS["fixmatch"], consistency=consistency)  # kept in every config
+    settings.update({key: given[key] if given[key] is not None else value for key, value in defaults.items()})
+    return settings
 
 
 def milestones(config):

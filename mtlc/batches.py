@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .errors import UserError
 from .cache import in_order, release_pages
+from .strong_augment import StrongAugment
 
 # Bytes of uint8 images a whole-dataset pass reads at a time (the channel statistics): 64 MiB.
 PASS_BYTES = 2 ** 26
@@ -124,6 +125,11 @@ def max_shift(image_size):
 def augment(x, mean, std, flip, max_shift=2):
     """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
     CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
+    return normalize(shift_and_flip(x, flip, max_shift), mean, std)
+
+
+def shift_and_flip(x, flip, max_shift=2):
+    """augment's translation and flip (the weak view), still uint8."""
     b, _, h, w = x.shape
     padded = F.pad(x, (max_shift,) * 4)
     dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
@@ -135,7 +141,7 @@ def augment(x, mean, std, flip, max_shift=2):
     if flip:
         flipped = torch.rand(b, device=x.device) < 0.5
         out = torch.where(flipped[:, None, None, None], out.flip(3), out)
-    return normalize(out, mean, std)
+    return out
 
 
 def normalize(x, mean, std):
@@ -174,6 +180,8 @@ class Batches:
         self.mean, self.std = normalization(config, device)
         self.flip = config["dataset"] == "cifar10"
         self.max_shift = max_shift(config["image_size"])
+        # The pseudo-label objective trains the student on strong views of the unlabeled images.
+        self.strong = StrongAugment(config["image_size"]) if config["consistency"] == "fixmatch" else None
 
     def indices(self, step):
         """The training-set indices of this process's share of the step's images, labeled ones first."""
@@ -188,9 +196,22 @@ class Batches:
         idx = self.indices(step)
         images = self.train_x[idx].to(self.device, non_blocking=True)
         release_pages(self.train_x)  # a fraction of a millisecond: memory stays at one batch
-        student_view, teacher_view = (augment(images, self.mean, self.std, self.flip, self.max_shift)
-                                      .contiguous(memory_format=torch.channels_last) for _ in range(2))
-        return student_view, teacher_view, self.train_y[idx[:self.n_lab]].to(self.device)
+        return *self.augmented(images), self.train_y[idx[:self.n_lab]].to(self.device)
+
+    def augmented(self, images, sync_free=False):
+        """(student view, teacher view) of a step's uint8 images on the device (labeled first), drawn
+        independently: both weak (shift, flip), or with the pseudo-label objective the student's
+        unlabeled images strong (strong_augment.py); sync_free: no host read (the graphed step)."""
+        student = (self.strong_view(images, sync_free) if self.strong
+                   else shift_and_flip(images, self.flip, self.max_shift))
+        teacher = shift_and_flip(images, self.flip, self.max_shift)
+        return tuple(normalize(v, self.mean, self.std).contiguous(memory_format=torch.channels_last)
+                     for v in (student, teacher))
+
+    def strong_view(self, images, sync_free):
+        """The labeled images weak, the unlabeled ones strong (built on their own weak view, as FixMatch's)."""
+        weak = shift_and_flip(images, self.flip, self.max_shift)
+        return torch.cat([weak[:self.n_lab], self.strong(weak[self.n_lab:], sync_free)])
 
     def training_images(self, n, batch_size=500):
         """A fixed sample of up to n training images (labeled and unlabeled, never the validation

@@ -22,6 +22,7 @@ from .files import describe_bad
 from .errors import UserError
 from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
 from .presets import DATASETS
+from .pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, is_threshold
 from .runs import set_rng_state, write_metrics, writing_folder
 from .splits import unleaked_test
 from .training import Stage, Trainer, make_optimizer
@@ -53,6 +54,12 @@ def is_index(value):
             and (value.numel() == 0 or int(value.min()) >= 0))
 
 
+def is_probabilities(value):
+    """A float tensor of finite values in [0, 1] (the adaptive threshold's state)."""
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() <= 1
+            and bool(((value >= 0) & (value <= 1)).all()))
+
+
 def is_part_dict(value, check):
     return isinstance(value, dict) and set(value) == {"train", "test"} and all(check(v) for v in value.values())
 
@@ -64,7 +71,9 @@ STATE_CHECKS = dict(
     labeled_idx=is_index, unlabeled_idx=is_index, val_idx=is_index,
     student=lambda v: isinstance(v, dict), teacher=lambda v: isinstance(v, dict), optimizer=lambda v: isinstance(v, dict),
     model_args=lambda v: isinstance(v, dict), reference_spread=lambda v: v is None or is_number(v),
-    rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict))
+    rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
+    adaptive_threshold=lambda v: v is None or (isinstance(v, dict) and set(v) == {"confidence", "class_means"} and
+                                          all(is_probabilities(t) for t in v.values())))
 CONFIG_CHECKS = dict(
     dataset=lambda v: v in DATASETS, data_dir=lambda v: isinstance(v, str) and v and "\0" not in v,
     labels=is_int, labeled_batch=lambda v: is_int(v, 1), unlabeled_batch=lambda v: is_int(v, 1),
@@ -79,7 +88,8 @@ CONFIG_CHECKS = dict(
     files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
     leaked_test=lambda v: v is None or is_names(v), relabeled=is_names, forward=lambda v: v in ("joint", "split"),
     precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str),
-    compress=lambda v: is_number(v) and v >= 1, tensorboard=lambda v: v is None or isinstance(v, str))
+    compress=lambda v: is_number(v) and v >= 1, tensorboard=lambda v: v is None or isinstance(v, str),
+    consistency=lambda v: v in CONSISTENCIES, threshold=is_threshold, pseudo_labels=lambda v: v in PSEUDO_LABEL_SOURCES)
 LC_CONFIG_CHECKS = dict(
     eps=lambda v: is_number(v) and v > 0, eps_auto=lambda v: isinstance(v, bool),
     eps_scale=lambda v: v in ("fixed", "relative", "normalized"), lam=lambda v: is_number(v, 0),
@@ -106,7 +116,8 @@ def metrics_problem(metrics, required):
 
 # Settings that runs from before they existed did not write, as those runs behaved.
 RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False, leaked_test=None, step_mode="eager", compress=1.0, tensorboard=None, relabeled=[])
+                    precision="fp32", compile=False, leaked_test=None, step_mode="eager", compress=1.0, tensorboard=None,
+                    relabeled=[], consistency="mt", threshold=0.95, pseudo_labels="teacher")
 LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
 
 
@@ -134,6 +145,9 @@ def config_problem(state):
         return "; ".join(problems) + " (or holds another type or value there)"
     if len(config["classes"]) != config["num_classes"]:
         return f"its config's {len(config['classes'])} classes do not fit its class count ({config['num_classes']})"
+    thresholds = state["adaptive_threshold"]
+    if thresholds is not None and thresholds["class_means"].shape != (config["num_classes"],):
+        return f"its adaptive threshold's class means do not fit its class count ({config['num_classes']})"
     return metrics_problem(state.get("metrics"), required=state["stage"] == "lc")
 
 
@@ -147,6 +161,7 @@ def with_defaults(state):
     state = dict(state, config=config)
     state.setdefault("val_idx", torch.zeros(0, dtype=torch.long))
     state.setdefault("reference_spread", None)
+    state.setdefault("adaptive_threshold", None)
     state.setdefault("rng", {})
     if "model_args" not in state:
         try:
@@ -263,11 +278,13 @@ def fresh_training(config, data, labeled_idx, device):
     return student, teacher, make_optimizer(student, config["lr"])
 
 
-def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None):
+def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None,
+                 adaptive_threshold=None):
     """The Trainer of stage `name` of a run: its config, data and split, and `training` (student,
-    teacher, optimizer) fresh or restored from a checkpoint."""
+    teacher, optimizer) fresh or restored from a checkpoint (with its adaptive threshold's state)."""
     return Trainer(*training, data, split, config, stage_of(config, name), device, procs,
-                   reference_spread=reference_spread, true_classes=true_classes)
+                   reference_spread=reference_spread, true_classes=true_classes,
+                   adaptive_threshold=adaptive_threshold)
 
 
 def restore_data(state, data_dir=None, echo=click.echo):

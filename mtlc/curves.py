@@ -16,7 +16,8 @@ SCHEDULE = ("lr", "cons_weight", "lc_weight")
 
 
 def tag(key):
-    """The TensorBoard tag of a record's key: grouped (loss/, schedule/, error/, lc/, time/), the key kept."""
+    """The TensorBoard tag of a record's key: grouped (loss/, schedule/, error/, lc/, time/,
+    pseudo_labels/), the key kept."""
     if key in LOSSES:
         return f"loss/{key}"
     if key in SCHEDULE:
@@ -27,6 +28,8 @@ def tag(key):
         return "time/epoch_seconds"
     if key == "global_epoch":
         return "epoch/global_epoch"
+    if key == "above_threshold":  # the pseudo-label objective: the share of unlabeled images it trains on
+        return "pseudo_labels/above_threshold"
     return f"lc/{key}"  # LC's diagnostics: neighbour fraction, all-neighbour epochs, distances
 
 

@@ -18,7 +18,7 @@ import time
 import click
 import torch
 
-from .batches import augment, seed_step
+from .batches import seed_step
 from .devices import sync
 from .errors import UserError
 
@@ -31,6 +31,9 @@ WARMUP_STEPS = 3
 # The images stay on the GPU only if they take at most this share of its free memory (CIFAR-10: 150 MB).
 RESIDENT_SHARE = 0.5
 STEP_MODES = ("auto", "eager", "graphed")
+# What an epoch sums over its steps: loss, ce, cons, lc, neighbour fraction, all-neighbour steps, share
+# of the unlabeled images above the pseudo-label threshold (Trainer.train_step's values).
+EPOCH_SUMS = 7
 
 
 def resolve_step_mode(mode, device, world, images_bytes):
@@ -162,8 +165,7 @@ class DeviceGuards:
 
 class GraphedSteps:
     """The steps of a Trainer as described above; `fit` drives it as it drives EagerSteps:
-    start_epoch, step (in order), end_epoch (the epoch's sums: loss, ce, cons, lc, neighbour
-    fraction, all-neighbour steps)."""
+    start_epoch, step (in order), end_epoch (the epoch's sums, EPOCH_SUMS)."""
     benchmark_warmup = WARMUP_STEPS + 2  # the steps before the capture, the capture, one replay
 
     def __init__(self, trainer):
@@ -175,7 +177,7 @@ class GraphedSteps:
         self.true_classes = None if t.true_classes is None else t.true_classes.to(device)
         self.tables = EpochTables(t)
         self.guards = DeviceGuards(t)
-        self.sums = torch.zeros(6, device=device)
+        self.sums = torch.zeros(EPOCH_SUMS, device=device)
         self.alpha = torch.tensor(t.stage.ema, device=device)
         self.one_minus_alpha = torch.tensor(1.0 - t.stage.ema, device=device)
         self.graph = self.data_graph = None
@@ -190,11 +192,8 @@ class GraphedSteps:
 
     def views(self, indices):
         """The student's and the teacher's views of the images `indices` (labeled first), augmented
-        independently on the device (batches.augment)."""
-        b = self.trainer.batches
-        images = self.images.index_select(0, indices)
-        return tuple(augment(images, b.mean, b.std, b.flip, b.max_shift)
-                     .contiguous(memory_format=torch.channels_last) for _ in range(2))
+        independently on the device with no host read (Batches.augmented)."""
+        return self.trainer.batches.augmented(self.images.index_select(0, indices), sync_free=True)
 
     def body(self):
         """One training step, every value on the device (what the graph records)."""
@@ -203,15 +202,15 @@ class GraphedSteps:
         student_view, teacher_view = self.views(indices)
         labels = self.labels.index_select(0, indices[:t.batches.n_lab])
         true_classes = None if self.true_classes is None else self.true_classes.index_select(0, indices)
-        loss, ce, cons, lc, fraction, spread = t.objective(student_view, teacher_view, labels, cons_w, lc_w,
-                                                           true_classes, autocast_cache=False)
+        loss, ce, cons, lc, fraction, spread, above = t.objective(student_view, teacher_view, labels, cons_w, lc_w,
+                                                                  true_classes, autocast_cache=False)
         self.guards.observe(step, loss, spread, torch.stack([ce, cons, lc]).detach())
         t.backward(loss)
         sgd_step(t.optimizer, lr)
         ema_step(t.teacher, t.student, self.alpha, self.one_minus_alpha)
         fraction = fraction.float()
         self.sums.add_(torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction,
-                                    (fraction >= 1).float()]))
+                                    (fraction >= 1).float(), above.float()]))
 
     def start_epoch(self, first_step):
         """Seed the epoch's random numbers from (seed, first_step) and fill its tables."""

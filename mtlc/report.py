@@ -13,21 +13,34 @@ from .inference import predict_classes, test_error
 from .predictions import held_out_calibration
 from .runs import atomic_write
 
-CONTROL = "MT, continued (lambda2 0)"
+# How a stage-2 run with lambda2 0 is named after its stage-1 objective: LC's control.
+CONTROL = ", continued (lambda2 0)"
+
+
+def objective_name(config):
+    """Stage 1's objective: supervised (lambda1 0), MT, or FixMatch with its threshold and, where not
+    the teacher, the source of its pseudo-labels."""
+    if config["cons_weight"] == 0:
+        return "supervised"
+    if config["consistency"] == "fixmatch":
+        source = ", the student's pseudo-labels" if config["pseudo_labels"] == "student" else ""
+        return f"FixMatch (threshold {config['threshold']}{source})"
+    return "MT"
 
 
 def method_name(state):
-    """supervised, MT, MT+LC with its eps scale (fixed, as in the paper, relative or normalized) and its
-    pairs (all, or same-prediction), or, for a stage-2 run with lambda2 0, LC's control: MT trained on
-    for stage 2's schedule without LC."""
+    """Stage 1's objective (objective_name), then for stage 2 +LC with its eps scale (fixed, as in the
+    paper, relative or normalized) and its pairs (all, or same-prediction), or, for a stage-2 run with
+    lambda2 0, LC's control: stage 1's objective trained on for stage 2's schedule without LC."""
+    base = objective_name(state["config"])
     if state["stage"] == "lc":
         lc = state["config"]["lc"]
         if lc.get("lam") == 0:
-            return CONTROL
+            return base + CONTROL
         scale = lc.get("eps_scale")
         pairs = ", same-prediction pairs" if lc.get("pairs") == "same-prediction" else ""
-        return f"MT+LC ({scale} eps{pairs})" if scale else "MT+LC"
-    return "supervised" if state["config"]["cons_weight"] == 0 else "MT"
+        return f"{base}+LC ({scale} eps{pairs})" if scale else f"{base}+LC"
+    return base
 
 
 def lc_diagnostics(state):
@@ -57,8 +70,10 @@ def lc_diagnostics(state):
 
 def describe_lc(d):
     """One line of lc_diagnostics for people."""
+    fraction = d["max_neighbour_fraction_after_ramp"]
     line = (f"  LC: eps {d['eps']:.4g} ({'auto, ' if d['eps_auto'] else ''}{d['eps_scale']}); neighbour fraction "
-            f"after the ramp at most {d['max_neighbour_fraction_after_ramp']:.3f}; median d2 same/different class "
+            + (f"after the ramp at most {fraction:.3f}" if fraction is not None else "not measured after the ramp "
+               "(it lasted the whole run)") + "; median d2 same/different class "
             f"{d['d2_ratio_start']:.3f} -> {d['d2_ratio_end']:.3f}, mean d2 {d['d2_mean_start']:.3g} -> "
             f"{d['d2_mean_end']:.3g} ({d['d2_mean_start'] / d['d2_mean_end']:.1f}x smaller)")
     if "teacher_error_at_lc_start" in d:
@@ -95,15 +110,15 @@ def paired_differences(results):
     from the same MT checkpoint (same start, same schedule). Rows per LC method and setting: the
     number of pairs, and the mean, std and standard error of the differences in points (negative:
     LC helped)."""
-    controls = {r["mt_checkpoint"]: r for r in results if r["method"] == CONTROL}
+    controls = {r["mt_checkpoint"]: r for r in results if r["method"].endswith(CONTROL)}
     groups = {}
     for r in results:
         control = controls.get(r.get("mt_checkpoint"))
-        if r["stage"] == "lc" and r["method"] != CONTROL and control is not None:
+        if r["stage"] == "lc" and not r["method"].endswith(CONTROL) and control is not None:
             groups.setdefault((r["method"], f"{r['dataset']}, {r['labels']} labels"), []).append((r, control))
     rows = []
     for (method, setting), pairs in groups.items():
-        row = dict(paired=f"{method} minus {CONTROL}", method=method, setting=setting, pairs=len(pairs))
+        row = dict(paired=f"{method} minus {pairs[0][1]['method']}", method=method, setting=setting, pairs=len(pairs))
         measures = [""] + (["pool_"] if all("n_pool" in r and "n_pool" in c for r, c in pairs) else [])
         for measure in measures:
             for model in ("student", "teacher"):
@@ -161,8 +176,8 @@ def write_table(path, results):
             text += "\n"
         paired = paired_differences(results)
         if paired:
-            text += (f"Paired difference of the test error (points), each MT+LC run minus the {CONTROL} run from the "
-                     f"same MT checkpoint: mean +- std (standard error), pairs in brackets\n\n"
+            text += ("Paired difference of the test error (points), each run with LC minus its control (lambda2 0) "
+                     "from the same stage-1 checkpoint: mean +- std (standard error), pairs in brackets\n\n"
                      "| difference | setting | teacher | student |\n| --- | --- | --- | --- |\n")
             for r in paired:
                 text += (f"| {r['paired']} | {r['setting']} | " + " | ".join(

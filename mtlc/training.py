@@ -18,10 +18,11 @@ from .batches import Batches
 from .devices import Processes, average_buffers, sync
 from .curves import TensorBoardCurves
 from .errors import TrainingFailed
-from .graphed import GraphedSteps, resolve_step_mode
+from .graphed import EPOCH_SUMS, GraphedSteps, resolve_step_mode
 from .inference import test_error
 from .model import ModelConfig, SplitForward, recompute_bn_means
 from .neighbours import PairDistances, lc_features, lc_term
+from .pseudo_labels import PseudoLabels
 from .progress import TimeEstimate, epoch_progress
 from .runs import (prepare_staging, publish, read_metrics, rng_state, save_checkpoint, staging_folder, stop_on_signals,
                    write_metrics, writing_folder)
@@ -108,7 +109,7 @@ class Trainer:
     takes its 1/world share of the configured (global) labeled and unlabeled batches."""
 
     def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None, *,
-                 reference_spread=None, true_classes=None):
+                 reference_spread=None, true_classes=None, adaptive_threshold=None):
         procs = procs or Processes()
         # lc_pairs true-class: every training image's true class (data.true_classes), a measurement of
         # what perfect neighbours would give; nothing else reads it.
@@ -137,6 +138,12 @@ class Trainer:
         model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
         compile_ = torch.compile if config["compile"] else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
+        # The pseudo-label objective; pseudo-labels from the student's own weak view (no gradient, no DDP)
+        # or from the teacher's, on the view MT's teacher sees.
+        self.pseudo = (PseudoLabels(config["threshold"], config["num_classes"], device, adaptive_threshold, procs.world)
+                       if config["consistency"] == "fixmatch" else None)
+        self.source_forward = (compile_(student) if self.pseudo and config["pseudo_labels"] == "student"
+                               else self.teacher_forward)
         self.step_mode = resolve_step_mode(config["step_mode"], device, procs.world, data.train_x.nbytes)
         self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
@@ -156,24 +163,30 @@ class Trainer:
                               cache_enabled=cache)
 
     def objective(self, student_view, teacher_view, labels, cons_w, lc_w, true_classes=None, autocast_cache=True):
-        """(loss, ce, cons, lc, neighbour fraction, feature spread) of one step: the MT objective (Eq. 2)
-        and in stage 2 lambda2 * r2 * L_lc on top (Eq. 6); the weights may be floats or 0-dim tensors.
+        """(loss, ce, cons, lc, neighbour fraction, feature spread, share above the threshold) of one
+        step: the MT objective (Eq. 2), or with the pseudo-label objective its loss as cons, and in stage
+        2 lambda2 * r2 * L_lc on top (Eq. 6); the weights may be floats or 0-dim tensors.
         true_classes: the step's images' true classes, for lc_pairs true-class."""
+        n_lab = self.batches.n_lab
         with self.autocast(autocast_cache):  # the convolutions; every loss below is computed in fp32
             z, logits = self.student_forward(student_view)
             with torch.no_grad():
-                _, teacher_logits = self.teacher_forward(teacher_view)
-        ce = F.cross_entropy(logits[:self.batches.n_lab].float(), labels)
-        cons = consistency_loss(logits, teacher_logits)
+                _, teacher_logits = (self.source_forward if self.pseudo else self.teacher_forward)(teacher_view)
+        ce = F.cross_entropy(logits[:n_lab].float(), labels)
+        if self.pseudo:
+            cons, above, predicted = self.pseudo.loss(logits[n_lab:], teacher_logits[n_lab:])
+        else:
+            cons, above = consistency_loss(logits, teacher_logits), torch.zeros((), device=self.device)
+            predicted = teacher_logits[n_lab:].argmax(1)
         loss = ce + cons_w * cons
         if self.stage.name == "lc":
             z = z.float()
-            lc, fraction = self.lc_loss(z, labels, teacher_logits, true_classes)
+            lc, fraction = self.lc_loss(z, labels, predicted, true_classes)
             loss = loss + lc_w * lc
             spread = feature_spread(z)
         else:
             lc = fraction = spread = torch.zeros((), device=self.device)
-        return loss, ce, cons, lc, fraction, spread
+        return loss, ce, cons, lc, fraction, spread, above
 
     def backward(self, loss):
         """The student's gradients of `loss`, clipped in stage 2 (LC_MAX_GRAD_NORM)."""
@@ -185,14 +198,14 @@ class Trainer:
     def train_step(self, step, student_view, teacher_view, labels):
         """One SGD step and the EMA update (Eq. 3), the eager reference: the schedule and the guards
         read on the host. Returns (loss, ce, cons, lc, neighbour fraction, 1 if every LC pair was a
-        neighbour)."""
+        neighbour, share of the unlabeled images above the pseudo-label threshold)."""
         lr, cons_w, lc_w = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         true_classes = (self.true_classes[self.batches.indices(step)].to(self.device)
                         if self.stage.lc_pairs == "true-class" and self.stage.name == "lc" else None)
-        loss, ce, cons, lc, fraction, spread = self.objective(student_view, teacher_view, labels, cons_w, lc_w,
-                                                              true_classes)
+        loss, ce, cons, lc, fraction, spread, above = self.objective(student_view, teacher_view, labels, cons_w, lc_w,
+                                                                     true_classes)
         self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
         self.backward(loss)
         self.optimizer.step()
@@ -200,18 +213,20 @@ class Trainer:
         if self.procs.world > 1:
             average_buffers([self.student, self.teacher], self.procs.world)
         fraction = fraction.float()
-        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction, (fraction >= 1).float()])
+        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction, (fraction >= 1).float(),
+                            above.float()])
 
-    def lc_loss(self, z, labels, teacher_logits, true_classes=None):
+    def lc_loss(self, z, labels, predicted, true_classes=None):
         """(L_lc, neighbour fraction) of the step's student features z (labeled images first), in the
-        stage's form (neighbours.lc_term) and over the pairs it keeps."""
+        stage's form (neighbours.lc_term) and over the pairs it keeps; predicted: the unlabeled images'
+        classes by the teacher (or the pseudo-labels' source) on this step's view."""
         stage, n_lab = self.stage, self.batches.n_lab
         z_lab, z_unl = z[:n_lab], z[n_lab:]
         # same-prediction: a labeled image's class is its label, an unlabeled image's the teacher's
         # prediction on this step's view, so LC never pulls together images the teacher tells apart.
         classes = None
         if stage.lc_pairs == "same-prediction":
-            classes = torch.cat([labels, teacher_logits[n_lab:].argmax(1)])
+            classes = torch.cat([labels, predicted])
         elif stage.lc_pairs == "true-class":
             classes = true_classes
         if self.lc_global:  # neighbours across the whole global batch; gradients flow back to every rank
@@ -280,7 +295,8 @@ class Trainer:
         return dict(student=self.student.state_dict(), teacher=self.teacher.state_dict(),
                     optimizer=self.optimizer.state_dict(), stage=self.stage.name, epoch=epoch, step=step,
                     model_args=asdict(ModelConfig.of_run(self.config)), config=self.config, **self.split,
-                    rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics)
+                    rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics,
+                    adaptive_threshold=self.pseudo.state_dict() if self.pseudo else None)
 
     def errors(self):
         """Errors (%) of student and teacher on the test set if there is one, on their own labeled
@@ -334,7 +350,7 @@ class EagerSteps:
         self.trainer = trainer
 
     def start_epoch(self, first_step):
-        self.sums = torch.zeros(6, device=self.trainer.device)
+        self.sums = torch.zeros(EPOCH_SUMS, device=self.trainer.device)
 
     def step(self, step):
         self.sums += self.trainer.train_step(step, *self.trainer.batches.views(step))
@@ -388,7 +404,7 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
                                    procs.main, echo):
             trainer.steps.step(step)
             estimate.tick()
-        sums = trainer.steps.end_epoch()  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps
+        sums = trainer.steps.end_epoch()  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps, above
         if procs.world > 1:
             dist.all_reduce(sums)
         means = (sums / (spe * procs.world)).tolist()
@@ -400,6 +416,8 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
                       time_s=round(time.perf_counter() - start, 3))
         if stage.name == "lc":
             record.update(lc=means[3], neighbour_fraction=means[4], all_neighbours=means[5] == 1.0)
+        if trainer.pseudo:
+            record["above_threshold"] = means[6]
         evaluate = epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones
         if evaluate:
             trainer.recompute_bn_means()  # on every process, so that their running means stay identical
@@ -407,7 +425,7 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
             continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
         line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
                 f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
-                + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
+                + (f" above {means[6]:.3f}" if trainer.pseudo else "") + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
                 + f" | {record['time_s']:.1f}s")
         if evaluate:
             record.update(trainer.errors())

@@ -35,11 +35,18 @@ MT = Stage(name="mt", epochs=2, decay_epochs=1, lr=0.05, ema=0.9, cons_weight=10
 # Stage 2 from step 40, LC ramping up, its lr decaying: every table column moves within the run.
 LC = dict(name="lc", epochs=1, decay_epochs=1, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=5, eval_every=1,
           first_step=40, lc_eps=1.0, lc_weight=2.0, lc_rampup=1)
-STAGES = {"mt": MT,
-          "lc fixed eps": Stage(**LC),
-          "lc relative, same-prediction": Stage(**LC, lc_eps_scale="relative", lc_eps_ratio=0.4, lc_loss_unit=2.0,
-                                               lc_pairs="same-prediction"),
-          "lc true-class": Stage(**LC, lc_pairs="true-class")}
+SAME_PREDICTION = Stage(**LC, lc_eps_scale="relative", lc_eps_ratio=0.4, lc_loss_unit=2.0, lc_pairs="same-prediction")
+# The pseudo-label objective: strong views, its threshold fixed or adaptive (a state the step updates).
+FIXMATCH = dict(consistency="fixmatch", threshold=0.6, pseudo_labels="teacher", cons_weight=1.0)
+ADAPTIVE = dict(FIXMATCH, threshold="adaptive", pseudo_labels="student")
+# name: (stage, the run's objective)
+STAGES = {"mt": (MT, {}),
+          "lc fixed eps": (Stage(**LC), {}),
+          "lc relative, same-prediction": (SAME_PREDICTION, {}),
+          "lc true-class": (Stage(**LC, lc_pairs="true-class"), {}),
+          "fixmatch, fixed threshold": (MT, FIXMATCH),
+          "fixmatch, adaptive threshold, the student's pseudo-labels": (MT, ADAPTIVE),
+          "fixmatch + lc relative, same-prediction, adaptive": (SAME_PREDICTION, dict(ADAPTIVE, pseudo_labels="teacher"))}
 
 
 @pytest.mark.parametrize("name", list(STAGES))
@@ -51,10 +58,10 @@ def test_graphed_step_computes_the_eager_step(digits, name):
     rounding), and this network amplifies a one-ulp change of one weight to 1e-2 in the loss within 5
     steps, so each step starts from the eager state."""
     data, labeled, unlabeled = digits
-    stage = STAGES[name]
+    stage, objective = STAGES[name]
     truth = dict(true_classes=data.train_y.clone()) if stage.lc_pairs == "true-class" else {}
-    eager = tiny_trainer(data, labeled, unlabeled, config("eager"), stage, **truth)
-    graphed = tiny_trainer(data, labeled, unlabeled, config("graphed"), stage, **truth)
+    eager = tiny_trainer(data, labeled, unlabeled, config("eager", **objective), stage, **truth)
+    graphed = tiny_trainer(data, labeled, unlabeled, config("graphed", **objective), stage, **truth)
     assert isinstance(eager.steps, EagerSteps) and isinstance(graphed.steps, GraphedSteps)
     worst = compare_steps(eager, graphed, graphed.steps_per_epoch + 3, rtol=1e-5, atol=1e-6)
     assert worst["losses"]["excess"] <= 0 and worst["state"]["excess"] <= 0, worst
@@ -74,6 +81,7 @@ def test_step_equivalence_tool_in_miniature():
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert result["ok"] and result["mt"]["fresh_draws"] and result["lc"]["losses"]["excess"] <= 0
+    assert result["fixmatch"]["fresh_draws"] and result["fixmatch"]["state"]["excess"] <= 0
     assert result["mt"]["captured"] is False  # a CPU runs the graphed step uncaptured
 
 
@@ -244,9 +252,9 @@ def test_graphed_step_reads_nothing_back(digits, name):
     tensor, no data-dependent shape (on a GPU each would be a sync, and fail the capture). The host
     reads the device only when the guards are read."""
     data, labeled, unlabeled = digits
-    stage = STAGES[name]
+    stage, objective = STAGES[name]
     truth = dict(true_classes=data.train_y.clone()) if stage.lc_pairs == "true-class" else {}
-    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), stage, **truth)
+    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed", **objective), stage, **truth)
     trainer.steps.start_epoch(stage.first_step)
     trainer.steps.step(stage.first_step)  # momentum buffers made, as the steps before a capture make them
     with ReadsBack():

@@ -116,3 +116,26 @@ def test_a_good_write_gets_the_permissions_of_a_plain_open(tmp_path):
         os.umask(old)
     assert (tmp_path / "a").stat().st_mode == (tmp_path / "b").stat().st_mode
     assert (tmp_path / "a").read_bytes() == b"x"
+
+
+@pytest.mark.slow
+def test_the_pseudo_label_objective_resumes_to_the_same_files(tmp_path, monkeypatch):
+    """--consistency fixmatch with the adaptive threshold, whose state (tau, p~) moves every step: killed
+    after its second epoch and resumed, the files of an uninterrupted run, that state included; stage 2
+    continues it from mt.pt."""
+    args = [*MT_ARGS, "--consistency", "fixmatch", "--threshold", "adaptive"]
+    assert invoke(train_mt, [*args, "--out", tmp_path / "straight"]).exit_code == 0
+    interrupt_write(monkeypatch, "mt_last.pt", 2)
+    assert invoke(train_mt, [*args, "--out", tmp_path / "resumed"]).exit_code != 0
+    monkeypatch.undo()
+    result = invoke(train_mt, ["--resume", "--out", tmp_path / "resumed"])
+    assert result.exit_code == 0, result.output
+    assert_same_run(tmp_path / "straight", tmp_path / "resumed", MT_FILES)
+    a, b = (torch.load(d / "mt_final.pt", weights_only=True) for d in (tmp_path / "straight", tmp_path / "resumed"))
+    assert a["config"]["consistency"] == "fixmatch" and a["config"]["threshold"] == "adaptive"
+    assert all(torch.equal(a["adaptive_threshold"][k], b["adaptive_threshold"][k]) for k in ("confidence", "class_means"))
+    assert a["adaptive_threshold"]["confidence"] > 0.1 and "above_threshold" in a["metrics"][-1]
+    result = invoke(finetune_lc, ["--ckpt", tmp_path / "straight" / "mt.pt", *LC_ARGS, "--lam", "0", "--out", tmp_path / "lc"])
+    assert result.exit_code == 0, result.output
+    lc = torch.load(tmp_path / "lc" / "lc.pt", weights_only=True)
+    assert lc["config"]["consistency"] == "fixmatch" and lc["adaptive_threshold"] is not None

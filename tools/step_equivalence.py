@@ -9,7 +9,8 @@ test runs it on a CPU. Prints one JSON line; exits 1 where a difference passes t
     python tools/step_equivalence.py --device cuda --width 1 --precision bf16 --steps 12
 
 The data: scikit-learn's bundled digits at 32 px (offline), flipped as CIFAR-10 is; the split
-forward of the CIFAR-10 protocol; a stage 2 run adds LC with the paper's fixed eps and its clip.
+forward of the CIFAR-10 protocol; a stage 2 run adds LC with the paper's fixed eps and its clip; the
+fixmatch run is stage 2 on the pseudo-label objective (strong views, adaptive threshold).
 """
 import json
 import sys
@@ -32,6 +33,12 @@ TOLERANCES = {"fp32": dict(rtol=1e-5, atol=1e-6), "bf16": dict(rtol=1.6e-2, atol
 SEED = 3
 
 
+# The runs compared: the stage, and the unlabeled objective's settings of the run.
+RUNS = dict(mt=("mt", {}), lc=("lc", {}),
+            # the pseudo-label objective (strong views, the adaptive threshold's state) with LC on top
+            fixmatch=("lc", dict(consistency="fixmatch", threshold="adaptive", pseudo_labels="student", cons_weight=1.0)))
+
+
 def stage_named(name):
     """MT, or stage 2 from global step 40 with LC ramping up (the paper's fixed eps, all pairs)."""
     common = dict(epochs=2, decay_epochs=1, lr=0.05, ema=0.99, cons_weight=100.0, cons_rampup=5, eval_every=1)
@@ -40,7 +47,7 @@ def stage_named(name):
     return Stage(name="lc", first_step=40, lc_eps=50.0, lc_weight=10.0, lc_rampup=1, **common)
 
 
-def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch):
+def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch, objective=None):
     """(eager, graphed) trainers from one initial state on digits."""
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
@@ -48,7 +55,7 @@ def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch
     config = dict(RUN_DEFAULTS, dataset="digits", seed=SEED, labeled_batch=labeled_batch,
                   unlabeled_batch=unlabeled_batch, width=width, num_classes=10, bn_momentum=0.001,
                   mean=mean.tolist(), std=std.tolist(), precision=precision, forward="split",
-                  lc=dict(LC_DEFAULTS))
+                  lc=dict(LC_DEFAULTS), **(objective or {}))
     split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
     pair = []
     for mode in ("eager", "graphed"):
@@ -64,10 +71,13 @@ def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch
 
 
 def training_state(trainer):
-    """Every tensor a step changes: student and teacher (weights and BN running means), momentum."""
+    """Every tensor a step changes: student and teacher (weights and BN running means), momentum, and
+    the pseudo-label objective's adaptive threshold."""
     state = {f"{part}.{k}": v for part in ("student", "teacher") for k, v in getattr(trainer, part).state_dict().items()}
     state.update({f"momentum.{i}": trainer.optimizer.state[p]["momentum_buffer"]
                   for i, p in enumerate(trainer.student.parameters()) if "momentum_buffer" in trainer.optimizer.state[p]})
+    if trainer.pseudo:
+        state.update({"threshold.confidence": trainer.pseudo.confidence, "threshold.class_means": trainer.pseudo.class_means})
     return state
 
 
@@ -79,6 +89,9 @@ def set_training_state(trainer, state):
     for i, p in enumerate(trainer.student.parameters()):
         if f"momentum.{i}" in state:
             trainer.optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p)).copy_(state[f"momentum.{i}"])
+    if trainer.pseudo:
+        trainer.pseudo.confidence.copy_(state["threshold.confidence"])
+        trainer.pseudo.class_means.copy_(state["threshold.class_means"])
 
 
 def excess(actual, expected, rtol, atol):
@@ -90,7 +103,8 @@ def excess(actual, expected, rtol, atol):
 def compare_steps(eager, graphed, steps, rtol, atol):
     """Run `steps` steps of both from the same state and draws (see the module's docstring); returns
     {quantity: the largest excess over the tolerance and the largest absolute difference}, the
-    quantities being 'losses' (the step's loss, ce, cons, lc, neighbour fraction) and 'state'."""
+    quantities being 'losses' (the step's loss, ce, cons, lc, neighbour fraction, share above the
+    pseudo-label threshold) and 'state'."""
     worst = {"losses": [-float("inf"), 0.0], "state": [-float("inf"), 0.0]}
     first = eager.stage.first_step
     graphed.steps.start_epoch(first)
@@ -100,7 +114,7 @@ def compare_steps(eager, graphed, steps, rtol, atol):
         seed_step(SEED, step)
         before = graphed.steps.sums.clone()
         graphed.steps.step(step)
-        pairs = [("losses", (graphed.steps.sums - before)[:5], expected[:5])]
+        pairs = [("losses", (graphed.steps.sums - before)[[0, 1, 2, 3, 4, 6]], expected[[0, 1, 2, 3, 4, 6]])]
         actual_state = training_state(graphed)
         pairs += [("state", actual_state[k], v) for k, v in training_state(eager).items()]
         for name, actual, wanted in pairs:
@@ -141,13 +155,14 @@ def main(device, width, precision, steps, labeled_batch, unlabeled_batch):
     device = pick_device(device)
     tolerance = TOLERANCES[precision]
     result = dict(device=str(device), precision=precision, steps=steps, **tolerance)
-    for name in ("mt", "lc"):
-        eager, graphed = trainer_pair(stage_named(name), device, width, precision, labeled_batch, unlabeled_batch)
+    for name, (stage, objective) in RUNS.items():
+        eager, graphed = trainer_pair(stage_named(stage), device, width, precision, labeled_batch, unlabeled_batch,
+                                      objective)
         result[name] = compare_steps(eager, graphed, steps, **tolerance)
         result[name]["captured"] = graphed.steps.graph is not None
         result[name]["fresh_draws"] = fresh_draws(graphed)
-    result["ok"] = all(result[name][q]["excess"] <= 0 for name in ("mt", "lc") for q in ("losses", "state")) and \
-        all(result[name]["fresh_draws"] for name in ("mt", "lc"))
+    result["ok"] = all(result[name][q]["excess"] <= 0 for name in RUNS for q in ("losses", "state")) and \
+        all(result[name]["fresh_draws"] for name in RUNS)
     click.echo(json.dumps(result))
     sys.exit(0 if result["ok"] else 1)
 

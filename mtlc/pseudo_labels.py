@@ -1,0 +1,87 @@
+"""The pseudo-label objective (--consistency fixmatch) beside Mean Teacher's EMA teacher: FixMatch's
+unlabeled loss (Sohn et al. 2020). A network's class for the weak view of an unlabeled image is the
+target of the student's cross-entropy on a strong view of it (strong_augment.py) wherever that
+network's confidence clears a threshold; the loss is the mean over every unlabeled image of the
+step, those below the threshold counting 0.
+
+The threshold is fixed (FixMatch's 0.95) or adaptive: FreeMatch's self-adaptive threshold (Wang et
+al. 2023, Eq. 6-9): a global confidence tau, the EMA over steps of the batches' mean top
+probability, and per-class means p~ of the predicted distribution; class c's threshold is
+tau * p~(c) / max p~. Both start at 1 / classes, so the first steps keep nearly every image and the
+threshold rises as the network grows confident, per class as fast as that class is predicted.
+FreeMatch's fairness loss is left out.
+"""
+import click
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# FreeMatch's EMA momentum of tau and p~ per step.
+ADAPTIVE_MOMENTUM = 0.999
+CONSISTENCIES = ("mt", "fixmatch")
+PSEUDO_LABEL_SOURCES = ("teacher", "student")
+
+
+def is_threshold(value):
+    """A fixed threshold in (0, 1], or 'adaptive'."""
+    return value == "adaptive" or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1)
+
+
+class ThresholdParam(click.ParamType):
+    """--threshold: a number in (0, 1], or 'adaptive'."""
+    name = "FLOAT|adaptive"
+
+    def convert(self, value, param, ctx):
+        if value == "adaptive" or (is_threshold(value) and not isinstance(value, str)):
+            return value
+        try:
+            number = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'adaptive'", param, ctx)
+        if not is_threshold(number):
+            self.fail(f"{value} is not in (0, 1]", param, ctx)
+        return number
+
+
+class PseudoLabels:
+    """The unlabeled loss and, for an adaptive threshold, its state (tau, p~) on the training device:
+    tensors updated in place, so that a captured step updates them on every replay."""
+
+    def __init__(self, threshold, num_classes, device, state=None, world=1):
+        self.threshold, self.world = threshold, world
+        self.adaptive = threshold == "adaptive"
+        self.confidence = torch.full((), 1.0 / num_classes, device=device)  # tau
+        self.class_means = torch.full((num_classes,), 1.0 / num_classes, device=device)  # p~
+        if state is not None:
+            self.confidence.copy_(state["confidence"])
+            self.class_means.copy_(state["class_means"])
+
+    def state_dict(self):
+        """What a checkpoint keeps of it (None for a fixed threshold: nothing changes)."""
+        if not self.adaptive:
+            return None
+        return dict(confidence=self.confidence.detach().cpu().clone(), class_means=self.class_means.detach().cpu().clone())
+
+    def thresholds(self, probs, confidence):
+        """Each class's threshold this step, after FreeMatch's update with the batch (the processes' mean)."""
+        stats = torch.cat([confidence.mean().view(1), probs.mean(0)])
+        if self.world > 1:
+            dist.all_reduce(stats)
+            stats = stats / self.world
+        m = ADAPTIVE_MOMENTUM
+        self.confidence.mul_(m).add_(stats[0], alpha=1 - m)
+        self.class_means.mul_(m).add_(stats[1:], alpha=1 - m)
+        return self.confidence * self.class_means / self.class_means.max()
+
+    def loss(self, student_logits, source_logits):
+        """(loss, share of the images above the threshold, pseudo-labels) of the unlabeled images:
+        student_logits on their strong views, source_logits on their weak views (no gradient)."""
+        probs = F.softmax(source_logits.detach().float(), 1)
+        confidence, targets = probs.max(1)
+        if self.adaptive:
+            kept = confidence >= self.thresholds(probs, confidence)[targets]
+        else:
+            kept = confidence >= self.threshold
+        kept = kept.float()
+        loss = (F.cross_entropy(student_logits.float(), targets, reduction="none") * kept).mean()
+        return loss, kept.mean(), targets

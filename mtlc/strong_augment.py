@@ -1,0 +1,76 @@
+"""The strong view of the pseudo-label objective (FixMatch's): torchvision's RandAugment, then Cutout,
+drawn per image of a uint8 batch (B, 3, H, W) on the device where the step runs.
+
+torchvision's RandAugment (v2: two ops an image, each op and its sign uniform, magnitude 9 of 31
+bins) draws one op for a whole batch, and draws it on the host: per image it needs a Python loop,
+and in a CUDA graph its first draw would be replayed forever. Here the draws are device tensors, one
+per image, and each op is torchvision's own at torchvision's magnitude: in eager mode applied to the
+images that drew it; sync-free (the graphed step) applied to every image, each keeping its own draw,
+which gives the same images with no host read.
+"""
+import torch
+from torchvision.transforms import v2
+
+# Its op table (_AUGMENTATION_SPACE) and op implementation (_apply_image_or_video_transform) are used
+# as they are, so that every op and magnitude is torchvision's (tests compare them image by image).
+RAND_AUGMENT = v2.RandAugment()
+# Cutout after RandAugment, as FixMatch's strong augmentation: a square of half the image's side at a
+# uniform centre (cut by the border), filled with mid-grey.
+CUTOUT_SHARE = 0.5
+CUTOUT_FILL = 127
+
+
+class StrongAugment:
+    """RandAugment + Cutout for uint8 images of one size; each call draws anew from the global
+    generator of the images' device."""
+
+    def __init__(self, image_size):
+        self.variants = []  # (op name, signed magnitude)
+        choices = []        # per op: the variant of a positive and of a negative draw
+        for name, (magnitudes, signed) in RAND_AUGMENT._AUGMENTATION_SPACE.items():
+            values = magnitudes(RAND_AUGMENT.num_magnitude_bins, image_size, image_size)
+            magnitude = 0.0 if values is None else float(values[RAND_AUGMENT.magnitude])
+            choices.append([len(self.variants), len(self.variants) + int(signed)])
+            self.variants += [(name, magnitude)] + [(name, -magnitude)] * signed
+        self.choices = torch.tensor(choices)
+        self.cutout_side = max(1, round(CUTOUT_SHARE * image_size))
+
+    def apply(self, variant, images):
+        """One op of the table (its index in self.variants) on a batch, as torchvision's RandAugment does."""
+        name, magnitude = self.variants[variant]
+        return RAND_AUGMENT._apply_image_or_video_transform(images, name, magnitude, RAND_AUGMENT.interpolation,
+                                                            RAND_AUGMENT._fill)
+
+    def draw(self, n, device):
+        """The variant each of n images gets: an op uniformly, negated where torchvision's rand() <= 0.5."""
+        op = torch.randint(len(self.choices), (n,), device=device)
+        negative = (torch.rand(n, device=device) <= 0.5).long()
+        return self.choices.to(device)[op, negative]
+
+    def randaugment(self, images, variants, sync_free):
+        """Each image with its own variant applied."""
+        if sync_free:
+            every = torch.stack([self.apply(v, images) for v in range(len(self.variants))])
+            return every[variants, torch.arange(len(images), device=images.device)]
+        out = images.clone()
+        for v in variants.unique().tolist():  # a host read: eager steps only
+            rows = torch.nonzero(variants == v)[:, 0]
+            out[rows] = self.apply(v, images[rows])
+        return out
+
+    def cutout(self, images):
+        """A square of cutout_side pixels at a uniform centre per image set to CUTOUT_FILL."""
+        b, _, h, w = images.shape
+        device = images.device
+        top = torch.randint(0, h, (b, 1, 1), device=device) - self.cutout_side // 2
+        left = torch.randint(0, w, (b, 1, 1), device=device) - self.cutout_side // 2
+        rows = torch.arange(h, device=device)[None, :, None]
+        cols = torch.arange(w, device=device)[None, None, :]
+        inside = (rows >= top) & (rows < top + self.cutout_side) & (cols >= left) & (cols < left + self.cutout_side)
+        return images.masked_fill(inside[:, None], CUTOUT_FILL)
+
+    def __call__(self, images, sync_free=False):
+        """The strong view of uint8 images (B, 3, H, W); sync_free: no host read (a captured step)."""
+        for _ in range(RAND_AUGMENT.num_ops):
+            images = self.randaugment(images, self.draw(len(images), images.device), sync_free)
+        return self.cutout(images)
