@@ -34,11 +34,11 @@ def lc_shards(seed, world):
     return shards
 
 
-def digits_trainer(procs, scope="global", pairs="all"):
+def digits_trainer(procs, scope="global", pairs="all", **objective):
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
-                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope=scope))
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope=scope), **objective)
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
                          eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0, lc_pairs=pairs)
     return tiny_trainer(data, labeled, unlabeled, config, stage, procs)
@@ -70,6 +70,12 @@ def worker(rank, world, init_file, out_dir):
                 labels = [trainer.batches.views(step)[2] for step in range(3)]
                 seen["classes"] = torch.stack(classes_seen)
                 seen["own_labels"] = torch.stack(labels)
+        # The pseudo-label objective's adaptive threshold: updated with the mean over every rank's batch.
+        pseudo = digits_trainer(Processes(rank, world), consistency="fixmatch", threshold="adaptive",
+                                pseudo_labels="student", cons_weight=1.0)
+        for step in range(3):
+            pseudo.train_step(step, *pseudo.batches.views(step))
+        seen["threshold"] = torch.cat([pseudo.pseudo.confidence.view(1), pseudo.pseudo.class_means])
         # An epoch of fit, which ends in an evaluation (the BN statistics recomputed) and checkpoints.
         (Path(out_dir) / "fit").mkdir(exist_ok=True)
         fit(trainer, Path(out_dir) / "fit", {}, echo=lambda line: None)
@@ -112,6 +118,10 @@ def test_global_lc_and_processes_in_sync(tmp_path):
         assert torch.equal(classes[:, 8 * r:8 * (r + 1)], ranks[r]["seen"]["own_labels"])
     assert ranks[0]["seen"]["global-classes"][:, :2].tolist() == [[16, 64]] * 3
     assert not torch.allclose(ranks[0]["seen"]["local"][:, 2], ranks[1]["seen"]["local"][:, 2], rtol=1e-3)
+
+    # The adaptive threshold moved from 1/C alike on every rank.
+    assert torch.equal(ranks[0]["seen"]["threshold"], ranks[1]["seen"]["threshold"])
+    assert ranks[0]["seen"]["threshold"][0] != 0.1
 
     # After training steps and an epoch of fit: student, teacher and the BN running means (recomputed
     # at fit's evaluation) identical on every rank.

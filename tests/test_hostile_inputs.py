@@ -252,6 +252,11 @@ CHECKPOINT_DAMAGE = {
                                          eps=2.0, eps_auto=False, eps_scale="fixed", start={}, lam=1.0, lc_rampup=1.0,
                                          epochs=1, decay_epochs=0, lr=0.05, eval_every=1, mt_step=0, mt_checkpoint="x"))},
     "metrics of strings": lambda s: dict(s, metrics=[dict(r, teacher_error="low") for r in s["metrics"]]),
+    "unknown objective": lambda s: dict(s, config=dict(s["config"], consistency="vat")),
+    "threshold state of another class count": lambda s: dict(s, adaptive_threshold=dict(
+        confidence=torch.tensor(0.5), class_means=torch.full((5,), 0.2))),
+    "threshold state out of range": lambda s: dict(s, adaptive_threshold=dict(
+        confidence=torch.tensor(2.0), class_means=torch.full((3,), 0.3))),
 }
 
 
