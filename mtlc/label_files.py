@@ -140,7 +140,7 @@ def label_rows(csv_path, text, records, accepted, set_aside):
             if action not in ACTIONS:
                 raise UserError(f"nothing was moved: line {line} of {csv_path}: action {action!r} is none of "
                                 f"{', '.join(ACTIONS)}")
-            label = "" if set_aside else r[column].strip()
+            label = "" if set_aside else r[column]  # as written: a label names exactly one class folder
             if action == "set-aside" and label:
                 raise UserError(f"nothing was moved: line {line} of {csv_path} sets its image aside and gives it the "
                                 f"label {label!r}: one or the other")
@@ -161,6 +161,10 @@ def outside_reason(root, relative, first_parts, realpath=os.path.realpath):
     link (links resolved, by `realpath`). A backslash is a character of a name like any other."""
     if not relative or "\0" in relative:
         return "an empty path or one with a NUL byte"
+    try:
+        os.fsencode(relative)
+    except UnicodeError:  # a lone surrogate (valid in JSON): no file name can hold it
+        return "a path no file name on this system can hold (a lone surrogate)"
     if relative.startswith("/"):
         return "an absolute path"
     parts = relative.split("/")
@@ -172,6 +176,21 @@ def outside_reason(root, relative, first_parts, realpath=os.path.realpath):
     parent = realpath(os.path.join(real_root, posixpath.dirname(relative)))
     if parent != real_root and not parent.startswith(real_root + os.sep):
         return "it leads outside the folder through a link"
+    return None
+
+
+def linked_folder(root, folder):
+    """The first folder of the path `folder` (relative to root, '/'-separated) that is a link, even one
+    leading inside the folder (set-aside/ shipped as a link to labeled/red would make an image set
+    aside a training image of class red), or None: label.py moves files between real folders only. A
+    part that does not exist yet (label.py makes it) ends the search."""
+    path = os.fspath(root)
+    for part in folder.split("/") if folder else ():
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            return posixpath.relpath(path.replace(os.sep, "/"), os.fspath(root).replace(os.sep, "/"))
+        if not os.path.lexists(path):
+            return None
     return None
 
 
@@ -386,7 +405,14 @@ class Log:
         self.columns = len(LOG_HEADER) if self.header is None or self.header.count(b",") + 1 == len(LOG_HEADER) \
             else len(LOG_HEADER) - 1  # a log from before the hash was kept keeps its six columns
         if self.header is None:
-            self.put([LOG_HEADER])
+            try:
+                self.put([LOG_HEADER])
+            except OSError as exc:  # a full disk before the first row: no empty log is left behind
+                self.close()
+                with contextlib.suppress(OSError):
+                    if self.path.stat().st_size == 0:
+                        self.path.unlink()
+                raise MoveFailed(f"nothing was moved: cannot write {self.path}: {exc.strerror or exc}") from None
 
     def row(self, batch, action, source="", target="", label="", digest=""):
         """A row of the log, as write takes it."""

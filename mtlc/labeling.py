@@ -24,6 +24,7 @@ import fcntl
 import heapq
 import os
 import posixpath
+import stat
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ from .console import PATH_ENCODING, PATH_ERRORS, is_text
 from .errors import MoveFailed, UserError
 from .files import DIGEST_COLUMN, file_digest, is_hidden, is_image_name, read_regular
 from .iterables import batched
-from .label_files import (ASIDE, SOURCES, Log, applied_moves, inside, log_rows, next_batch, outside_reason,
-                          remembered_realpath, target_part, undone_batches)
+from .label_files import (ASIDE, SOURCES, Log, applied_moves, inside, linked_folder, log_rows, next_batch,
+                          outside_reason, remembered_realpath, target_part, undone_batches)
 from .renaming import rename_no_replace
 from .spill import CHUNK, Spill
 
@@ -61,6 +62,12 @@ def fold(name):
     """A name as a case- and normalization-insensitive file system (macOS, exFAT, SMB) compares it:
     'IMG.JPG' and 'img.jpg' are one name there, and so are an 'é' composed and one decomposed."""
     return unicodedata.normalize("NFC", name).casefold()
+
+
+def loose(name):
+    """A class name as a person reads it: fold's, and white space left out ('red ' and 'Red' are one
+    class to a reader, two folders to a file system)."""
+    return "".join(fold(name).split())
 
 
 # Planning: every row checked before anything moves ---------------------------------------------------
@@ -130,8 +137,16 @@ class Checks:
 
     def __init__(self, data_dir, sources, device):
         self.data_dir, self.sources, self.device = data_dir, sources, device
-        self.realpath, self.writable, self.folders = remembered_realpath(), {}, {}  # answers remembered
+        self.realpath, self.writable, self.folders, self.links = remembered_realpath(), {}, {}, {}  # answers remembered
         self.cwd, self.root = os.getcwd(), os.path.abspath(data_dir)
+
+    def linked(self, folder):
+        """Why files cannot move from or into `folder` (relative): one of its folders is a link."""
+        if folder not in self.links:
+            link = linked_folder(self.data_dir, folder)
+            self.links[folder] = (f"{link}/ is a link (label.py moves files between the folder's own folders only, "
+                                  f"never through a link)") if link else None
+        return self.links[folder]
 
     def relative_source(self, path):
         """(the path of a labels.csv row relative to the folder, '/'-separated, whether a file is
@@ -154,7 +169,7 @@ class Checks:
         parts = None if source is None else source.split("/")
         if parts is None or parts[0] not in self.sources or len(parts) < (2 if parts[0] == "unlabeled" else 3):
             return f"not a file under {' or '.join(str(self.data_dir / part) for part in self.sources)}"
-        reason = outside_reason(self.data_dir, source, SOURCES, self.realpath)
+        reason = outside_reason(self.data_dir, source, SOURCES, self.realpath) or self.linked(posixpath.dirname(source))
         if reason:
             return reason
         if any(is_hidden(part) for part in parts[1:]):
@@ -172,6 +187,7 @@ class Checks:
         if folder not in self.folders:
             self.folders[folder] = target_folder(self.data_dir, folder, self.realpath)
         problem, existing = self.folders[folder]
+        problem = problem or self.linked(folder)
         if problem:
             return problem
         for checked in (Path(self.data_dir / source).parent, existing):
@@ -280,7 +296,9 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     progress = bar(expected, "checking rows")
     labeled = data_dir / "labeled"
     classes = set(known_classes(data_dir))
-    spelled = {fold(c): c for c in classes}  # the spelling a class has, or the first new one takes
+    spelled = {}  # the spellings of each class as loose reads it: one class folder each, or a refusal
+    for c in classes:
+        spelled.setdefault(loose(c), []).append(c)
     longest = name_max(labeled if labeled.is_dir() else data_dir)
     checks = Checks(data_dir, sources, os.stat(labeled if labeled.is_dir() else data_dir).st_dev)
     names, labels = Names(data_dir), {}
@@ -302,9 +320,11 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
                     gone.append((row, source))  # applied before? the log says, once every row is read
                 elif problem is None:
                     try:
-                        st = os.stat(data_dir / source)
-                    except OSError as exc:  # a link to nothing
+                        st = os.lstat(data_dir / source)
+                    except OSError as exc:
                         st, problem = None, exc.strerror
+                    if st and not stat.S_ISREG(st.st_mode):  # a folder named like an image, a link, a pipe
+                        st, problem = None, "not a regular file (a folder, a link or a device): only image files move"
                     first = files.setdefault((st.st_dev, st.st_ino), row.line) if st else row.line
                     if first != row.line:
                         problem = f"the same file as line {first} names (another spelling of one name?)"
@@ -345,19 +365,20 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
 
 def class_problem(label, source, classes, spelled, new_classes):
     """Why `label` cannot be the class of the image at source, or None: a class labeled/ lacks
-    (without --new-classes; for a test/ image, ever), or one that differs from another class only in
-    case or Unicode form (one folder on many file systems)."""
-    other = spelled.get(fold(label))
-    if other is not None and other != label:
-        return (f"the class {label!r} differs from {other!r} only in case or Unicode form: on many file systems they "
-                f"are one folder")
+    (without --new-classes; for a test/ image, ever), or one that differs from a class folder only in
+    case, white space or Unicode form (loose: 'red ' beside 'red', 'Cat' beside 'cat'), which names two
+    folders to a reader's eye and one on many file systems: both names are given."""
+    others = [c for c in spelled.get(loose(label), ()) if c != label]
+    if others:
+        return (f"the class {label!r} differs from the class folder {others[0]!r} only in case, white space or "
+                f"Unicode form: rename one of them so that each class has one name")
     if label in classes:
         return None
     if source.startswith("test/"):
         return f"a test image can only take a class labeled/ has ({', '.join(sorted(classes))})"
     if not new_classes:
         return f"unknown class {label!r} (labeled/ has {', '.join(sorted(classes))}; --new-classes creates it)"
-    spelled[fold(label)] = label
+    spelled.setdefault(loose(label), []).append(label)
     return None
 
 
@@ -519,6 +540,10 @@ def undo(data_dir, echo=click.echo, bar=no_bar):
                     continue  # already back (a move a kill cut short never happened)
                 if not (data_dir / target).is_file() or (data_dir / target).is_symlink():
                     problems.add(f"{target}: gone (it was moved or deleted since)")
+                    continue
+                link = linked_folder(data_dir, posixpath.dirname(source)) or linked_folder(data_dir, posixpath.dirname(target))
+                if link:
+                    problems.add(f"{link}/ is a link now (label.py puts files back into the folder's own folders only)")
                     continue
                 present.append((i, source, target, digest))
             actual = pool.map(file_digest_or_error, [data_dir / target for _, _, target, digest in present if digest])

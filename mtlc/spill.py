@@ -3,7 +3,10 @@ unnamed temporary file instead of memory: appended one at a time, read back in o
 order a chunk at a time. A million records cost a few megabytes of memory, not hundreds.
 """
 import json
+import os
 import tempfile
+
+from .errors import WriteFailed
 
 CHUNK = 10_000  # records read back at a time
 
@@ -12,14 +15,20 @@ class Spill:
     """Records (JSON-able lists) in a temporary file, deleted when closed or collected."""
 
     def __init__(self):
-        self.file = tempfile.TemporaryFile()
+        try:
+            self.file = tempfile.TemporaryFile()
+        except OSError as exc:  # a full disk: no usable temporary folder
+            raise spill_failed(exc) from None
         self.count, self.offsets = 0, []  # offsets: where each chunk of CHUNK records starts
 
     def append(self, record):
         end = self.file.seek(0, 2)  # a read back may have moved the file's position
         if self.count % CHUNK == 0:
             self.offsets.append(end)
-        self.file.write(json.dumps(record).encode() + b"\n")
+        try:
+            self.file.write(json.dumps(record).encode() + b"\n")
+        except OSError as exc:
+            raise spill_failed(exc) from None
         self.count += 1
 
     def __len__(self):
@@ -48,3 +57,9 @@ class Spill:
 
     def close(self):
         self.file.close()
+
+
+def spill_failed(error):
+    """The one-line end of a run whose temporary file the disk refused (before anything moved)."""
+    folder = tempfile.tempdir or os.environ.get("TMPDIR") or "/tmp"
+    return WriteFailed(f"a temporary file in {folder}", error, after="nothing was moved")

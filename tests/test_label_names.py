@@ -72,7 +72,7 @@ def test_names_a_case_insensitive_disk_would_fold_get_their_own(folder, tmp_path
 def test_a_class_differing_only_in_case_is_refused(folder, tmp_path):
     res = run("label.py", "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "Cat")]),
               "--new-classes")
-    assert res.returncode == 2 and "differs from 'cat' only in case" in res.stderr
+    assert res.returncode == 2 and "differs from the class folder 'cat' only in case" in res.stderr
 
 
 def test_planning_is_linear_in_rows_sharing_a_name(tmp_path):

@@ -107,14 +107,14 @@ def test_a_nul_byte_or_a_short_row_is_refused(folder, tmp_path):
 def test_another_file_system_is_refused(folder, tmp_path, monkeypatch):
     """A file that lies on another file system (a mount inside the folder): a rename cannot cross
     it (EXDEV), so the row is refused before anything moves."""
-    real_stat = os.stat
+    real_stat = os.lstat
 
     def stat(path, *args, **kwargs):
         result = real_stat(path, *args, **kwargs)
         if str(path).endswith("u0003.png"):
             return os.stat_result((result.st_mode, result.st_ino, result.st_dev + 1) + tuple(result)[3:])
         return result
-    monkeypatch.setattr(labeling.os, "stat", stat)
+    monkeypatch.setattr(labeling.os, "lstat", stat)
     res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [
         ("unlabeled/u0000.png", "cat"), ("unlabeled/u0003.png", "dog")])])
     assert res.exit_code == 2 and "another file system" in res.output and (folder / "unlabeled" / "u0000.png").exists()
