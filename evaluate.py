@@ -35,6 +35,7 @@ from mtlc.predicting import PredictOptions, export, predict, run_audit
 from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
 from mtlc.review import DEFAULT_MOST, DEFAULT_PER_CLASS
+from mtlc.kept_files import check_not_kept
 from mtlc.runs import check_not_among, check_outputs
 
 
@@ -181,6 +182,7 @@ def main(more_paths, ckpts, as_json, predict_paths, csv_path, model_name, max_er
                         label_studio and str(studio_config_path(label_studio)), onnx)))
     check_outputs(outputs, {**{f"--ckpt {c}": c for c in ckpts}, **{f"--curves {c}": c for c in curves}, "--truth": truth,
                    **{f"--predict {p}": p for p in predict_paths if not Path(p).is_dir()}})
+    check_not_kept(outputs)
     if review and not (predict_paths or audit):
         raise UserError("--review goes with --predict or --audit")
     if (max_error is not None or coverage or suggest_n or skip_bad_images) and not predict_paths:

@@ -23,6 +23,7 @@ from mtlc.console import robust_streams
 from mtlc.splits import true_classes
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
+from mtlc.kept_files import STAGE_OUTPUTS
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
@@ -30,7 +31,7 @@ from mtlc.presets import preset, preset_help, ramp_epochs
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
 from mtlc.training import run_stage
 
-OUTPUTS = ("lc.pt", "lc_metrics.jsonl", "lc_last.pt")
+OUTPUTS = STAGE_OUTPUTS["lc"]
 
 
 # The forms of LC and the pairs it acts on (neighbours.lc_term), as --help explains them.
@@ -113,9 +114,9 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
     out = Path(out) if out is not None else Path(ckpt).parent
     with processes(device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
         if resume:
-            state = resume_checkpoint(out, "lc", write=procs.main)
+            state, path = resume_checkpoint(out, "lc", write=procs.main)
             data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
-            procs.echo(f"finetune_lc: resuming {out / 'lc_last.pt'} after epoch {state['epoch']}")
+            procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")
             trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,
                                 reference_spread=state["reference_spread"])
             run_stage(trainer, out, milestones(state["config"]), start_epoch=state["epoch"],

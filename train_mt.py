@@ -24,6 +24,7 @@ from mtlc.copies import leaked_test
 from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
+from mtlc.kept_files import STAGE_OUTPUTS
 from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.curves import check_folder
@@ -36,7 +37,7 @@ from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
 from mtlc.training import run_stage
 
-OUTPUTS = ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt")
+OUTPUTS = STAGE_OUTPUTS["mt"]
 LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for copies says it is looking (tens of seconds)
 
 
@@ -133,9 +134,9 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
     out = Path(out or ".")
     with processes(device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if resume:
-            state = resume_checkpoint(out, "mt", write=procs.main)
+            state, path = resume_checkpoint(out, "mt", write=procs.main)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
-            procs.echo(f"train_mt: resuming {out / 'mt_last.pt'} after epoch {state['epoch']}")
+            procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
                                    procs, adaptive_threshold=state["adaptive_threshold"])
             run_stage(trainer, out, milestones(config), start_epoch=state["epoch"],

@@ -4,7 +4,8 @@ alone (no torch, no mtlc): what an app or a service that receives the .onnx file
     python examples/onnx_predict.py model.onnx photo.jpg more/*.png > predictions.csv
 
 Prints path,prediction,confidence (the calibrated probability of the predicted class); a file that
-cannot be read gets an empty prediction, a message on stderr and exit code 1 at the end. The images
+cannot be read (or is none of the formats the project reads: JPEG, PNG, BMP, GIF, TIFF, WebP, PPM/PGM,
+whatever its name) gets an empty prediction, a message on stderr and exit code 1 at the end. The images
 are prepared as the project's training read them (mtlc.images.decode_bytes): EXIF orientation
 applied, 16-bit and float images scaled to 8 bits by their range, RGB (transparency on white), JPEGs
 decoded at a reduced scale still at least the model's size, then resized bilinearly to it; the
@@ -17,6 +18,11 @@ import sys
 import numpy as np
 import onnxruntime
 from PIL import Image, ImageOps
+
+# The formats a file is opened as, whatever its name, as the project reads images (mtlc.files.FORMATS):
+# PIL would otherwise pick any decoder it has by the file's first bytes (a .png holding PostScript is
+# handed to Ghostscript).
+FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 
 
 def eight_bit(img):
@@ -37,7 +43,7 @@ def eight_bit(img):
 
 def prepared(path, size):
     """An image file as uint8 (3, size, size), as the project prepares it."""
-    with Image.open(path) as img:
+    with Image.open(path, formats=FORMATS) as img:
         img.draft("RGB", (size, size))
         img = ImageOps.exif_transpose(img)
         if img.mode.startswith("I") or img.mode == "F":

@@ -370,7 +370,8 @@ class DecodeCache:
                       + (f"; {n_same:,} more are taken from the previous cache" if n_same else ""))
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            work = Work(self.folder / f".{self.stem}{WORK_SUFFIX}", dict(step="decode", key=self.key), self.echo)
+            work = Work(self.folder / f".{self.stem}{WORK_SUFFIX}", dict(step="decode", key=self.key), self.echo,
+                        busy="another run is decoding these images into it now")
             with work.kept_if_interrupted("the images decoded so far"):
                 failed, digests = self.decode_into(work, paths, progress, previous)
             os.replace(work.folder / KEPT_IMAGES, self.path)

@@ -145,6 +145,9 @@ def config_problem(state):
         return "; ".join(problems) + " (or holds another type or value there)"
     if len(config["classes"]) != config["num_classes"]:
         return f"its config's {len(config['classes'])} classes do not fit its class count ({config['num_classes']})"
+    model_classes = state["model_args"].get("num_classes")
+    if model_classes != config["num_classes"]:  # a network of other outputs than the classes it names
+        return f"its network's {model_classes!r} outputs do not fit its {config['num_classes']} classes"
     thresholds = state["adaptive_threshold"]
     if thresholds is not None and thresholds["class_means"].shape != (config["num_classes"],):
         return f"its adaptive threshold's class means do not fit its class count ({config['num_classes']})"
@@ -232,9 +235,10 @@ def restore_training(state, device):
 
 
 def resume_checkpoint(out, stage_name, write=True):
-    """The `<stage>_last.pt` of an interrupted run in `out` (or in the folder a run with --overwrite
-    writes into until it ends: runs.writing_folder), its RNG states restored, and (by the process that
-    writes) the metrics file rewritten to the epochs that checkpoint has seen (it holds their records)."""
+    """(the state, the path) of the `<stage>_last.pt` of an interrupted run in `out` (or in the folder
+    a run with --overwrite writes into until it ends: runs.writing_folder), its RNG states restored,
+    and (by the process that writes) the metrics file rewritten to the epochs that checkpoint has seen
+    (it holds their records)."""
     folder = writing_folder(out, stage_name)
     path = folder / f"{stage_name}_last.pt"
     if not path.exists():
@@ -250,7 +254,7 @@ def resume_checkpoint(out, stage_name, write=True):
                         f"start the run again without --resume") from None
     if write:
         write_metrics(folder / f"{stage_name}_metrics.jsonl", state["metrics"])
-    return state
+    return state, path
 
 
 def stage_of(config, name):

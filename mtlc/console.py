@@ -6,9 +6,14 @@ what a CSV holds); a field with a carriage return or a line feed is quoted. What
 show is escaped, never a UnicodeEncodeError.
 """
 import codecs
+import contextlib
 import csv
 import io
+import os
+import stat
 import sys
+
+from .errors import WriteFailed
 
 # How files of paths are read and written: UTF-8, a name's undecodable bytes as surrogate escapes.
 PATH_ENCODING, PATH_ERRORS = "utf-8", "surrogateescape"
@@ -48,15 +53,70 @@ def csv_writer(text_file):
     return csv.writer(text_file, lineterminator="\r\n")
 
 
-def stdout_csv():
-    """A text stream that writes a CSV to stdout as UTF-8 bytes whatever the console's encoding, so
-    that `> labels.csv` holds the names as label.py reads them; stdout's own buffered text is
-    flushed first. Detach it when done (the stream stays open)."""
+class WholeWrites(io.RawIOBase):
+    """Unbuffered writes to a file descriptor, each taking all its bytes or raising: where the OS takes
+    part of a write (a file-size limit, a disk filling up) and refuses the rest, Python's buffered
+    stdout keeps the rest and says nothing; here the refusal is the OSError it is."""
+
+    def __init__(self, fd):
+        self.fd, self.written, self.lines_end = fd, 0, 0  # bytes written; those up to the last line end
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        whole = left = memoryview(data).cast("B")
+        while left:
+            taken = os.write(self.fd, left)
+            at = bytes(left[:taken]).rfind(b"\n")
+            if at >= 0:
+                self.lines_end = self.written + at + 1
+            self.written += taken
+            left = left[taken:]
+        return len(whole)
+
+
+@contextlib.contextmanager
+def stdout_rows():
+    """A text stream for the block that writes a CSV to stdout as UTF-8 bytes whatever the console's
+    encoding, so that `> labels.csv` holds the names as label.py reads them (stdout's own buffered text
+    flushed first). Where stdout refuses a write (a full disk, a file-size limit) the run ends in one
+    line (WriteFailed), and where stdout is a file, a last row cut short is cut off, so that it ends
+    with a whole row (a pipe keeps what it took); stdout then points at the null device, so that no
+    later write fails again."""
     sys.stdout.flush()
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is None:  # a stream without bytes underneath (click's test runner): it takes text as is
-        return sys.stdout
-    return path_text(buffer)
+    if not hasattr(sys.stdout, "buffer"):  # a stream without bytes underneath (click's test runner): text as is
+        yield sys.stdout
+        return
+    fd = sys.stdout.fileno()
+    raw = WholeWrites(fd)
+    start = file_position(fd)
+    text = path_text(io.BufferedWriter(raw))
+    try:
+        yield text
+        text.flush()
+    except OSError as exc:
+        if start is not None and raw.written > raw.lines_end:  # a row cut short: cut off
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start + raw.lines_end)
+        kept = raw.lines_end > 0
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        raise WriteFailed("standard output", exc, after="the rows before it are whole" if kept else
+                          "nothing of the CSV was written") from None
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            text.detach()
+
+
+def file_position(fd):
+    """Where the next write to fd goes, where fd is a regular file (None for a pipe or a terminal)."""
+    try:
+        return os.lseek(fd, 0, os.SEEK_CUR) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
 
 
 def is_text(name):

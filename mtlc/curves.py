@@ -4,10 +4,12 @@ stage 2 share one step axis: MT's curve and MT+LC's branching from it at LC's st
 Fig. 2. TensorBoard's own convention: one folder per run (runs/tb/mt, runs/tb/lc), `tensorboard
 --logdir runs/tb` shows them together.
 """
+import contextlib
 import os
+import threading
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, WriteFailed
 
 # The record's keys that are no curve: its place on the axes and its text.
 NOT_CURVES = ("stage", "epoch", "step", "warnings")
@@ -51,6 +53,33 @@ def is_step(step):
     return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2 ** 63
 
 
+@contextlib.contextmanager
+def writer_failures(log_dir):
+    """An OSError of TensorBoard's writer in the block (its own, or its thread's raised again there)
+    ends the run as WriteFailed naming the folder; the thread's traceback is not printed
+    (quiet_writer_threads)."""
+    try:
+        yield
+    except OSError as exc:
+        raise WriteFailed(log_dir, exc, after="the checkpoints and metrics of the epochs before are whole; the curves "
+                                              "end there") from None
+
+
+def quiet_writer_threads():
+    """threading's hook with the OSError of a TensorBoard writer thread left unsaid: the run reports it
+    in one line when it next writes (writer_failures)."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_writers", False):
+        return
+
+    def hook(args):
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+            return
+        previous(args)
+    hook.quiet_writers = True
+    threading.excepthook = hook
+
+
 def check_folder(log_dir):
     """--tensorboard's folder as given (a link in it is not resolved away), refused in one line, before
     any work, where it is a link, or something else than a folder."""
@@ -80,6 +109,7 @@ class TensorBoardCurves:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise UserError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        quiet_writer_threads()
         try:
             self.writer = SummaryWriter(str(log_dir), purge_step=resumed_record["step"] if resumed_record else None)
         except OSError as exc:
@@ -88,11 +118,18 @@ class TensorBoardCurves:
             self.add(resumed_record)
 
     def add(self, record):
-        for name, value in scalars(record).items():
-            self.writer.add_scalar(name, value, record["step"])
-        for warning in record.get("warnings") or ():
-            self.writer.add_text("warnings", warning, record["step"])
-        self.writer.flush()
+        with self.guarded():
+            for name, value in scalars(record).items():
+                self.writer.add_scalar(name, value, record["step"])
+            for warning in record.get("warnings") or ():
+                self.writer.add_text("warnings", warning, record["step"])
+            self.writer.flush()
 
     def close(self):
-        self.writer.close()
+        with self.guarded():
+            self.writer.close()
+
+    def guarded(self):
+        """Where the event file cannot be written (a full disk), in the writer's thread or here: one
+        line naming the folder (WriteFailed), never the thread's traceback."""
+        return writer_failures(self.writer.log_dir)

@@ -88,17 +88,28 @@ class Processes:
         return box[0]
 
 
+def environment_number(name, default):
+    """A count torchrun sets in the environment (WORLD_SIZE, LOCAL_RANK), checked: exit 2 in one line
+    for anything but a whole number (1 or more for WORLD_SIZE)."""
+    value = os.environ.get(name, default)
+    if value is None or not value.strip().isascii() or not value.strip().isdigit() or \
+            (name == "WORLD_SIZE" and int(value) < 1):
+        raise UserError(f"the environment variable {name}={value!r} is not a process count torchrun sets: unset it "
+                        f"(one process), or start the run with torchrun")
+    return int(value)
+
+
 @contextlib.contextmanager
 def processes(device_name):
     """(Processes, this process's device). Under torchrun (WORLD_SIZE > 1) it joins the process group:
     nccl with one GPU per process (LOCAL_RANK) on CUDA, gloo on CPU; and leaves it at the end."""
     device = pick_device(device_name)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = environment_number("WORLD_SIZE", "1")
     if world == 1:
         yield Processes(), device
         return
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", environment_number("LOCAL_RANK", None))
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:

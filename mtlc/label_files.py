@@ -112,7 +112,7 @@ def read_labels(csv_path, accepted=False, set_aside=()):
         if accepted or set_aside:
             raise UserError(f"--accepted and --set-aside read evaluate.py's CSVs; {csv_path} is a Label Studio export")
         with text:
-            export = label_studio.read_export(csv_path, text.read())
+            export = label_studio.read_export(csv_path, text)
         return [LabelRow(n, path, label, digest) for n, (path, label, digest) in enumerate(export.rows, 1)], export
     columns, records = csv_records(text, csv_path, "labels file")
     needed = (("kind", "path") if set_aside else ("path", "prediction", "accepted") if accepted else ("path", "label"))

@@ -14,6 +14,7 @@ its bytes, so an export binds every label to the image it was given for.
 """
 import csv
 import io
+import itertools
 import json
 import os
 import shlex
@@ -228,20 +229,72 @@ def from_records(records, name, what):
 
 
 def csv_records(text, name):
-    """The rows of a CSV export as dicts; a choice given as JSON ({"choices": [...]}) decoded."""
-    records = []
+    """The rows of a CSV export (a text stream) as dicts, a row at a time; a choice given as JSON
+    ({"choices": [...]}) decoded."""
     try:
-        for row in csv.DictReader(io.StringIO(text, newline="")):
+        for row in csv.DictReader(text):
             value = row.get(FROM_NAME)
             if value and value.startswith("{"):
                 try:
                     row[FROM_NAME] = json.loads(value)
                 except ValueError:
                     pass
-            records.append(row)
+            yield row
     except csv.Error as exc:
         raise UserError(f"cannot read {name} as CSV: {exc}") from None
-    return records
+
+
+# The largest task (or JSON-MIN record) an export may hold: what one element may take in memory.
+MAX_TASK_CHARS = 2 ** 26
+JSON_SPACE = " \t\n\r"
+
+
+def json_array_items(text, name, start="", block=2 ** 20):
+    """The elements of the JSON array in a text stream (after `start`, text read from it already), one
+    at a time, each decoded by json's own decoder (every value as json.loads gives it, a lone surrogate
+    kept: ijson's fast backend turns it into '?', its exact one is many times slower), holding one
+    element's text at a time, not the file's."""
+    decoder, buffer, at, ended = json.JSONDecoder(), start, 0, False
+
+    def more():
+        nonlocal buffer, at, ended
+        chunk = text.read(block)
+        buffer, at, ended = buffer[at:] + chunk, 0, not chunk
+
+    def skip_space():
+        nonlocal at
+        while True:
+            while at < len(buffer) and buffer[at] in JSON_SPACE:
+                at += 1
+            if at < len(buffer) or ended:
+                return buffer[at] if at < len(buffer) else ""
+            more()
+    if skip_space() != "[":
+        raise UserError(f"{name}: a Label Studio export is a list of tasks")
+    at += 1
+    first = True
+    while True:
+        if skip_space() == "]" and first:
+            return
+        while True:
+            try:
+                item, end = decoder.raw_decode(buffer, at)
+                break
+            except json.JSONDecodeError as exc:
+                if ended or len(buffer) - at > MAX_TASK_CHARS:
+                    raise UserError(f"{name} is not JSON ({exc.msg} at character {exc.pos})") from None
+                more()
+            except (ValueError, RecursionError) as exc:  # a number too long to read, nesting too deep
+                raise UserError(f"{name} is not a Label Studio export ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:120]})") from None
+        yield item
+        at, first = end, False
+        separator = skip_space()
+        if separator == "]":
+            return
+        if separator != ",":
+            raise UserError(f"{name} is not JSON (a ',' or ']' expected after task {item.get('id', '') if isinstance(item, dict) else ''})")
+        at += 1
 
 
 def is_export(path, text):
@@ -254,24 +307,28 @@ def is_export(path, text):
 
 
 def read_export(path, text):
-    """ExportLabels of a Label Studio export's text (JSON, JSON-MIN or CSV)."""
+    """ExportLabels of a Label Studio export (JSON, JSON-MIN or CSV) read from a text stream a task
+    at a time: an export of any size takes the memory of its rows, not of its text."""
     name = str(path)
     if Path(path).suffix.lower() != ".json":
         return from_records(csv_records(text, name), name, "Label Studio CSV")
     try:
-        tasks = json.loads(text)
+        head = text.read(1)
+        while head and head in JSON_SPACE:
+            head = text.read(1)
+        tasks = iter([json.loads(head + text.read())]) if head == "{" else json_array_items(text, name, head)
+        first = next(tasks, None)
+        if first is None:
+            return ExportLabels("Label Studio JSON")
+        tasks = itertools.chain([first], tasks)
+        if isinstance(first, dict) and "data" in first:
+            return from_json(tasks, name)
+        return from_records(tasks, name, "Label Studio JSON-MIN")
     except json.JSONDecodeError as exc:
         raise UserError(f"{name} is not JSON ({exc.msg} at line {exc.lineno})") from None
     except (ValueError, RecursionError) as exc:  # a number too long to read, nesting too deep
         raise UserError(f"{name} is not a Label Studio export ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:120]})") from None
-    if isinstance(tasks, dict):
-        tasks = [tasks]
-    if not isinstance(tasks, list):
-        raise UserError(f"{name}: a Label Studio export is a list of tasks")
-    if any(isinstance(t, dict) and "data" in t for t in tasks):
-        return from_json(tasks, name)
-    return from_records(tasks, name, "Label Studio JSON-MIN")
 
 
 def write_project(tasks_path, predictions, classes, root, model_version):

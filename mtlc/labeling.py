@@ -20,7 +20,6 @@ read a row at a time, the planned moves and the batch to put back wait in a temp
 row's path and file, the names taken in the folders moved into): about a few hundred bytes a row.
 """
 import contextlib
-import fcntl
 import heapq
 import os
 import posixpath
@@ -37,6 +36,7 @@ from .console import PATH_ENCODING, PATH_ERRORS, is_text
 from .errors import MoveFailed, UserError
 from .files import DIGEST_COLUMN, file_digest, is_hidden, is_image_name, read_regular
 from .iterables import batched
+from .nofollow import lock_folder
 from .label_files import (ASIDE, SOURCES, Log, applied_moves, inside, linked_folder, log_rows, next_batch,
                           outside_reason, remembered_realpath, target_part, undone_batches)
 from .renaming import rename_no_replace
@@ -405,18 +405,9 @@ def applied_before(data_dir, row, applied):
 def locked(data_dir):
     """While the block runs, this process is the only label.py changing data_dir (a lock on the
     folder itself, the OS's: it ends with the process, never stale, and writes no file)."""
+    fd = lock_folder(data_dir, f"another label.py is changing {data_dir}: let it finish, then run this again",
+                     follow_link=True)
     try:
-        fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        raise UserError(f"cannot open {data_dir}: {exc.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"another label.py is changing {data_dir}: let it finish, then run this again") from None
-        except OSError as exc:  # ENOLCK: a network file system without locks
-            raise UserError(f"cannot lock {data_dir} ({exc.strerror}): label.py changes a folder only where it "
-                            f"can keep others out; run it on a local disk") from None
         yield
     finally:
         os.close(fd)

@@ -6,6 +6,7 @@ to be a regular file, and, where it will be written, to have no other name (a ha
 elsewhere would be rewritten there too); a folder is checked to be a real folder, not a link to one.
 Anything else is refused with UserError (one line, exit 2) before a byte is written.
 """
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -46,6 +47,28 @@ def open_kept(path, flags, what, mode=0o666, writing=False):
     except BaseException:
         os.close(fd)
         raise
+    return fd
+
+
+def lock_folder(path, busy, follow_link=False):
+    """A file descriptor of the folder `path` (not through a link unless follow_link: a folder you
+    named) holding the OS's exclusive lock on it: one process at a time, and the lock ends with the
+    process however it ends (never stale, no file written). UserError(busy) where another holds it;
+    UserError where the file system has no locks. Closing the descriptor lets go."""
+    nofollow = 0 if follow_link else os.O_NOFOLLOW
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | nofollow | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UserError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(busy) from None
+    except OSError as exc:  # ENOLCK: a network file system without locks
+        os.close(fd)
+        raise UserError(f"cannot lock {path} ({exc.strerror}): run this on a local disk, where one run at a time "
+                        f"can be made sure of") from None
     return fd
 
 

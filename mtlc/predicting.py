@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from . import label_studio
 from .classifier import Classifier
-from .console import path_text, stdout_csv
+from .console import path_text, stdout_rows
 from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
@@ -129,6 +129,10 @@ def predict(path, state, targets, device, options):
         tally = Tally(threshold)
         for _ in tally.count(kept.rows()):
             pass
+        if tally.rows != count:  # work this run did not write, or a folder changed under it: never a short output
+            kept.work.remove()
+            raise UserError(f"the predictions kept for this output are {tally.rows:,} rows for the {count:,} images "
+                            f"listed (the images changed while it ran?); nothing was written: run it again")
         rows, extra, chosen = kept.rows, None, None
         if o.suggest_n:
             labeled = labeled_features(state, classifier.model, classifier.device, o.data_dir, echo=say)
@@ -167,12 +171,10 @@ def predict(path, state, targets, device, options):
 
 
 def write_stdout(rows, threshold, extra=None):
-    """The CSV to stdout, UTF-8 whatever the console's encoding: the names label.py reads back."""
-    text = stdout_csv()
-    write_rows(text, rows, threshold, extra)
-    text.flush()
-    if text is not sys.stdout:
-        text.detach()
+    """The CSV to stdout, UTF-8 whatever the console's encoding: the names label.py reads back; a
+    stdout that refuses a write ends the run in one line (console.stdout_rows)."""
+    with stdout_rows() as text:
+        write_rows(text, rows, threshold, extra)
 
 
 @contextlib.contextmanager

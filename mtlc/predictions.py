@@ -18,7 +18,7 @@ from .errors import UserError
 from .checkpoints import restore_data
 from .console import csv_writer
 from .data import is_own_layout
-from .files import DIGEST_COLUMN, walk_images
+from .files import DIGEST_COLUMN, is_hidden, is_image_name, walk_images
 from .images import decode_batches
 from .inference import model_outputs, outputs
 from .selection import suggest
@@ -29,14 +29,16 @@ CSV_HEADER = ("path", "prediction", "confidence", "runner_up")
 class ImageFiles:
     """The files to predict, in the order given: a file as it is, a folder's images (files.walk_images:
     recursively, by extension, hidden files and folders left out) in sorted order, streamed: a
-    million files are never a list. A path that does not exist exits 2 before any work. `others` and
-    `hidden` count the other files and the hidden ones left out, once a pass is over."""
+    million files are never a list. Each image once: a path given twice, or a file or folder that a
+    folder given also lists, is left to that folder (links resolved). A path that does not exist exits
+    2 before any work. `others` and `hidden` count the other files and the hidden ones left out, once
+    a pass is over."""
 
     def __init__(self, targets):
         missing = [t for t in targets if not Path(t).exists()]
         if missing:
             raise UserError(f"--predict: {', '.join(map(str, missing))} does not exist")
-        self.targets = [Path(t) for t in targets]
+        self.targets = distinct_targets([Path(t) for t in targets])
         self.others = self.hidden = 0
 
     def entries(self):
@@ -74,6 +76,22 @@ class ImageFiles:
                 raise UserError(f"{name} {outputs[name]} is one of the images --predict reads: give the output "
                                 f"another name")
         return count, key.hexdigest()
+
+
+def distinct_targets(targets):
+    """The targets without those another one covers: the same path again (links resolved), or one that
+    a folder among them lists itself (under it, no hidden part on the way, an image's name for a file)."""
+    real = [os.path.realpath(t) for t in targets]
+    folders = [r for r, t in zip(real, targets) if t.is_dir()]
+    kept, seen = [], set()
+    for target, path in zip(targets, real):
+        listed_by = [f for f in folders if f != path and path.startswith(f.rstrip(os.sep) + os.sep)
+                     and not any(is_hidden(part) for part in Path(os.path.relpath(path, f)).parts)]
+        if path in seen or (listed_by and (target.is_dir() or is_image_name(target.name))):
+            continue
+        seen.add(path)
+        kept.append(target)
+    return kept
 
 
 def image_paths(targets):

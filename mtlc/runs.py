@@ -144,10 +144,29 @@ def staging_folder(out, stage_name):
 
 def writing_folder(out, stage_name):
     """Where a stage's run in `out` keeps its checkpoints and metrics: the staging folder where a run
-    with --overwrite left its resume checkpoint there (killed before its end), else out itself."""
-    staging = staging_folder(out, stage_name)
+    with --overwrite left its resume checkpoint there (killed before its end), else out itself. Where
+    out holds a resume checkpoint written after the staging folder's (a later run, started without
+    --overwrite once the files it would have replaced were gone), the two runs are named and neither
+    is taken: --resume continues the run it names."""
+    staging, name = staging_folder(out, stage_name), f"{stage_name}_last.pt"
     check_folder(staging, "folder a run with --overwrite writes into")  # a link would take the run elsewhere
-    return staging if os.path.lexists(staging / f"{stage_name}_last.pt") else Path(out)
+    if not os.path.lexists(staging / name):
+        return Path(out)
+    with contextlib.suppress(OSError):
+        if os.lstat(Path(out) / name).st_mtime_ns > os.lstat(staging / name).st_mtime_ns:
+            raise UserError(f"--resume: {out} holds two interrupted runs: {Path(out) / name} and an older one in "
+                            f"{staging / name} (a run with --overwrite killed before it): remove the folder "
+                            f"{staging} to resume the newer, or start again")
+    return staging
+
+
+def remove_stale_staging(out, stage_name):
+    """A new run in out (not resumed, replacing nothing) removes the staging folder of an earlier run
+    with --overwrite that never ended: --resume must never take that run up instead of this one."""
+    staging = staging_folder(out, stage_name)
+    check_folder(staging, "folder a run with --overwrite writes into")
+    if staging.is_dir():
+        shutil.rmtree(staging)
 
 
 def prepare_staging(out, stage_name):

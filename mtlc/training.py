@@ -25,7 +25,7 @@ from .neighbours import PairDistances, lc_features, lc_term
 from .pseudo_labels import PseudoLabels
 from .progress import TimeEstimate, epoch_progress
 from .runs import (prepare_staging, publish, read_metrics, rng_state, save_checkpoint, staging_folder, stop_on_signals,
-                   write_metrics, writing_folder)
+                   remove_stale_staging, write_metrics, writing_folder)
 from .splits import unleaked_test
 
 
@@ -471,6 +471,8 @@ def run_stage(trainer, out, milestones, start_epoch, replacing=(), tensorboard=N
         folder = prepare_staging(out, name) if trainer.procs.main else staging_folder(out, name)
     else:
         folder = writing_folder(out, name) if start_epoch else out
+        if not start_epoch and trainer.procs.main:
+            remove_stale_staging(out, name)
     with stop_on_signals():
         last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo,
                    tensorboard=tensorboard)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError, WriteFailed
-from .nofollow import check_folder, open_kept
+from .nofollow import check_folder, lock_folder, open_kept
 from .runs import atomic_write
 from .seal import holds, seal, secret
 
@@ -44,12 +44,17 @@ def remove_work(folder):
     """Remove a work folder left behind: the files in it (links never followed), then the folder; a
     folder holding anything else stays."""
     if Path(folder).is_dir() and not Path(folder).is_symlink():
-        for entry in os.scandir(folder):
-            if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+        remove_files(folder)
         with contextlib.suppress(OSError):
             os.rmdir(folder)
+
+
+def remove_files(folder):
+    """Remove the files of a work folder (links never followed, never into a folder in it)."""
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
 
 
 def running_hmac():
@@ -84,23 +89,39 @@ class Work:
     """A step's work folder (see the module): `appended(name)` files, `state` (a dict of small
     JSON values the step keeps, e.g. how many images are done), `commit()` after each batch (a
     manifest at most every COMMIT_EVERY seconds), `remove()` once the outputs are written.
-    `resumed` says whether earlier work was taken up."""
+    `resumed` says whether earlier work was taken up. One run at a time holds the folder (the OS's
+    lock on it, from before its work is read until it is removed or the run ends): a second run
+    writing the same output is refused in one line instead of sharing its work."""
 
-    def __init__(self, folder, key, echo=lambda line: None):
+    def __init__(self, folder, key, echo=lambda line: None, busy=None):
         self.folder, self.key, self.echo = Path(folder), dict(key, version=WORK_VERSION), echo
+        self.busy = busy or (f"another run is writing the same output: its work folder {self.folder} is in use; let "
+                             f"it finish, or give this run another output")
         check_folder(self.folder, "work folder")
         self.files, self.state, self.last_commit = {}, {}, time.monotonic()
         self.taken_up = {}  # {name: (length, its HMAC so far)} of the files earlier work left
+        self.lock = self.hold()
         manifest = self.manifest()
         self.resumed = manifest is not None
         if manifest:
             self.state = manifest["state"]
         else:
             self.clear()
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise WriteFailed(self.folder, exc) from None
+
+    def hold(self):
+        """The folder made if need be and locked (nofollow.lock_folder), checked to be the folder now
+        at its name (another run may have removed it between the two)."""
+        for _ in range(3):
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise WriteFailed(self.folder, exc) from None
+            fd = lock_folder(self.folder, self.busy)
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.fstat(fd), os.lstat(self.folder)):
+                    return fd
+            os.close(fd)
+        raise UserError(f"{self.folder} keeps being removed by another run: let it finish first")
 
     def manifest(self):
         """The folder's manifest where it is this machine's, for this key, and every file it names
@@ -141,7 +162,7 @@ class Work:
 
     def clear(self):
         """Remove what the folder holds of earlier work (files only, links never followed)."""
-        remove_work(self.folder)
+        remove_files(self.folder)
 
     def appended(self, name):
         """The work file `name`, positioned after what earlier work did of it (nothing, where none)."""
@@ -173,13 +194,19 @@ class Work:
         self.last_commit = time.monotonic()
 
     def close(self):
+        """Close its files and let go of the folder."""
         for f in self.files.values():
             f.close()
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
     def remove(self):
-        """The step is done and its outputs written: its work goes."""
-        self.close()
+        """The step is done and its outputs written: its work goes (before the folder is let go)."""
+        for f in self.files.values():
+            f.close()
         remove_work(self.folder)
+        self.close()
 
     @contextlib.contextmanager
     def kept_if_interrupted(self, what):

@@ -1,6 +1,7 @@
 """Label Studio's formats, checked against its own library (label-studio-sdk): the labeling config,
 the tasks and their pre-annotations as it validates them, and its JSON, JSON-MIN and CSV exports (the
 last two made from the first by its own converter) read back as label.py's rows."""
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -93,7 +94,7 @@ def test_exports_read_back_as_labels(images, tmp_path, kind):
         export = tmp_path / "csv" / "result.csv"
     text = export.read_text()
     assert is_export(export, text)
-    labels = read_export(export, text)
+    labels = read_export(export, io.StringIO(text, newline=""))
     digest = "ab" * 32
     assert sorted(labels.rows) == sorted([(str(images[0]), "dog", digest), (str(images[1]), CLASSES[2], digest),
                                           (str(images[4]), CLASSES[0], digest)])
@@ -144,22 +145,22 @@ def result(*labels, control="label"):
 ])
 def test_bad_exports_are_one_line(tmp_path, export, message):
     with pytest.raises(UserError, match=message):
-        read_export(tmp_path / "export.json", export)
+        read_export(tmp_path / "export.json", io.StringIO(export))
 
 
 def test_a_csv_export_with_a_field_too_large_is_one_line(tmp_path):
     text = "annotation_id,annotator,path,label\n1,1,u.png," + "x" * 200_000 + "\n"
     with pytest.raises(UserError, match="cannot read .* as CSV"):
-        read_export(tmp_path / "export.csv", text)
+        read_export(tmp_path / "export.csv", io.StringIO(text, newline=""))
 
 
 def test_what_label_studio_writes_as_text_reads_as_it_means():
     """A was_cancelled turned to text by a converter ("false") is not a cancel; a hash is compared in
     lower case, as label.py compares a labels CSV's."""
-    labels = read_export("e.json", annotated({"result": result("cat"), "was_cancelled": "false"},
-                                              path="u.png").replace('"u.png"}', '"u.png", "blake2b": "AB12"}'))
+    labels = read_export("e.json", io.StringIO(annotated({"result": result("cat"), "was_cancelled": "false"},
+                                              path="u.png").replace('"u.png"}', '"u.png", "blake2b": "AB12"}')))
     assert labels.rows == [("u.png", "cat", "ab12")] and labels.cancelled == 0
-    assert read_export("e.json", annotated({"result": [], "was_cancelled": "true"})).cancelled == 1
+    assert read_export("e.json", io.StringIO(annotated({"result": [], "was_cancelled": "true"}))).cancelled == 1
 
 
 def test_local_files_url_is_relative_to_the_document_root(tmp_path):
@@ -251,7 +252,7 @@ def test_names_that_are_not_utf8_and_links_in_the_folder(tmp_path):
     write_tasks(text, [prediction(paths[0], "cat")], root, "m")
     back = json.loads(text.getvalue())[0]
     back["annotations"] = [{"result": result("dog")}]
-    assert read_export("e.json", json.dumps([back])).rows == [(paths[0], "dog", "ab" * 32)]
+    assert read_export("e.json", io.StringIO(json.dumps([back]))).rows == [(paths[0], "dog", "ab" * 32)]
     with pytest.raises(UserError, match="no common folder"):
         local_storage(["/a.png", "/b/c.png"])
 
@@ -286,3 +287,29 @@ def test_reading_exports_keeps_label_py_free_of_torch():
     from conftest import ROOT
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_json_export_is_read_a_task_at_a_time():
+    """The export's tasks come one at a time from a stream read a block at a time (an export of
+    200,000 tasks is never in memory whole), each exactly what json.loads gives (a lone surrogate kept,
+    numbers, nesting); bad JSON anywhere is one line."""
+    from mtlc.label_studio import json_array_items
+
+    class Counted(io.StringIO):
+        taken = 0
+
+        def read(self, n=-1):
+            chunk = super().read(n)
+            self.taken += len(chunk)
+            return chunk
+    tasks = [{"id": i, "data": {"path": f"unlabeled/\ud800{i}.png", "x": [1.5, -2e-3, None, True, {"y": "é"}]}}
+             for i in range(3000)]
+    text = json.dumps(tasks, indent=1)
+    stream = Counted(text)
+    items = json_array_items(stream, "e.json", block=4096)
+    assert next(items) == tasks[0] and stream.taken < len(text) / 10
+    assert [tasks[0], *items] == json.loads(text)
+    assert list(json_array_items(io.StringIO(" [ ] "), "e.json")) == []
+    for bad in ("[{}, {]", "[{} {}]", "[1, 2", "{", "[" + "[" * 100000 + "]" * 100000 + "]"):
+        with pytest.raises(UserError, match="is not JSON|not a Label Studio export|a list of tasks"):
+            list(json_array_items(io.StringIO(bad), "e.json", block=64))

@@ -88,7 +88,9 @@ def test_evaluate_onnx_as_a_user_runs_it(trained, tmp_path):
 
 def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, tmp_path):
     """examples/onnx_predict.py (onnxruntime, numpy and PIL only) on the folder's image files: the
-    classes and confidences evaluate.py --predict writes; torch cannot even be imported."""
+    classes and confidences evaluate.py --predict writes; torch cannot even be imported. A .png holding
+    PostScript is a file it cannot read, as for --predict: never handed to Ghostscript (a stand-in gs on
+    PATH records any call)."""
     import csv
     import subprocess
     import sys
@@ -104,12 +106,17 @@ def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, 
     Image.fromarray(ramp.astype(np.float32), "F").save(odd / "f.tif")  # float
     Image.fromarray((np.dstack([ramp] * 4) * 255).astype(np.uint8), "RGBA").save(odd / "rgba.png")
     (odd / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    (odd / "ps.png").write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 32 32\nshowpage\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "gs").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'gs-called'}\n")
+    (tmp_path / "bin" / "gs").chmod(0o755)
     paths = sorted(str(p) for p in (folder / "unlabeled").rglob("*.png")) + sorted(str(p) for p in odd.iterdir())
     res = run("evaluate.py", "--ckpt", checkpoint, "--predict", *paths, "--csv", tmp_path / "p.csv", "--skip-bad-images")
     assert res.returncode == 0, res.stderr
     (tmp_path / "torch.py").write_text("raise ImportError('no torch here')\n")  # shadows torch for the example
     res = subprocess.run([sys.executable, str(ROOT / "examples" / "onnx_predict.py"), tmp_path / "m.onnx", *paths],
-                         capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
     assert res.returncode == 1 and "cannot read" in res.stderr  # the broken file, reported; the rest predicted
     ours = {r["path"]: r for r in csv.DictReader(res.stdout.splitlines())}
     theirs = {r["path"]: r for r in csv.DictReader(open(tmp_path / "p.csv", encoding="utf-8"))}
@@ -118,7 +125,8 @@ def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, 
         assert ours[path]["prediction"] == row["prediction"], path
         if row["prediction"]:
             assert float(ours[path]["confidence"]) == pytest.approx(float(row["confidence"]), abs=1.01e-4), path
-    assert ours[str(odd / "broken.png")]["prediction"] == ""
+    assert ours[str(odd / "broken.png")]["prediction"] == "" and ours[str(odd / "ps.png")]["prediction"] == ""
+    assert not (tmp_path / "gs-called").exists()
 
 
 def test_outputs_never_replace_a_pipe_or_a_device(trained, tmp_path):

@@ -1,0 +1,165 @@
+"""Two runs at once on one output, outputs over the files the tools keep, and every writer on a full
+disk (TensorBoard's thread, stdout): one run holds a work folder and the other is refused in one line;
+a run reads back the rows it counted or writes nothing; --resume continues the run it names; no output
+replaces label-log.csv, a lock, a cache file, a work folder's file or a checkpoint; a stdout or a
+TensorBoard folder that refuses a write is one line, never a traceback or a torn row; a checkpoint's
+keys agree with each other; an image given twice is predicted once."""
+import csv
+import io
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import evaluate
+import train_mt
+from conftest import ROOT, invoke, read_rows, run
+from mtlc import prediction_store
+from mtlc.runs import staging_folder
+from mtlc.work import Work, work_folder
+
+
+def test_a_work_folder_is_held_by_one_run_at_a_time(tmp_path):
+    """The second Work on one folder is refused in one line while the first holds it, and takes it
+    once the first has let go."""
+    first = Work(tmp_path / ".out.csv.mtlc-work", dict(step="predict"))
+    with pytest.raises(Exception, match="another run is writing the same output"):
+        Work(tmp_path / ".out.csv.mtlc-work", dict(step="predict"))
+    first.close()
+    second = Work(tmp_path / ".out.csv.mtlc-work", dict(step="predict"))
+    second.remove()
+    assert not (tmp_path / ".out.csv.mtlc-work").exists()
+
+
+def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, tmp_path):
+    """While another run holds the work folder of labels.csv (mid-way through its predictions), a
+    --predict run writing labels.csv is refused in one line (exit 2) and touches nothing of it; once
+    the other has let go, the same command runs."""
+    folder, ckpt = trained
+    holder = Work(work_folder(tmp_path / "labels.csv"), dict(step="predict"))
+    holder.appended("rows.jsonl").write(b"the other run's rows\n")
+    args = ["evaluate.py", "--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "labels.csv"]
+    res = run(*args)
+    assert res.returncode == 2 and "another run is writing the same output" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "labels.csv").exists()
+    assert (work_folder(tmp_path / "labels.csv") / "rows.jsonl").read_bytes() == b"the other run's rows\n"
+    holder.close()
+    res = run(*args)
+    assert res.returncode == 0, res.stderr
+    assert len(read_rows((tmp_path / "labels.csv").read_text())) == 24
+
+
+def test_rows_read_back_that_are_not_the_images_counted_write_nothing(trained, tmp_path, monkeypatch):
+    """Work that lost rows (written by another run, say): the run refuses to write a short CSV."""
+    folder, ckpt = trained
+    real = prediction_store.PredictionStore.rows
+    monkeypatch.setattr(prediction_store.PredictionStore, "rows", lambda self: list(real(self))[1:])
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "p.csv"])
+    assert res.exit_code == 2 and "rows for the 24 images listed" in res.output, res.output
+    assert not (tmp_path / "p.csv").exists() and not work_folder(tmp_path / "p.csv").exists()
+
+
+@pytest.mark.parametrize("name", ["label-log.csv", ".mtlc-run.lock", "mtlc-cache/train-32px-x.u8", "mt.pt",
+                                  "run/lc_last.pt", ".labels.csv.mtlc-work/rows.jsonl", ".mtlc-next-mt/mt_last.pt"])
+def test_no_output_replaces_a_file_the_tools_keep(trained, tmp_path, name):
+    folder, ckpt = trained
+    target = folder / name
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled" / "u0000.png", "--csv", target])
+    assert res.exit_code == 2 and "writing it would replace it" in res.output, res.output
+    assert not target.exists()
+
+
+@pytest.mark.slow
+def test_resume_continues_the_run_it_names(tmp_path, monkeypatch):
+    """A run with --overwrite killed (its staging folder left), then a newer run killed in the folder
+    itself: --resume refuses in one line naming both; a new run removes a stale staging folder, so that
+    --resume then takes up that run."""
+    from test_resume import MT_ARGS, interrupt_write
+    out = tmp_path / "r"
+    assert invoke(train_mt, [*MT_ARGS, "--out", out]).exit_code == 0
+    interrupt_write(monkeypatch, "mt_last.pt", 2)
+    assert invoke(train_mt, [*MT_ARGS, "--seed", "7", "--overwrite", "--out", out]).exit_code != 0
+    monkeypatch.undo()
+    assert (staging_folder(out, "mt") / "mt_last.pt").exists()
+    for name in ("mt.pt", "mt_final.pt", "mt_last.pt", "mt_metrics.jsonl"):
+        (out / name).unlink()
+    os.utime(staging_folder(out, "mt") / "mt_last.pt", (time.time() - 60,) * 2)  # the older run
+    interrupt_write(monkeypatch, "mt_last.pt", 2)
+    assert invoke(train_mt, [*MT_ARGS, "--seed", "2", "--out", out]).exit_code != 0  # a new run: the staging goes
+    monkeypatch.undo()
+    assert not staging_folder(out, "mt").exists()
+    result = invoke(train_mt, ["--resume", "--out", out])
+    assert result.exit_code == 0 and f"resuming {out / 'mt_last.pt'}" in result.output, result.output
+    assert torch.load(out / "mt_final.pt", weights_only=True)["config"]["seed"] == 2
+    # Both left behind (as an older version could leave them): refused, naming both.
+    staging_folder(out, "mt").mkdir()
+    (staging_folder(out, "mt") / "mt_last.pt").write_bytes((out / "mt_last.pt").read_bytes())
+    os.utime(staging_folder(out, "mt") / "mt_last.pt", (time.time() - 60,) * 2)
+    result = invoke(train_mt, ["--resume", "--out", out])
+    assert result.exit_code == 2 and "holds two interrupted runs" in result.output, result.output
+
+
+@pytest.mark.slow
+def test_a_csv_to_stdout_cut_by_a_file_size_limit_ends_with_a_whole_row(trained, tmp_path):
+    """evaluate.py --predict > labels.csv where the file may hold 1 KiB: one line, exit 1, no
+    traceback, and the file ends with a whole row (the torn one cut off)."""
+    folder, ckpt = trained
+    with open(tmp_path / "labels.csv", "wb") as f:
+        res = subprocess.run(["bash", "-c", 'ulimit -f 1 && exec "$@"', "limited", sys.executable, "evaluate.py",
+                              "--ckpt", str(ckpt), "--predict", str(folder / "unlabeled")],
+                             cwd=ROOT, stdout=f, stderr=subprocess.PIPE, text=True)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "cannot write standard output: File too large (the rows before it are whole)" in res.stderr
+    data = (tmp_path / "labels.csv").read_bytes()
+    assert 0 < len(data) <= 1024 and data.endswith(b"\r\n")
+    rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
+    assert all(len(r) == len(rows[0]) for r in rows) and len(rows) < 25
+
+
+@pytest.mark.slow
+def test_tensorboard_on_a_full_disk_is_one_line_without_the_threads_traceback(tmp_path, monkeypatch, capfd):
+    """The event file's writer thread meets a full disk: the run ends in one line naming the folder
+    (exit 1), the epochs before it whole, and the thread's traceback is not printed."""
+    from tensorboard.summary.writer import record_writer
+    from test_resume import MT_ARGS
+    calls = []
+
+    def full(self, data):
+        calls.append(1)
+        if len(calls) > 3:  # the file's first records pass
+            raise OSError(28, "No space left on device")
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+    result = invoke(train_mt, [*MT_ARGS, "--tensorboard", tmp_path / "tb", "--out", tmp_path / "r"])
+    assert result.exit_code == 1, result.output
+    assert f"cannot write {tmp_path / 'tb'}: No space left on device" in result.output
+    assert "Traceback" not in result.output + capfd.readouterr().err
+    assert (tmp_path / "r" / "mt_last.pt").exists()
+
+
+def test_a_checkpoint_whose_network_has_other_outputs_than_its_classes_is_refused(trained, tmp_path):
+    folder, ckpt = trained
+    state = torch.load(ckpt, weights_only=True)
+    torch.save(dict(state, model_args=dict(state["model_args"], num_classes=5)), tmp_path / "c.pt")
+    for args in (["--json"], ["--predict", folder / "unlabeled"]):
+        res = invoke(evaluate, ["--ckpt", tmp_path / "c.pt", *args])
+        assert res.exit_code == 2 and "network's 5 outputs do not fit its 3 classes" in res.output, res.output
+
+
+def test_each_image_is_predicted_once(trained, tmp_path):
+    """A folder and a file in it, a folder twice, a folder and a folder in it: each image one row."""
+    folder, ckpt = trained
+    unlabeled = folder / "unlabeled"
+    for args in ([unlabeled, unlabeled / "u0000.png"], [unlabeled, f"{unlabeled}/"], [unlabeled / "a", unlabeled]):
+        res = invoke(evaluate, ["--ckpt", ckpt, "--predict", *args, "--csv", tmp_path / "p.csv"])
+        assert res.exit_code == 0, res.output
+        rows = read_rows((tmp_path / "p.csv").read_text())
+        assert len(rows) == 24 == len({os.path.realpath(r["path"]) for r in rows})
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "²"])
+def test_a_world_size_that_is_no_count_is_one_line(tmp_path, value):
+    res = run("train_mt.py", "--epochs", "1", "--out", tmp_path / "r", env=dict(WORLD_SIZE=value))
+    assert res.returncode == 2 and "WORLD_SIZE" in res.stderr and "Traceback" not in res.stderr, res.stderr
