@@ -100,12 +100,13 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
                    f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
-@click.option("--compress", type=click.FloatRange(min=1, max=1e6), default=1.0,
+@click.option("--compress", type=click.FloatRange(min=0.01, max=1e6), default=1.0,
               help="Train the dataset's schedule this many times shorter: the paper's shape on a budget. Its "
                    "constant-lr and decay epochs, consistency ramp-up, LC's start (--lc-start-epoch) and evaluation "
                    f"interval are divided by it (whole epochs, at least 1; ramps at least {MIN_RAMP_STEPS} steps), and "
-                   "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule. "
-                   "Not tuned: no value was chosen on a test set.")
+                   "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule; "
+                   "under 1, longer (0.25: four times as long); a step that costs F times another's trains for the "
+                   "same time with --compress F. Not tuned: no value was chosen on a test set.")
 @click.option("--image-size", type=click.IntRange(min=16), default=32,
               help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32). "
                    "The network pools globally, so 64 or 96 work, at 4x or 9x the compute; the augmentation's "
@@ -129,7 +130,7 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
     if tensorboard:
         check_folder(tensorboard)  # before any work
     if math.isnan(compress):
-        raise UserError("--compress nan: give a number of times, 1 or more")
+        raise UserError("--compress nan: give a number of times, 0.01 or more")
     outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
     out = Path(out or ".")
     with processes(device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):

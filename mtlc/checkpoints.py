@@ -88,7 +88,7 @@ CONFIG_CHECKS = dict(
     files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
     leaked_test=lambda v: v is None or is_names(v), relabeled=is_names, forward=lambda v: v in ("joint", "split"),
     precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str),
-    compress=lambda v: is_number(v) and v >= 1, tensorboard=lambda v: v is None or isinstance(v, str),
+    compress=lambda v: is_number(v) and v > 0, tensorboard=lambda v: v is None or isinstance(v, str),
     consistency=lambda v: v in CONSISTENCIES, threshold=is_threshold, pseudo_labels=lambda v: v in PSEUDO_LABEL_SOURCES)
 LC_CONFIG_CHECKS = dict(
     eps=lambda v: is_number(v) and v > 0, eps_auto=lambda v: isinstance(v, bool),

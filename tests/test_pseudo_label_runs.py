@@ -85,3 +85,25 @@ def test_pseudo_label_options_out_of_place_are_refused(tmp_path, args, message):
     res = invoke(train_mt, [*args, "--width", "0.0625", "--out", tmp_path / "r"])
     assert res.exit_code == 2 and message in res.output, res.output
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_the_objectives_benchmark_in_miniature(tmp_path):
+    """tools/bench_objectives.py on digits, one seed, both objectives 100 times shorter: every run made,
+    each checkpoint measured (test error, the unlabeled images' error, what --max-error accepts of them
+    and its actual error), the paired differences written; a second call trains nothing again."""
+    args = ["tools/bench_objectives.py", "--dataset", "digits", "--seeds", "1", "--width", "0.0625", "--max-error", "50",
+            "--objective", "mt=--compress 100", "--objective", "fixmatch=--consistency fixmatch --compress 100",
+            "--out", tmp_path / "runs", "--record", tmp_path / "r.json"]
+    res = run(*args)
+    assert res.returncode == 0, res.stderr
+    record = json.loads((tmp_path / "r.json").read_text())
+    for name in ("mt-1", "fixmatch-1"):
+        for stage in ("mt", "control", "lc"):
+            m = record["results"][name][stage]
+            assert 0 <= m["test_error"] <= 100 and m["unlabeled"] == 1337 and 0 <= m["accepted_share"] <= 100
+    assert set(record["differences"]) == {"fixmatch minus mt (stage 1)", "mt: LC minus its control",
+                                          "fixmatch: LC minus its control"}
+    assert "fixmatch minus mt (stage 1)" in res.stdout
+    again = run(*args)
+    assert again.returncode == 0 and "start " not in again.stderr
