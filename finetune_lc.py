@@ -23,13 +23,13 @@ from mtlc.console import robust_streams
 from mtlc.splits import true_classes
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.kept_files import STAGE_OUTPUTS
+from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import preset, preset_help, ramp_epochs
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
-from mtlc.training import run_stage
+from mtlc.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["lc"]
 
@@ -108,6 +108,8 @@ def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_ep
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    check_not_kept_folder("--out", out if out is not None else Path(ckpt).parent)
+    check_not_kept_folder("--tensorboard", tensorboard)
     if tensorboard:
         check_folder(tensorboard)  # before any work
     outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS

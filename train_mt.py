@@ -24,7 +24,7 @@ from mtlc.copies import leaked_test
 from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.kept_files import STAGE_OUTPUTS
+from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
 from mtlc.label_files import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.curves import check_folder
@@ -35,7 +35,7 @@ from mtlc.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdPar
 from mtlc.report import objective_name
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.splits import balanced_split, hold_out, own_split
-from mtlc.training import run_stage
+from mtlc.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["mt"]
 LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for copies says it is looking (tens of seconds)
@@ -127,6 +127,8 @@ def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_ba
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     robust_streams()
     check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
+    check_not_kept_folder("--out", out or ".")
+    check_not_kept_folder("--tensorboard", tensorboard)
     if tensorboard:
         check_folder(tensorboard)  # before any work
     if math.isnan(compress):

@@ -13,6 +13,8 @@ model's metadata says that size and the class names.
 """
 import csv
 import json
+import os
+import stat
 import sys
 
 import numpy as np
@@ -43,6 +45,8 @@ def eight_bit(img):
 
 def prepared(path, size):
     """An image file as uint8 (3, size, size), as the project prepares it."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe named like an image would block the open
+        raise ValueError("not a regular file")
     with Image.open(path, formats=FORMATS) as img:
         img.draft("RGB", (size, size))
         img = ImageOps.exif_transpose(img)

@@ -25,7 +25,8 @@ from .presets import DATASETS
 from .pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, is_threshold
 from .runs import set_rng_state, write_metrics, writing_folder
 from .splits import unleaked_test
-from .training import Stage, Trainer, make_optimizer
+from .schedule import Stage
+from .training import Trainer, make_optimizer
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx",
                    "stage")
@@ -54,6 +55,20 @@ def is_index(value):
             and (value.numel() == 0 or int(value.min()) >= 0))
 
 
+# The widest network a checkpoint may name (the paper's is 1): each layer is built before its weights load.
+MAX_WIDTH = 16
+
+
+def is_width(value):
+    return is_number(value) and 0 < value <= MAX_WIDTH
+
+
+def finite_weights(weights):
+    """Whether every floating-point tensor of a state dict is finite (weights of NaN predict NaN)."""
+    return isinstance(weights, dict) and all(bool(torch.isfinite(t).all()) for t in weights.values()
+                                             if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
 def is_probabilities(value):
     """A float tensor of finite values in [0, 1] (the adaptive threshold's state)."""
     return (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() <= 1
@@ -69,15 +84,18 @@ def is_part_dict(value, check):
 STATE_CHECKS = dict(
     stage=lambda v: v in ("mt", "lc"), epoch=lambda v: is_int(v, 0), step=lambda v: is_int(v, 0),
     labeled_idx=is_index, unlabeled_idx=is_index, val_idx=is_index,
-    student=lambda v: isinstance(v, dict), teacher=lambda v: isinstance(v, dict), optimizer=lambda v: isinstance(v, dict),
-    model_args=lambda v: isinstance(v, dict), reference_spread=lambda v: v is None or is_number(v),
+    student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
+    reference_spread=lambda v: v is None or is_number(v),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
     adaptive_threshold=lambda v: v is None or (isinstance(v, dict) and set(v) == {"confidence", "class_means"} and
-                                          all(is_probabilities(t) for t in v.values())))
+                                          all(is_probabilities(t) for t in v.values()) and v["confidence"].dim() == 0),
+    model_args=lambda v: (isinstance(v, dict) and set(v) == {"num_classes", "width", "bn_momentum"} and
+                          is_int(v["num_classes"], 2) and is_width(v["width"]) and is_number(v["bn_momentum"])
+                          and 0 < v["bn_momentum"] <= 1))
 CONFIG_CHECKS = dict(
     dataset=lambda v: v in DATASETS, data_dir=lambda v: isinstance(v, str) and v and "\0" not in v,
     labels=is_int, labeled_batch=lambda v: is_int(v, 1), unlabeled_batch=lambda v: is_int(v, 1),
-    width=lambda v: is_number(v) and v > 0, num_classes=lambda v: is_int(v, 2), seed=is_int,
+    width=lambda v: is_width(v), num_classes=lambda v: is_int(v, 2), seed=is_int,
     classes=lambda v: is_names(v) and len(set(v)) == len(v), lr=is_number, ema=is_number, cons_weight=is_number,
     cons_rampup=is_number, epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
     eval_every=lambda v: is_int(v, 1), bn_momentum=is_number, lc_start_epoch=lambda v: is_int(v, 1),
@@ -247,6 +265,11 @@ def resume_checkpoint(out, stage_name, write=True):
     state = load_checkpoint(path)
     if state.get("stage") != stage_name:
         raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
+    schedule = state["config"] if stage_name == "mt" else state["config"]["lc"]
+    if state["epoch"] >= schedule["epochs"] + schedule["decay_epochs"]:
+        raise UserError(f"--resume: {path} is a finished run (epoch {state['epoch']} of "
+                        f"{schedule['epochs'] + schedule['decay_epochs']}): nothing to resume; a new run replaces it "
+                        f"with --overwrite")
     try:
         set_rng_state(state["rng"])
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:

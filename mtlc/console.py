@@ -84,6 +84,8 @@ def stdout_rows():
     line (WriteFailed), and where stdout is a file, a last row cut short is cut off, so that it ends
     with a whole row (a pipe keeps what it took); stdout then points at the null device, so that no
     later write fails again."""
+    if sys.stdout is None:  # started with stdout closed
+        raise WriteFailed("standard output", OSError(9, "it is closed"), after="give --csv FILE for the rows")
     sys.stdout.flush()
     if not hasattr(sys.stdout, "buffer"):  # a stream without bytes underneath (click's test runner): text as is
         yield sys.stdout
@@ -117,6 +119,14 @@ def file_position(fd):
         return os.lseek(fd, 0, os.SEEK_CUR) if stat.S_ISREG(os.fstat(fd).st_mode) else None
     except OSError:
         return None
+
+
+def shown(name):
+    """A name from a file, a folder or a labels file as a message shows it: as it is where every
+    character prints, else with its control characters escaped (an ESC or a BEL from a stranger's file
+    name never reaches the terminal as itself)."""
+    name = str(name)
+    return name if name.isprintable() else repr(name)[1:-1]
 
 
 def is_text(name):

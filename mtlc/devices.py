@@ -88,12 +88,17 @@ class Processes:
         return box[0]
 
 
+MAX_PROCESSES = 2 ** 16
+# What torchrun sets for every process besides WORLD_SIZE; without them there is no process group.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def environment_number(name, default):
     """A count torchrun sets in the environment (WORLD_SIZE, LOCAL_RANK), checked: exit 2 in one line
     for anything but a whole number (1 or more for WORLD_SIZE)."""
     value = os.environ.get(name, default)
     if value is None or not value.strip().isascii() or not value.strip().isdigit() or \
-            (name == "WORLD_SIZE" and int(value) < 1):
+            (name == "WORLD_SIZE" and not 1 <= int(value) <= MAX_PROCESSES):
         raise UserError(f"the environment variable {name}={value!r} is not a process count torchrun sets: unset it "
                         f"(one process), or start the run with torchrun")
     return int(value)
@@ -108,6 +113,10 @@ def processes(device_name):
     if world == 1:
         yield Processes(), device
         return
+    missing = [name for name in TORCHRUN_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise UserError(f"WORLD_SIZE={world} without {', '.join(missing)}: start several processes with torchrun "
+                        f"(torchrun --nproc_per_node {world} ...), or unset WORLD_SIZE for one")
     if device.type == "cuda":
         device = torch.device("cuda", environment_number("LOCAL_RANK", None))
         torch.cuda.set_device(device)

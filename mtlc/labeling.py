@@ -32,7 +32,7 @@ from typing import Optional
 
 import click
 
-from .console import PATH_ENCODING, PATH_ERRORS, is_text
+from .console import PATH_ENCODING, PATH_ERRORS, is_text, shown
 from .errors import MoveFailed, UserError
 from .files import DIGEST_COLUMN, file_digest, is_hidden, is_image_name, read_regular
 from .iterables import batched
@@ -65,9 +65,11 @@ def fold(name):
 
 
 def loose(name):
-    """A class name as a person reads it: fold's, and white space left out ('red ' and 'Red' are one
-    class to a reader, two folders to a file system)."""
-    return "".join(fold(name).split())
+    """A class name as a person reads it: its compatibility form (a fullwidth 'ｃ' is a 'c'), case folded,
+    white space and invisible characters (a zero-width space) left out: 'red ', 'Red' and 'r\u200bed'
+    are one class to a reader, three folders to a file system."""
+    folded = unicodedata.normalize("NFKC", name).casefold()
+    return "".join(c for c in folded if not c.isspace() and unicodedata.category(c) != "Cf")
 
 
 # Planning: every row checked before anything moves ---------------------------------------------------
@@ -219,7 +221,7 @@ class Problems:
 
     def add(self, row, problem):
         self.count += 1
-        heapq.heappush(self.first, (-row.line, f"line {row.line} ({row.path}): {problem}"))
+        heapq.heappush(self.first, (-row.line, f"line {row.line} ({shown(row.path)}): {problem}"))
         if len(self.first) > PROBLEMS_SHOWN:
             heapq.heappop(self.first)
 
@@ -370,8 +372,8 @@ def class_problem(label, source, classes, spelled, new_classes):
     folders to a reader's eye and one on many file systems: both names are given."""
     others = [c for c in spelled.get(loose(label), ()) if c != label]
     if others:
-        return (f"the class {label!r} differs from the class folder {others[0]!r} only in case, white space or "
-                f"Unicode form: rename one of them so that each class has one name")
+        return (f"the class {label!a} differs from the class folder {others[0]!a} only in case, white space, "
+                f"invisible characters or Unicode form: rename one of them so that each class has one name")
     if label in classes:
         return None
     if source.startswith("test/"):

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from . import label_studio
 from .classifier import Classifier
-from .console import path_text, stdout_rows
+from .console import path_text, shown, stdout_rows
 from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
@@ -69,7 +69,7 @@ class Tally:
                 self.bar.update()
             if p.label is None:
                 self.failed += 1
-                message = f"cannot read {p.path}: {p.reason}"
+                message = f"cannot read {shown(p.path)}: {p.reason}"
                 self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
             elif self.threshold is not None:
                 self.accepted += is_accepted(p, self.threshold)

@@ -1,11 +1,11 @@
-"""The training engine both stages run: ramps and the lr schedule, the EMA teacher (Eq. 3), the
-consistency loss (Eq. 1), the training step of the MT objective (Eq. 2) plus lambda2 * r2 * L_lc
-(Eq. 4-6) in stage 2, the guards, and the epoch loop `fit`.
+"""The training step both stages run: the EMA teacher (Eq. 3), the consistency loss (Eq. 1), the
+step of the MT objective (Eq. 2), or of the pseudo-label objective (pseudo_labels.py), plus
+lambda2 * r2 * L_lc (Eq. 4-6) in stage 2, and its guards; the Trainer that holds what a step needs,
+and its eager steps (graphed.py: the same step without host work). The epoch loop is epochs.py's.
 """
 import math
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
 import click
 import torch
@@ -16,34 +16,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .batches import Batches
 from .devices import Processes, average_buffers, sync
-from .curves import TensorBoardCurves
 from .errors import TrainingFailed
 from .graphed import EPOCH_SUMS, GraphedSteps, resolve_step_mode
 from .inference import test_error
 from .model import ModelConfig, SplitForward, recompute_bn_means
 from .neighbours import PairDistances, lc_features, lc_term
 from .pseudo_labels import PseudoLabels
-from .progress import TimeEstimate, epoch_progress
-from .runs import (prepare_staging, publish, read_metrics, rng_state, save_checkpoint, staging_folder, stop_on_signals,
-                   remove_stale_staging, write_metrics, writing_folder)
+from .runs import rng_state
+from .schedule import learning_rate, sigmoid_rampup
 from .splits import unleaked_test
-
-
-def sigmoid_rampup(progress, length):
-    """exp(-5 (1 - t)^2), t = progress / length clipped to [0, 1] (Mean Teacher's ramp-up); 1 if length is 0."""
-    if length <= 0:
-        return 1.0
-    t = min(max(progress / length, 0.0), 1.0)
-    return math.exp(-5.0 * (1.0 - t) ** 2)
-
-
-def learning_rate(progress, lr, constant_epochs, decay_epochs):
-    """lr for `constant_epochs`, then linearly down to 0 over `decay_epochs` (progress in epochs)."""
-    if progress < constant_epochs:
-        return lr
-    if decay_epochs <= 0:
-        return 0.0
-    return lr * max(0.0, 1.0 - (progress - constant_epochs) / decay_epochs)
 
 
 @torch.no_grad()
@@ -61,26 +42,6 @@ def consistency_loss(student_logits, teacher_logits):
 
 def make_optimizer(student, lr):
     return torch.optim.SGD(student.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
-
-
-@dataclass
-class Stage:
-    name: str                 # "mt" or "lc"
-    epochs: int               # constant-lr epochs of this stage
-    decay_epochs: int         # then linear decay of the lr to 0
-    lr: float
-    ema: float
-    cons_weight: float        # lambda1
-    cons_rampup: float        # epochs, counted from the start of stage 1
-    eval_every: int
-    first_step: int           # global step at which this stage starts
-    lc_eps: float = 0.0       # stage 2 only
-    lc_weight: float = 0.0    # lambda2
-    lc_rampup: float = 0.0    # epochs, counted from the start of stage 2
-    lc_eps_scale: str = "fixed"  # the LC form: fixed (the paper's), relative or normalized (neighbours.lc_term)
-    lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
-    lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
-    lc_pairs: str = "all"       # all (the paper's), same-prediction (labels, the teacher's classes) or true-class
 
 
 # Training images the BN running means are recomputed on before every evaluation and milestone.
@@ -371,114 +332,3 @@ class EagerSteps:
         return time.perf_counter() - start, data
 
 
-def describe_errors(record):
-    """'test error student x% teacher y% | val error ...' of an evaluated record, for people."""
-    parts = [f"{name} error student {record[f'student{key}_error']:.2f}% teacher {record[f'teacher{key}_error']:.2f}%"
-             for name, key in (("test", ""), ("test without its copies of training images", "_clean"), ("val", "_val"))
-             if f"student{key}_error" in record]
-    return " | ".join(parts) or "no test set, no validation hold-out"
-
-
-def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=None):
-    """Train the stage's epochs after `start_epoch` (epochs already done). After every epoch the main
-    process writes the state to each name in milestones[epoch], then to the resume checkpoint
-    <stage>_last.pt (with the metrics so far), then adds the epoch's line to <stage>_metrics.jsonl.
-    A kill at any of these writes leaves files that --resume continues from exactly: until
-    <stage>_last.pt names the epoch done, a resumed run trains it again and rewrites its milestones.
-    tensorboard: a folder that gets each record as TensorBoard curves too (curves.TensorBoardCurves).
-    Returns the last record."""
-    stage, spe, procs = trainer.stage, trainer.steps_per_epoch, trainer.procs
-    total_epochs = stage.epochs + stage.decay_epochs
-    out = Path(out)
-    metrics = read_metrics(out / f"{stage.name}_metrics.jsonl")
-    record = metrics[-1] if metrics else None
-    curves = (TensorBoardCurves(tensorboard, record if start_epoch else None)
-              if tensorboard is not None and procs.main else None)
-    estimate = TimeEstimate(stage.name, (total_epochs - start_epoch) * spe, trainer.device, echo if procs.main else
-                            (lambda line: None))
-    for epoch in range(start_epoch + 1, total_epochs + 1):
-        start = time.perf_counter()
-        first = stage.first_step + (epoch - 1) * spe
-        trainer.steps.start_epoch(first)
-        for step in epoch_progress(range(first, first + spe), f"{stage.name} epoch {epoch}/{total_epochs}",
-                                   procs.main, echo):
-            trainer.steps.step(step)
-            estimate.tick()
-        sums = trainer.steps.end_epoch()  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps, above
-        if procs.world > 1:
-            dist.all_reduce(sums)
-        means = (sums / (spe * procs.world)).tolist()
-        lr, cons_w, lc_w = trainer.schedule(step)
-        # global_epoch counts from the start of MT, so MT and LC curves share an axis (Fig. 2).
-        record = dict(stage=stage.name, epoch=epoch, global_epoch=stage.first_step / spe + epoch,
-                      step=stage.first_step + epoch * spe, lr=lr,
-                      cons_weight=cons_w, lc_weight=lc_w, loss=means[0], ce=means[1], cons=means[2],
-                      time_s=round(time.perf_counter() - start, 3))
-        if stage.name == "lc":
-            record.update(lc=means[3], neighbour_fraction=means[4], all_neighbours=means[5] == 1.0)
-        if trainer.pseudo:
-            record["above_threshold"] = means[6]
-        evaluate = epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones
-        if evaluate:
-            trainer.recompute_bn_means()  # on every process, so that their running means stay identical
-        if not procs.main:
-            continue  # the other processes go on with the next epoch; rank 0 meets them at its first step
-        line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
-                f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if stage.name == "lc" else "")
-                + (f" above {means[6]:.3f}" if trainer.pseudo else "") + f" | lr {lr:.4f} w_cons {cons_w:.2f}" + (f" w_lc {lc_w:.2f}" if stage.name == "lc" else "")
-                + f" | {record['time_s']:.1f}s")
-        if evaluate:
-            record.update(trainer.errors())
-            line += f" | {describe_errors(record)}"
-            if stage.name == "lc":
-                distances = trainer.distance_summary()
-                # The sample's fraction over every LC pair at eps, beside (never over) the epoch's own
-                # neighbour_fraction: the mean over its steps of the pairs LC kept.
-                distances["d2_neighbour_fraction"] = distances.pop("neighbour_fraction")
-                record.update(distances)
-                line += f" | d2 same/different {record['d2_ratio']:.3f} mean {record['d2_mean']:.3g}"
-        echo(line)
-        trainer.report_all_neighbours(epoch, record.get("all_neighbours"))
-        if epoch == total_epochs:
-            record["warnings"] = trainer.chance_warnings(record)
-            for warning in record["warnings"]:
-                click.echo(f"warning: {warning}", err=True)
-        metrics.append(record)
-        state = trainer.state(epoch, record["step"], metrics)
-        for name in milestones.get(epoch, ()):
-            save_checkpoint(out / name, state)
-        save_checkpoint(out / f"{stage.name}_last.pt", state)  # after the milestones: it marks the epoch done
-        write_metrics(out / f"{stage.name}_metrics.jsonl", metrics)
-        if curves:
-            curves.add(record)
-    if curves:
-        curves.close()
-    return record
-
-
-def run_stage(trainer, out, milestones, start_epoch, replacing=(), tensorboard=None):
-    """fit the trainer's stage from start_epoch, stopping at once on SIGINT or SIGTERM, and say what
-    it wrote (the main process). replacing: an earlier run's outputs in out (--overwrite): the run
-    writes into a staging folder in out, and its outputs replace those only once they all exist
-    (runs.publish); a run killed before leaves them as they were, and --resume continues it where its
-    checkpoint is (runs.writing_folder).
-    tensorboard: the folder of --tensorboard, given on this command line (a resumed run never writes
-    where its checkpoint says: the checkpoint may come from someone else)"""
-    name = trainer.stage.name
-    if trainer.procs.main:
-        out.mkdir(parents=True, exist_ok=True)
-    if replacing:
-        folder = prepare_staging(out, name) if trainer.procs.main else staging_folder(out, name)
-    else:
-        folder = writing_folder(out, name) if start_epoch else out
-        if not start_epoch and trainer.procs.main:
-            remove_stale_staging(out, name)
-    with stop_on_signals():
-        last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo,
-                   tensorboard=tensorboard)
-    if trainer.procs.main:
-        if folder != out:
-            publish(folder, out, replacing)
-        written = [out / name for names in milestones.values() for name in names]
-        click.echo(f"done: {describe_errors(last)}; wrote {', '.join(map(str, written))}, "
-                   f"{out / f'{trainer.stage.name}_metrics.jsonl'}")

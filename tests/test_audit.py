@@ -22,7 +22,7 @@ from mtlc.copies import copies_in, leaked_test, near_pairs
 from mtlc.data import ImageData
 from mtlc.files import file_digest
 from mtlc.crossfit import fold_config
-from mtlc.training import learning_rate
+from mtlc.schedule import learning_rate
 from mtlc.images import decode
 
 

@@ -26,7 +26,7 @@ from mtlc.devices import Processes
 from conftest import ROOT, run
 from fakedata import tiny_trainer, write_own_folder
 from mtlc.errors import UserError
-from mtlc.training import Stage
+from mtlc.schedule import Stage
 
 
 

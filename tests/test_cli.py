@@ -10,7 +10,8 @@ from mtlc.splits import balanced_split, hold_out
 from mtlc.neighbours import MIN_LOSS_UNIT
 from mtlc.checkpoints import CHECKPOINT_KEYS
 from mtlc.figures import stage_label
-from mtlc.training import Stage, fit
+from mtlc.epochs import fit
+from mtlc.schedule import Stage
 import evaluate
 import finetune_lc
 import train_mt

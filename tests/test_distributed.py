@@ -15,7 +15,8 @@ from mtlc.data import load_digits
 from mtlc.splits import balanced_split
 from mtlc.devices import Processes
 from mtlc import neighbours
-from mtlc.training import Stage, fit
+from mtlc.epochs import fit
+from mtlc.schedule import Stage
 from conftest import ROOT
 from fakedata import tiny_trainer
 from kernels import lc_loss

@@ -12,7 +12,8 @@ from mtlc.data import load_digits
 from mtlc.errors import TrainingFailed, UserError
 from mtlc.graphed import DeviceGuards, GraphedSteps, ema_step, resolve_step_mode, sgd_step
 from mtlc.splits import balanced_split
-from mtlc.training import EagerSteps, Stage, ema_update, make_optimizer
+from mtlc.schedule import Stage
+from mtlc.training import EagerSteps, ema_update, make_optimizer
 from conftest import invoke, run
 from fakedata import tiny_trainer
 from tools.step_equivalence import compare_steps
@@ -141,7 +142,7 @@ def test_guards_stop_at_the_step_the_eager_guards_stop_at(digits, monkeypatch):
 
 def test_device_guards_read_a_collapse_and_keep_the_reference_spread(digits):
     data, labeled, unlabeled = digits
-    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), STAGES["lc fixed eps"])
+    trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), STAGES["lc fixed eps"][0])
     guards = DeviceGuards(trainer)
     finite, parts = torch.tensor(1.0), torch.zeros(3)
     for step, spread in ((40, 2.0), (41, 0.021)):

@@ -257,6 +257,13 @@ CHECKPOINT_DAMAGE = {
         confidence=torch.tensor(0.5), class_means=torch.full((5,), 0.2))),
     "threshold state out of range": lambda s: dict(s, adaptive_threshold=dict(
         confidence=torch.tensor(2.0), class_means=torch.full((3,), 0.3))),
+    "threshold confidence of another shape": lambda s: dict(s, adaptive_threshold=dict(
+        confidence=torch.full((3,), 0.5), class_means=torch.full((3,), 0.3))),
+    "bn momentum a string": lambda s: dict(s, model_args=dict(s["model_args"], bn_momentum="x")),
+    "a width no machine holds": lambda s: dict(s, model_args=dict(s["model_args"], width=1e6),
+                                               config=dict(s["config"], width=1e6)),
+    "weights of NaN": lambda s: dict(s, teacher={k: v.float() * float("nan") if v.is_floating_point() else v
+                                                 for k, v in s["teacher"].items()}),
 }
 
 

@@ -73,6 +73,9 @@ def test_only_regular_files_move_and_undo_puts_back_exactly_them(folder, tmp_pat
     (("red ",), "red", "differs from the class folder 'red ' only in case, white space"),
     ((), "Red", "differs from the class folder 'red' only in case"),
     ((), " blue", "differs from the class folder 'blue' only in case, white space"),
+    ((), "bl\u200bue", "'bl\\u200bue' differs from the class folder 'blue'"),   # a zero-width space
+    ((), "\uff42lue", "'\\uff42lue' differs from the class folder 'blue'"),       # a fullwidth b
+    (("caf\u00e9",), "cafe\u0301", "'cafe\\u0301' differs from the class folder 'caf\\xe9'"),  # decomposed
 ])
 def test_a_label_differing_from_a_class_folder_only_in_white_space_or_case_is_refused(
         folder, tmp_path, folders, label_given, message):
@@ -106,6 +109,14 @@ def test_label_studio_exports_read_labels_as_the_csv_reader_does(folder, tmp_pat
     export = tmp_path / "export.json"
     export.write_text(json.dumps(label_studio_export(folder, "unlabeled/u0000.png", choice)))
     refused(folder, export, message="differs from the class folder 'red' only in case")
+
+
+def test_control_characters_of_a_path_are_escaped_in_messages(folder, tmp_path):
+    """A path holding an escape sequence (a stranger's export) is shown escaped, never sent to the terminal."""
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(label_studio_export(folder, "unlabeled/\x1b]0;pwned\x07.png", "red")))
+    res = run("label.py", "--data-dir", folder, "--apply", export)
+    assert res.returncode == 2 and "\x1b" not in res.stderr and "\\x1b]0;pwned\\x07.png" in res.stderr, res.stderr
 
 
 def test_a_path_no_file_name_can_hold_is_one_line(folder, tmp_path):

@@ -13,7 +13,8 @@ from kernels import lc_loss
 from mtlc.model import Dropout, WeightNormMeanOnlyBN
 from mtlc.neighbours import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
 from mtlc import training
-from mtlc.training import Stage, fit
+from mtlc.epochs import fit
+from mtlc.schedule import Stage
 
 
 def digits_config(**changes):

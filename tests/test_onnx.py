@@ -107,6 +107,8 @@ def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, 
     Image.fromarray((np.dstack([ramp] * 4) * 255).astype(np.uint8), "RGBA").save(odd / "rgba.png")
     (odd / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
     (odd / "ps.png").write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 32 32\nshowpage\n")
+    import os
+    os.mkfifo(odd / "pipe.png")  # opening it would block: a file it cannot read
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "gs").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'gs-called'}\n")
     (tmp_path / "bin" / "gs").chmod(0o755)
@@ -115,7 +117,7 @@ def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, 
     assert res.returncode == 0, res.stderr
     (tmp_path / "torch.py").write_text("raise ImportError('no torch here')\n")  # shadows torch for the example
     res = subprocess.run([sys.executable, str(ROOT / "examples" / "onnx_predict.py"), tmp_path / "m.onnx", *paths],
-                         capture_output=True, text=True,
+                         capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": str(tmp_path), "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
     assert res.returncode == 1 and "cannot read" in res.stderr  # the broken file, reported; the rest predicted
     ours = {r["path"]: r for r in csv.DictReader(res.stdout.splitlines())}

@@ -86,7 +86,7 @@ def test_distribution_collapse_stops():
     from mtlc.splits import balanced_split
     from fakedata import tiny_trainer
     from mtlc.errors import TrainingFailed
-    from mtlc.training import Stage
+    from mtlc.schedule import Stage
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,

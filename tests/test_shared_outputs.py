@@ -62,14 +62,35 @@ def test_rows_read_back_that_are_not_the_images_counted_write_nothing(trained, t
     assert not (tmp_path / "p.csv").exists() and not work_folder(tmp_path / "p.csv").exists()
 
 
-@pytest.mark.parametrize("name", ["label-log.csv", ".mtlc-run.lock", "mtlc-cache/train-32px-x.u8", "mt.pt",
-                                  "run/lc_last.pt", ".labels.csv.mtlc-work/rows.jsonl", ".mtlc-next-mt/mt_last.pt"])
+@pytest.mark.parametrize("name", ["label-log.csv", ".mtlc-run.lock", "mtlc-cache/train-32px-x.u8", "mt.pt", "MT.PT",
+                                  "run/lc_last.pt", ".labels.csv.mtlc-work/rows.jsonl", ".mtlc-next-mt/mt_last.pt",
+                                  "through-a-link/train-32px-x.u8"])
 def test_no_output_replaces_a_file_the_tools_keep(trained, tmp_path, name):
+    """By name whatever its case, in the tools' folders even through a link to one."""
     folder, ckpt = trained
+    (folder / "mtlc-cache").mkdir(exist_ok=True)
+    if not (folder / "through-a-link").exists():
+        (folder / "through-a-link").symlink_to(folder / "mtlc-cache", target_is_directory=True)
     target = folder / name
     res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled" / "u0000.png", "--csv", target])
     assert res.exit_code == 2 and "writing it would replace it" in res.output, res.output
     assert not target.exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--tensorboard"])
+def test_no_run_writes_into_a_folder_the_tools_keep(trained, tmp_path, monkeypatch, option):
+    """A training run's --out or --tensorboard in a decode cache, a work or staging folder, or
+    $MTLC_CACHE_DIR reached through a link: refused before any work."""
+    folder, _ = trained
+    (tmp_path / "caches").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "caches", target_is_directory=True)
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "link"))
+    for place in (folder / "mtlc-cache" / "x", tmp_path / "r" / ".mtlc-next-mt", tmp_path / ".p.csv.mtlc-work",
+                  tmp_path / "caches" / "k"):
+        args = ["--out", tmp_path / "r"] if option == "--tensorboard" else []
+        res = invoke(train_mt, ["--epochs", "1", option, place, *args])
+        assert res.exit_code == 2 and "a folder the tools keep" in res.output, res.output
+        assert not place.exists()
 
 
 @pytest.mark.slow
@@ -159,7 +180,22 @@ def test_each_image_is_predicted_once(trained, tmp_path):
         assert len(rows) == 24 == len({os.path.realpath(r["path"]) for r in rows})
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "²"])
-def test_a_world_size_that_is_no_count_is_one_line(tmp_path, value):
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "²", "99999999999999999999", "2"])
+def test_a_world_size_that_is_no_count_or_not_torchruns_is_one_line(tmp_path, value):
+    """Anything but a count, or a count without torchrun's other variables (RANK, MASTER_ADDR, ...)."""
     res = run("train_mt.py", "--epochs", "1", "--out", tmp_path / "r", env=dict(WORLD_SIZE=value))
     assert res.returncode == 2 and "WORLD_SIZE" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_closed_stdout_is_one_line(trained):
+    folder, ckpt = trained
+    res = subprocess.run(f"exec >&- ; {sys.executable} evaluate.py --ckpt {ckpt} --predict {folder / 'unlabeled'}",
+                         shell=True, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert res.returncode == 1 and "cannot write standard output" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_resuming_a_finished_run_is_refused(tmp_path):
+    from test_resume import MT_ARGS
+    assert invoke(train_mt, [*MT_ARGS, "--out", tmp_path]).exit_code == 0
+    res = invoke(train_mt, ["--resume", "--out", tmp_path])
+    assert res.exit_code == 2 and "is a finished run (epoch 3 of 3): nothing to resume" in res.output, res.output

@@ -9,7 +9,8 @@ from mtlc.model import ConvLarge, Dropout, WeightNormMeanOnlyBN
 from mtlc.batches import BatchStream, augment
 from mtlc.splits import balanced_split
 from mtlc.errors import UserError
-from mtlc.training import Stage, consistency_loss, ema_update, learning_rate, sigmoid_rampup
+from mtlc.schedule import Stage, learning_rate, sigmoid_rampup
+from mtlc.training import consistency_loss, ema_update
 
 
 def test_sigmoid_rampup():

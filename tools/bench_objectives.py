@@ -12,9 +12,11 @@ a run whose checkpoint exists is not run again, so the command goes on where it 
     python tools/bench_objectives.py --dataset digits --seeds 1 2 3 --out runs/cmp-digits \\
         --objective mt= --objective "fixmatch=--consistency fixmatch --compress 1.09" --record docs/x.json
 
-Equal time: give each objective's --compress as its step's cost over the first objective's (the
-step times in docs/better-labels.md): the same schedule's shape, that many times fewer steps, stage 2
-included (finetune_lc.py shortens its defaults alike).
+Equal time: give each objective's --compress as its step's cost over the first objective's: the
+same schedule's shape, that many times fewer steps, stage 2 included (finetune_lc.py shortens its
+defaults alike). --time-steps N measures those costs instead of training: train_mt.py --benchmark N
+of each objective in turn (its --compress left out), --time-rounds times, one thread each, and prints
+the median seconds a step and the ratio to the first objective's.
 """
 import json
 import os
@@ -51,8 +53,8 @@ def run_plan(dataset, data_dir, width, seeds, objectives, out):
                                                     *split, *shlex.split(options), "--out", str(run)],
                          run / "mt_final.pt", None))
             for stage, lam in (("control", ["--lam", "0"]), ("lc", [])):
-                plan.append((f"{name}-{seed} {stage}", ["finetune_lc.py", "--ckpt", str(run / "mt.pt"), *lam,
-                                                        "--out", str(run / stage)], run / stage / "lc.pt", run / "mt.pt"))
+                command = ["finetune_lc.py", "--ckpt", str(run / "mt.pt"), *lam, "--out", str(run / stage)]
+                plan.append((f"{name}-{seed} {stage}", command, run / stage / "lc.pt", run / "mt.pt"))
     return plan
 
 
@@ -77,6 +79,26 @@ def train_all(plan, jobs, log_dir):
             click.echo(f"done {item[0][0]}", err=True)
         if waiting and not running and not any(s[3] is None or s[3].exists() for s in waiting):
             raise click.ClickException(f"nothing can start: {waiting[0][3]} is missing")
+
+
+def step_costs(dataset, data_dir, width, objectives, steps, rounds):
+    """{objective: [seconds a step of each round]}: train_mt.py --benchmark of each objective in turn
+    (one thread, its --compress left out), so that a slower minute of the machine falls on every one."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    data = ["--dataset", dataset] + (["--data-dir", str(data_dir)] if data_dir else [])
+    costs = {name: [] for name in objectives}
+    for _ in range(rounds):
+        for name, options in objectives.items():
+            options = shlex.split(options)
+            if "--compress" in options:
+                at = options.index("--compress")
+                options = options[:at] + options[at + 2:]
+            res = subprocess.run([sys.executable, "train_mt.py", *data, "--width", str(width), *options, "--benchmark",
+                                  str(steps)], cwd=ROOT, env=env, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise click.ClickException(f"the benchmark of {name} failed: {res.stderr.strip().splitlines()[-1:]}")
+            costs[name].append(json.loads(res.stdout.strip().splitlines()[-1])["sec_per_step"])
+    return costs
 
 
 def measure(path, truth, max_error):
@@ -143,7 +165,8 @@ def difference_cell(d):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--dataset", type=click.Choice(["digits", "folder"]), default="folder", help="What train_mt.py trains on.")
+@click.option("--dataset", type=click.Choice(["digits", "folder"]), default="folder",
+              help="What train_mt.py trains on.")
 @click.option("--data-dir", type=click.Path(exists=True, file_okay=False), default=None, help="A folder's images.")
 @click.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A folder's CSV of path,class for its unlabeled/ images.")
@@ -154,12 +177,24 @@ def difference_cell(d):
 @click.option("--width", type=float, default=0.125, help="The network's width.")
 @click.option("--max-error", type=float, default=2.0, help="The acceptance's --max-error, in %.")
 @click.option("--jobs", type=click.IntRange(min=1), default=2, help="Trainings at a time, one thread each.")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Where the runs go.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs/objectives", help="Where the runs go.")
 @click.option("--record", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
-def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, out, record):
+@click.option("--time-steps", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Instead of training: the cost of each objective's step (train_mt.py --benchmark N, in turn).")
+@click.option("--time-rounds", type=click.IntRange(min=1), default=5,
+              help="With --time-steps: rounds over the objectives.")
+def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, out, record, time_steps, time_rounds):
     """Train every objective and seed (with LC and its control on top), then measure and compare them."""
     torch.set_num_threads(1)
     objectives = dict(o.split("=", 1) for o in objectives)
+    if time_steps:
+        costs = step_costs(dataset, data_dir, width, objectives, time_steps, time_rounds)
+        base = next(iter(costs))
+        for name, seconds in costs.items():
+            median = statistics.median(seconds)
+            click.echo(f"{name:28s} {median:.4f} s a step (median of {', '.join(f'{s:.4f}' for s in seconds)}), "
+                       f"{median / statistics.median(costs[base]):.3f} x {base}'s")
+        return
     Path(out).mkdir(parents=True, exist_ok=True)
     train_all(run_plan(dataset, data_dir, width, seeds, objectives, out), jobs, out)
     results = {f"{name}-{s}": {stage: measure(Path(out) / f"{name}-{s}" / file, truth, max_error)

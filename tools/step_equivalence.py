@@ -26,7 +26,8 @@ from mtlc.data import load_digits  # noqa: E402
 from mtlc.devices import Processes, pick_device  # noqa: E402
 from mtlc.model import ModelConfig, build_models  # noqa: E402
 from mtlc.splits import balanced_split  # noqa: E402
-from mtlc.training import Stage, Trainer, make_optimizer  # noqa: E402
+from mtlc.schedule import Stage  # noqa: E402
+from mtlc.training import Trainer, make_optimizer  # noqa: E402
 
 # torch.testing's defaults for the dtypes the steps compute in (bf16: two of its ulps).
 TOLERANCES = {"fp32": dict(rtol=1e-5, atol=1e-6), "bf16": dict(rtol=1.6e-2, atol=1e-5)}
