@@ -4,8 +4,9 @@
     classifier = mtlc.load("runs/digits/lc.pt")            # a checkpoint's teacher, calibrated
     predictions = classifier.predict(["photo.jpg", "more/"])  # [Prediction(path, label, confidence, ...)]
 
-The LC loss alone, for your own training loop: `from kernels import lc_loss`. Attributes are
-imported when first used, so that `import mtlc.labeling` (label.py) does not import torch.
+The LC loss alone, for your own training loop: `from mtlc.kernels import lc_loss` once the package is
+installed (`pip install .`), `from kernels import lc_loss` in a checkout. Attributes are imported
+when first used, so that `import mtlc.labeling` (label.py) does not import torch.
 """
 __all__ = ["Classifier", "Prediction", "load"]
 

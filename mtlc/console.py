@@ -87,10 +87,18 @@ def stdout_rows():
     if sys.stdout is None:  # started with stdout closed
         raise WriteFailed("standard output", OSError(9, "it is closed"), after="give --csv FILE for the rows")
     sys.stdout.flush()
-    if not hasattr(sys.stdout, "buffer"):  # a stream without bytes underneath (click's test runner): text as is
-        yield sys.stdout
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # a stream of no file (click's test runner)
+        fd = None
+    if fd is None:
+        buffer = getattr(sys.stdout, "buffer", None)  # bytes underneath, else text as is
+        text = path_text(buffer) if buffer is not None else sys.stdout
+        yield text
+        text.flush()
+        if text is not sys.stdout:
+            text.detach()
         return
-    fd = sys.stdout.fileno()
     raw = WholeWrites(fd)
     start = file_position(fd)
     text = path_text(io.BufferedWriter(raw))

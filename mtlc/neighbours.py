@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import lc_loss
+try:  # installed: pip puts the kernels/ folder into the package (pyproject.toml)
+    from .kernels import lc_loss
+except ImportError:  # a checkout: the top-level kernels/ folder, as the project's card lays it out
+    from kernels import lc_loss
 
 from .batches import Batches
 from .errors import UserError

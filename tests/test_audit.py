@@ -238,7 +238,10 @@ def test_audit_needs_one_checkpoint_and_an_image_folder(tmp_path):
     same = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--review", tmp_path / "a.csv", "--ckpt", tmp_path / "a.pt"])
     assert same.exit_code == 2 and "name the same file" in same.output
     as_json = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--json", "--ckpt", tmp_path / "a.pt"])
-    assert as_json.exit_code == 2 and "--json and --review-per-class go with --predict" in as_json.output
+    assert as_json.exit_code == 2 and "not with --audit or --onnx" in as_json.output
+    per_class = invoke(evaluate, ["--audit", tmp_path / "a.csv", "--review", tmp_path / "r.html", "--review-per-class",
+                                  "3", "--ckpt", tmp_path / "a.pt"])
+    assert per_class.exit_code == 2 and "--review-per-class goes with --predict" in per_class.output
     assert not list(tmp_path.iterdir())
 
 

@@ -254,7 +254,7 @@ def test_results_table_curves_and_tsne(mt_run, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--curves", "README.md"], "--curves and --plot go together"),
+    (["--curves", "README.md"], "--curves goes with --plot"),
     (["--table", "x.txt", "--ckpt", "a.pt"], "must end in .md or .csv"),
     ([], "nothing to do"),
 ])
@@ -283,7 +283,7 @@ def test_validation_hold_out(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (lambda s: s["model_args"].update(width=0.25), "does not fit this project's model"),
     (lambda s: s.pop("model_args") and s["config"].update(width=0.25), "does not fit this project's model"),  # an old run
-    (lambda s: s["config"].update(num_classes=7, classes=s["config"]["classes"][:7]), "does not match the checkpoint"),
+    (lambda s: s["config"].update(num_classes=7, classes=s["config"]["classes"][:7]), "10 outputs do not fit its 7 classes"),
     (lambda s: s["config"].update(num_classes=7), "do not fit its class count"),
     (lambda s: s["config"].update(dataset="svhn", data_dir="/nonexistent"), "SVHN files missing"),
 ])

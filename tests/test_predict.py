@@ -105,7 +105,7 @@ def test_folders_are_searched_recursively(trained, tmp_path):
     result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", tmp_path / "single.png", tmp_path])
     assert result.exit_code == 0, result.output
     rows = read_rows(result.stdout)
-    assert len(rows) == 24 + 1 + 1  # unlabeled/ (nested), the file, tmp_path's one image
+    assert len(rows) == 24 + 1  # unlabeled/ (nested), the file once (tmp_path, given too, holds it)
     assert any("/a/b/" in r["path"] for r in rows) and rows[24]["path"] == str(tmp_path / "single.png")
     assert "1 files that are not images ignored" in result.output
 
@@ -190,10 +190,16 @@ def test_kept_predictions_this_machine_cannot_vouch_for_are_made_again(trained, 
 @pytest.mark.parametrize("args, message", [
     (["--predict", "/nonexistent/x"], "does not exist"),
     (["--csv", "p.csv"], "--csv goes with --predict"),
-    (["--predict", ".", "--json"], "--predict with --json needs --csv"),
+    (["--predict", ".", "--json"], "--json goes with the checkpoints' errors, or with --predict and --csv"),
     (["--predict", ".", "--table", "t.md"], "--predict takes exactly one --ckpt"),
-    (["--max-error", "5"], "--max-error, --coverage, --suggest and --skip-bad-images go with --predict"),
-    (["--suggest", "5"], "--max-error, --coverage, --suggest and --skip-bad-images go with --predict"),
+    (["--max-error", "5"], "--max-error goes with --predict"),
+    (["--suggest", "5"], "--suggest goes with --predict"),
+    (["--review-per-class", "5"], "--review-per-class goes with --predict"),
+    (["--review-max", "5"], "--review-max goes with --review"),
+    (["--audit-steps", "5"], "--audit-steps goes with --audit"),
+    (["--tsne-points", "50"], "--tsne-points goes with --tsne"),
+    (["--batch-size", "5"], "--batch-size goes with --predict"),
+    (["--label-studio-root", "."], "--label-studio-root goes with --label-studio"),
     (["--predict", ".", "--max-error", "100"], "--max-error"),
     (["--predict", ".", "--suggest", "0"], "--suggest"),
 ])

@@ -152,8 +152,8 @@ def kernel_tests(check):
 
 
 def kernel_bench(check):
-    """kernels/bench.py (fp32 features, forward + backward) and, on a GPU, its targets."""
-    out = check.run("kernel_bench.log", "kernels/bench.py", "--device", check.device.type, *check.setting["bench_args"])
+    """tools/bench_kernels.py (fp32 features, forward + backward) and, on a GPU, its targets."""
+    out = check.run("kernel_bench.log", "tools/bench_kernels.py", "--device", check.device.type, *check.setting["bench_args"])
     targets = dict(re.findall(r"^target: (.*): (PASS|FAIL|n/a)$", out, re.M))
     rows = [line for line in out.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\w", line)]
     return dict(ok="FAIL" not in targets.values(), targets=targets, rows=rows)

@@ -1,7 +1,7 @@
 """Benchmark of the LC loss, forward + backward: reference, torch path, torch.compile'd reference, Triton.
 
-    python kernels/bench.py                      # N in {160, 1024, 4096, 16384, 65536}, D = 128
-    python kernels/bench.py --dtype bfloat16 --sizes 1024,16384
+    python tools/bench_kernels.py                      # N in {160, 1024, 4096, 16384, 65536}, D = 128
+    python tools/bench_kernels.py --dtype bfloat16 --sizes 1024,16384
 
 N = N_l + N_u points with N_l = N / 5. Prints the median time and the peak extra memory (beyond the
 inputs) of each method, and on CUDA checks the kernel's targets. On a CPU it runs what fits the
