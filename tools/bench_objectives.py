@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = {"mt": "mt_final.pt", "control": "control/lc.pt", "lc": "lc/lc.pt"}
 
 
-def run_plan(dataset, data_dir, width, seeds, objectives, out):
-    """[(name, command, the file it makes, the file it needs)] of every training."""
+def run_plan(dataset, data_dir, width, seeds, objectives, out, stage_two=True):
+    """[(name, command, the file it makes, the file it needs)] of every training (stage 1 alone
+    without stage_two)."""
     plan = []
     for name, options in objectives.items():
         for seed in seeds:
@@ -52,7 +53,7 @@ def run_plan(dataset, data_dir, width, seeds, objectives, out):
             plan.append((f"{name}-{seed} stage 1", ["train_mt.py", *data, "--width", str(width), "--seed", str(seed),
                                                     *split, *shlex.split(options), "--out", str(run)],
                          run / "mt_final.pt", None))
-            for stage, lam in (("control", ["--lam", "0"]), ("lc", [])):
+            for stage, lam in (("control", ["--lam", "0"]), ("lc", [])) if stage_two else ():
                 command = ["finetune_lc.py", "--ckpt", str(run / "mt.pt"), *lam, "--out", str(run / stage)]
                 plan.append((f"{name}-{seed} {stage}", command, run / stage / "lc.pt", run / "mt.pt"))
     return plan
@@ -141,8 +142,9 @@ def paired(a, b):
 def compare(results, objectives, seeds):
     """Means per objective and stage, and the paired differences (module docstring)."""
     keys = ("test_error", "unlabeled_error", "accepted_share", "accepted_error")
+    stages = list(results[f"{next(iter(objectives))}-{seeds[0]}"])
     table = {f"{name} {stage}": {k: summary([results[f"{name}-{s}"][stage][k] for s in seeds]) for k in keys}
-             for name in objectives for stage in STAGES}
+             for name in objectives for stage in stages}
     first = next(iter(objectives))
     differences = {}
     for name in objectives:
@@ -150,6 +152,8 @@ def compare(results, objectives, seeds):
         if name != first:
             base = {k: [results[f"{first}-{s}"]["mt"][k] for s in seeds] for k in keys}
             differences[f"{name} minus {first} (stage 1)"] = {k: paired(base[k], column[k]) for k in keys}
+        if "lc" not in stages:
+            continue
         lc = {k: [results[f"{name}-{s}"]["lc"][k] for s in seeds] for k in keys}
         control = {k: [results[f"{name}-{s}"]["control"][k] for s in seeds] for k in keys}
         differences[f"{name}: LC minus its control"] = {k: paired(control[k], lc[k]) for k in keys}
@@ -177,13 +181,15 @@ def difference_cell(d):
 @click.option("--width", type=float, default=0.125, help="The network's width.")
 @click.option("--max-error", type=float, default=2.0, help="The acceptance's --max-error, in %.")
 @click.option("--jobs", type=click.IntRange(min=1), default=2, help="Trainings at a time, one thread each.")
+@click.option("--stage-one-only", is_flag=True, help="Train and measure stage 1 alone (no LC, no control).")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/objectives", help="Where the runs go.")
 @click.option("--record", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
 @click.option("--time-steps", type=click.IntRange(min=1), default=None, metavar="N",
               help="Instead of training: the cost of each objective's step (train_mt.py --benchmark N, in turn).")
 @click.option("--time-rounds", type=click.IntRange(min=1), default=5,
               help="With --time-steps: rounds over the objectives.")
-def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, out, record, time_steps, time_rounds):
+def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, stage_one_only, out, record, time_steps,
+         time_rounds):
     """Train every objective and seed (with LC and its control on top), then measure and compare them."""
     torch.set_num_threads(1)
     objectives = dict(o.split("=", 1) for o in objectives)
@@ -196,9 +202,10 @@ def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, ou
                        f"{median / statistics.median(costs[base]):.3f} x {base}'s")
         return
     Path(out).mkdir(parents=True, exist_ok=True)
-    train_all(run_plan(dataset, data_dir, width, seeds, objectives, out), jobs, out)
+    train_all(run_plan(dataset, data_dir, width, seeds, objectives, out, not stage_one_only), jobs, out)
+    stages = {"mt": STAGES["mt"]} if stage_one_only else STAGES
     results = {f"{name}-{s}": {stage: measure(Path(out) / f"{name}-{s}" / file, truth, max_error)
-                               for stage, file in STAGES.items()} for name in objectives for s in seeds}
+                               for stage, file in stages.items()} for name in objectives for s in seeds}
     table, differences = compare(results, objectives, seeds)
     click.echo(f"teacher, mean +- std over seeds {', '.join(map(str, seeds))} (%): test error | error of the labels "
                f"for unlabeled images | --max-error {max_error:g} accepts | their actual error")
