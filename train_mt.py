@@ -25,7 +25,7 @@ from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
-from mtlc.label_files import LOG_NAME, relabeled_images
+from mtlc.label_log import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option

@@ -26,7 +26,7 @@ from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
 from .files import describe_hidden
-from .cache import identity
+from .mapped import identity
 from .prediction_store import PredictionStore
 from .predictions import ImageFiles, is_accepted, labeled_features, suggest_rows, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
