@@ -19,18 +19,18 @@ import heapq
 import os
 import posixpath
 import stat
-import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .console import PATH_ENCODING, PATH_ERRORS, is_text, shown
+from .console import PATH_ENCODING, PATH_ERRORS, shown
 from .errors import UserError
 from .files import file_digest, is_hidden, is_image_name, read_regular
 from .iterables import batched
-from .label_files import ASIDE, SOURCES, inside, linked_folder, outside_reason, remembered_realpath, target_part
+from .label_files import ASIDE, SOURCES, linked_folder, outside_reason, remembered_realpath, target_part
 from .label_log import applied_moves, undone_batches
+from .names import Names, class_problem, known_classes, label_problem, loose, name_max
 from .spill import Spill
 
 PLAN_CHUNK = 4096     # rows checked at a time (their files hashed together on a pool of threads)
@@ -47,81 +47,6 @@ class Move:
     @property
     def aside(self):
         return self.target.startswith(ASIDE + "/")
-
-
-def fold(name):
-    """A name as a case- and normalization-insensitive file system (macOS, exFAT, SMB) compares it:
-    'IMG.JPG' and 'img.jpg' are one name there, and so are an 'é' composed and one decomposed."""
-    return unicodedata.normalize("NFC", name).casefold()
-
-
-def loose(name):
-    """A class name as a person reads it: its compatibility form (a fullwidth 'ｃ' is a 'c'), case folded,
-    white space and invisible characters (a zero-width space) left out: 'red ', 'Red' and 'r\u200bed'
-    are one class to a reader, three folders to a file system."""
-    folded = unicodedata.normalize("NFKC", name).casefold()
-    return "".join(c for c in folded if not c.isspace() and unicodedata.category(c) != "Cf")
-
-
-# Planning: every row checked before anything moves ---------------------------------------------------
-
-def known_classes(data_dir):
-    labeled = data_dir / "labeled"
-    return sorted(p.name for p in labeled.iterdir() if p.is_dir() and not is_hidden(p.name)) if labeled.is_dir() else []
-
-
-def name_max(folder):
-    """The longest file name (bytes) the folder's file system takes."""
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return 255
-
-
-def label_problem(label, labeled, longest, realpath=os.path.realpath):
-    """Why a label cannot be a class folder's name under labeled/, or None."""
-    if (not label or label in (".", "..") or is_hidden(label) or any(c in label for c in "/\\\0")
-            or any(ord(c) < 32 for c in label)):
-        return f"{label!r} cannot be a class folder's name"
-    if not is_text(label):
-        return f"{label!r} is not text (save the CSV as UTF-8)"
-    if len(label.encode()) > longest:
-        return f"a class name of {len(label.encode())} bytes is longer than the file system takes ({longest})"
-    folder = labeled / label
-    if os.path.lexists(folder) and not folder.is_dir():
-        return f"labeled/{label} is a file, not a class folder"
-    if folder.is_dir() and not inside(labeled.parent, f"labeled/{label}/x", ("labeled",), realpath):
-        return f"labeled/{label} leads outside the folder through a link"
-    return None
-
-
-class Names:
-    """The names taken in each folder a plan moves files into: what is there (listed once a folder)
-    and what the plan gives, compared as fold does; a name taken gets the first free suffix
-    (photo-1.jpg), counted on from the last one given for that name, so that a thousand rows of one
-    name cost a thousand tries, not half a million."""
-
-    def __init__(self, data_dir):
-        self.data_dir, self.taken, self.next = data_dir, {}, {}
-
-    def in_folder(self, folder):
-        if folder not in self.taken:
-            path = self.data_dir / folder
-            self.taken[folder] = {fold(name) for name in os.listdir(path)} if path.is_dir() else set()
-        return self.taken[folder]
-
-    def free(self, folder, name):
-        taken = self.in_folder(folder)
-        candidate, stem, suffix = name, posixpath.splitext(name)[0], posixpath.splitext(name)[1]
-        key = (folder, fold(stem), fold(suffix))
-        k = self.next.get(key, 1)
-        while fold(candidate) in taken:
-            candidate = f"{stem}-{k}{suffix}"
-            k += 1
-        if k > 1:  # only names that met a clash are remembered: a million distinct names cost no counters
-            self.next[key] = k
-        taken.add(fold(candidate))
-        return candidate
 
 
 class Checks:
@@ -270,6 +195,70 @@ def no_bar(total, what):
     return lambda n: None
 
 
+class RowChecks:
+    """Each row checked against the folder (Checks) and against the rows before it: its class among the
+    class folders (one name each, as a person reads it), its source listed once, its file named once."""
+
+    def __init__(self, data_dir, sources, new_classes):
+        self.data_dir, self.new_classes, self.labeled = data_dir, new_classes, data_dir / "labeled"
+        self.classes = set(known_classes(data_dir))
+        self.spelled = {}  # the spellings of each class as loose reads it: one class folder each, or a refusal
+        for c in self.classes:
+            self.spelled.setdefault(loose(c), []).append(c)
+        home = self.labeled if self.labeled.is_dir() else data_dir
+        self.longest = name_max(home)
+        self.folder = Checks(data_dir, sources, os.stat(home).st_dev)
+        self.labels, self.seen, self.files = {}, set(), {}
+
+    def source_of(self, row):
+        """(why the row cannot be applied or None, its source relative to the folder, whether a file is
+        there, that file's stat)."""
+        source, there = self.folder.relative_source(row.path)
+        problem, st = self.folder.source_problem(source), None
+        if problem is None and source in self.seen:
+            problem = "listed twice"
+        if problem is None and not row.aside:
+            if row.label not in self.labels:
+                self.labels[row.label] = label_problem(row.label, self.labeled, self.longest, self.folder.realpath)
+            problem = self.labels[row.label] or class_problem(row.label, source, self.classes, self.spelled,
+                                                              self.new_classes)
+        if problem is None and there:
+            problem, st = self.file_of(row, source)
+        if source is not None:
+            self.seen.add(source)
+        return problem, source, there, st
+
+    def file_of(self, row, source):
+        """(why the file at source cannot move or None, its stat): a regular file, not named by a row before."""
+        try:
+            st = os.lstat(self.data_dir / source)
+        except OSError as exc:
+            return exc.strerror, None
+        if not stat.S_ISREG(st.st_mode):  # a folder named like an image, a link, a pipe
+            return "not a regular file (a folder, a link or a device): only image files move", None
+        first = self.files.setdefault((st.st_dev, st.st_ino), row.line)
+        if first != row.line:
+            return f"the same file as line {first} names (another spelling of one name?)", None
+        return None, st
+
+    def move_of(self, row, source, st, actual, names):
+        """(why the row's file cannot move or None, its Move or None where it is labeled so already);
+        actual: the digest of the file's bytes (file_digest_or_error) where the row gives one."""
+        problem = digest_problem(actual, row.digest) if row.digest else None
+        if problem:
+            return problem, None
+        if not row.aside and source.split("/")[0] != "unlabeled" and source.split("/")[1] == row.label:
+            return None, None
+        folder = f"{ASIDE}/{posixpath.dirname(source)}" if row.aside else f"{target_part(source)}/{row.label}"
+        problem = self.folder.move_problem(source, st, folder)
+        if problem:
+            return problem, None
+        name = names.free(folder, posixpath.basename(source))
+        if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > self.longest:
+            return f"the name {name!r} is longer than the file system takes", None
+        return None, Move(source, f"{folder}/{name}", row.label, row.digest)
+
+
 def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expected=None):
     """The Plan of the rows (label_files.LabelRow, a stream read once): the moves they ask for, in
     order (each with the free name it will take), the number of rows applied before (or already so)
@@ -287,63 +276,29 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     data_dir = Path(data_dir)
     undone = undone_batches(data_dir)  # the log read (and checked: one that cannot be trusted moves nothing) first
     progress = bar(expected, "checking rows")
-    labeled = data_dir / "labeled"
-    classes = set(known_classes(data_dir))
-    spelled = {}  # the spellings of each class as loose reads it: one class folder each, or a refusal
-    for c in classes:
-        spelled.setdefault(loose(c), []).append(c)
-    longest = name_max(labeled if labeled.is_dir() else data_dir)
-    checks = Checks(data_dir, sources, os.stat(labeled if labeled.is_dir() else data_dir).st_dev)
-    names, labels = Names(data_dir), {}
-    result, problems, seen, files, gone = Plan(), Problems(), set(), {}, []
+    checks, names = RowChecks(data_dir, sources, new_classes), Names(data_dir)
+    result, problems, gone = Plan(), Problems(), []
     with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
         for chunk in batched(rows, PLAN_CHUNK):
             result.rows += len(chunk)
             checked = []  # (row, source, its stat) of the rows whose file is to be hashed and moved
             for row in chunk:
-                source, there = checks.relative_source(row.path)
-                problem = checks.source_problem(source)
-                if problem is None and source in seen:
-                    problem = "listed twice"
-                if problem is None and not row.aside:
-                    if row.label not in labels:
-                        labels[row.label] = label_problem(row.label, labeled, longest, checks.realpath)
-                    problem = labels[row.label] or class_problem(row.label, source, classes, spelled, new_classes)
-                if problem is None and not there:
-                    gone.append((row, source))  # applied before? the log says, once every row is read
-                elif problem is None:
-                    try:
-                        st = os.lstat(data_dir / source)
-                    except OSError as exc:
-                        st, problem = None, exc.strerror
-                    if st and not stat.S_ISREG(st.st_mode):  # a folder named like an image, a link, a pipe
-                        st, problem = None, "not a regular file (a folder, a link or a device): only image files move"
-                    first = files.setdefault((st.st_dev, st.st_ino), row.line) if st else row.line
-                    if first != row.line:
-                        problem = f"the same file as line {first} names (another spelling of one name?)"
-                    elif st:
-                        checked.append((row, source, st))
+                problem, source, there, st = checks.source_of(row)
                 if problem:
                     problems.add(row, problem)
-                if source is not None:
-                    seen.add(source)
+                elif not there:
+                    gone.append((row, source))  # applied before? the log says, once every row is read
+                else:
+                    checked.append((row, source, st))
             actual = pool.map(file_digest_or_error, [data_dir / source for row, source, _ in checked if row.digest])
             for row, source, st in checked:
-                problem = digest_problem(next(actual), row.digest) if row.digest else None
-                if problem is None and not row.aside and source.split("/")[0] != "unlabeled" and source.split("/")[1] == row.label:
-                    result.skipped += 1  # labeled so already
-                    continue
-                if problem is None:
-                    folder = f"{ASIDE}/{posixpath.dirname(source)}" if row.aside else f"{target_part(source)}/{row.label}"
-                    problem = checks.move_problem(source, st, folder)
-                if problem is None:
-                    name = names.free(folder, posixpath.basename(source))
-                    if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > longest:
-                        problem = f"the name {name!r} is longer than the file system takes"
-                    else:
-                        result.add(Move(source, f"{folder}/{name}", row.label, row.digest))
+                problem, move = checks.move_of(row, source, st, next(actual) if row.digest else None, names)
                 if problem:
                     problems.add(row, problem)
+                elif move:
+                    result.add(move)
+                else:
+                    result.skipped += 1  # labeled so already
             progress(len(chunk))
     applied = applied_moves(data_dir, [source for _, source in gone], undone) if gone else {}
     for row, source in gone:
@@ -354,25 +309,6 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
             result.skipped += 1
     problems.refuse(result.rows)
     return result
-
-
-def class_problem(label, source, classes, spelled, new_classes):
-    """Why `label` cannot be the class of the image at source, or None: a class labeled/ lacks
-    (without --new-classes; for a test/ image, ever), or one that differs from a class folder only in
-    case, white space or Unicode form (loose: 'red ' beside 'red', 'Cat' beside 'cat'), which names two
-    folders to a reader's eye and one on many file systems: both names are given."""
-    others = [c for c in spelled.get(loose(label), ()) if c != label]
-    if others:
-        return (f"the class {label!a} differs from the class folder {others[0]!a} only in case, white space, "
-                f"invisible characters or Unicode form: rename one of them so that each class has one name")
-    if label in classes:
-        return None
-    if source.startswith("test/"):
-        return f"a test image can only take a class labeled/ has ({', '.join(sorted(classes))})"
-    if not new_classes:
-        return f"unknown class {label!r} (labeled/ has {', '.join(sorted(classes))}; --new-classes creates it)"
-    spelled.setdefault(loose(label), []).append(label)
-    return None
 
 
 def applied_before(data_dir, row, applied):

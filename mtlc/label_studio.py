@@ -330,7 +330,7 @@ def setup_lines(root, storage, tasks_path, labels_folder):
     """How to open the tasks in Label Studio, step by step (guide/storage, "Local storage"); the
     commands' paths quoted for a POSIX shell."""
     q = lambda path: shlex.quote(str(path))  # noqa: E731
-    return [f"Label Studio, to label these images with the model's suggestions preselected:",
+    return ["Label Studio, to label these images with the model's suggestions preselected:",
             f"  1. start it serving the files: LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true "
             f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={q(root)} label-studio start",
             f"  2. create a project; Settings > Labeling Interface > Code: paste {config_path(tasks_path)}",
