@@ -12,6 +12,7 @@ epoch, for --resume) to --out (default: the checkpoint's folder).
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 
@@ -102,96 +103,108 @@ class EpsParam(click.ParamType):
                    "found across the whole global batch, as on one device. No effect in one process.")
 @speed_options("lc")
 @tensorboard_option("lc")
-def main(ckpt, eps, eps_scale, lc_pairs, truth, lam, lc_rampup, epochs, decay_epochs, lr, eval_every, data_dir, seed, device, out, overwrite,
-         resume, lc_scope, precision, compile_, step_mode, benchmark, tensorboard):
+def main(**options):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
+    o = SimpleNamespace(**options)
     robust_streams()
-    check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
-    check_not_kept_folder("--out", out if out is not None else Path(ckpt).parent)
-    check_not_kept_folder("--tensorboard", tensorboard)
-    if tensorboard:
-        check_folder(tensorboard)  # before any work
-    outputs = ("lc_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
-    out = Path(out) if out is not None else Path(ckpt).parent
-    with processes(device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
-        if resume:
+    check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark)
+    check_not_kept_folder("--out", o.out if o.out is not None else Path(o.ckpt).parent)
+    check_not_kept_folder("--tensorboard", o.tensorboard)
+    if o.tensorboard:
+        check_folder(o.tensorboard)  # before any work
+    outputs = ("lc_benchmark.json",) * (o.out is not None) if o.benchmark else OUTPUTS
+    out = Path(o.out) if o.out is not None else Path(o.ckpt).parent
+    with processes(o.device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
+        if o.resume:
             state, path = resume_checkpoint(out, "lc", write=procs.main)
-            data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
+            data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
             procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")
             trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,
                                 reference_spread=state["reference_spread"])
             run_stage(trainer, out, milestones(state["config"]), start_epoch=state["epoch"],
-                      tensorboard=resumed_curves(state["config"], tensorboard, procs.echo))
+                      tensorboard=resumed_curves(state["config"], o.tensorboard, procs.echo))
             return
-
-        state = load_checkpoint(ckpt)
+        state = load_checkpoint(o.ckpt)
         if state.get("stage") != "mt":
-            raise UserError(f"{ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
-        config = dict(state["config"])
-        config["seed"] = seed if seed is not None else config["seed"]
+            raise UserError(f"{o.ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
+        config = dict(state["config"], seed=o.seed if o.seed is not None else state["config"]["seed"])
         steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config["unlabeled_batch"])
         defaults = preset(config["dataset"], config["labels"], steps_per_epoch, config["compress"])
-        eps = eps if eps is not None else defaults["eps"]
-        eps_scale = eps_scale or defaults["eps_scale"]
-        lam = lam if lam is not None else defaults["lam"]
-        lc_pairs = lc_pairs or defaults["lc_pairs"]
-        if truth and lc_pairs != "true-class":
-            raise UserError("--truth goes with --lc-pairs true-class")
-        if eps != "auto" and not (math.isfinite(eps) and eps > 0):
-            raise UserError(f"--eps must be finite and > 0, got {eps}")
-        if not (math.isfinite(lam) and lam >= 0):
-            raise UserError(f"--lam must be finite and >= 0, got {lam}")
-        check_outputs({name: out / name for name in outputs}, {"--ckpt": ckpt, "--truth": truth})
-        existing = existing_outputs(out, outputs, overwrite)
-
-        data = procs.main_first(lambda: restore_data(state, data_dir, procs.echo))
-        if lc_pairs == "true-class":
-            true_classes(data, truth)  # every unlabeled image's class known, before any work
+        lc = lc_settings(o, defaults)
+        check_outputs({name: out / name for name in outputs}, {"--ckpt": o.ckpt, "--truth": o.truth})
+        existing = existing_outputs(out, outputs, o.overwrite)
+        data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
+        if lc["pairs"] == "true-class":
+            true_classes(data, o.truth)  # every unlabeled image's class known, before any work
         training = restore_training(state, device)
-        student = training[0]
-        config.update(precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
-                      tensorboard=os.path.abspath(tensorboard) if tensorboard else None,
-                      processes=procs.world)
+        config.update(precision=resolve_precision(o.precision, device), compile=o.compile_, step_mode=o.step_mode,
+                      tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
         batches = Batches(data, checkpoint_split(state), config, device)
-        eps, start = procs.from_main(neighbourhood_at_start(eps, student, batches, config["forward"] == "split"))
-        mt_record = state["metrics"][-1] if state.get("metrics") else {}
-        start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
-        epochs = epochs or defaults["lc_epochs"]
-        decay_epochs = decay_epochs if decay_epochs is not None else defaults["lc_decay_epochs"]
-        if lc_rampup is None:
-            lc_rampup = (defaults["lc_rampup"] if defaults["lc_rampup"] is not None
-                         else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
-        config["lc"] = dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=eps_scale,
-                            eps_ratio=eps / start["d2_mean"] if eps_scale != "fixed" else None, start=start,
-                            loss_unit=max(start["d2_mean"], MIN_LOSS_UNIT) if eps_scale == "relative" else 1.0, pairs=lc_pairs,
-                            truth=str(Path(truth).resolve()) if truth else None,
-                            lam=lam, lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
-                            lr=lr or config["lr"], eval_every=eval_every or config["eval_every"], scope=lc_scope,
-                            mt_checkpoint=str(Path(ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
-        lc = config["lc"]
-        procs.echo(f"finetune_lc: {config['dataset']} from {ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
-                   f"lambda2 {lam}, LC pairs {lc_pairs}, {epochs}+{decay_epochs} epochs of {steps_per_epoch} steps "
-                   f"({(epochs + decay_epochs) * steps_per_epoch:,} steps, LC ramp {round(lc_rampup * steps_per_epoch):,}), "
-                   f"device {device} x {procs.world}, {config['precision']}, LC scope {lc_scope}")
-        procs.echo(f"finetune_lc: eps {eps:.4g} ({'auto' if start['eps_auto'] else 'given'}, {eps_scale}"
-                   + (f": {lc['eps_ratio']:.3g} x the batch's mean d2" if lc["eps_ratio"] else "") + ") gives a "
-                   f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start"
-                   + (" (of all pairs; LC keeps those of one class: nbr in the epoch lines)"
-                      if lc_pairs == "same-prediction" else "") + "; labeled pairs' median d2: "
-                   f"same class {start['d2_same_median']:.3g}, different classes {start['d2_different_median']:.3g}; "
-                   f"mean d2 {start['d2_mean']:.3g}")
-        if lam == 0:
-            procs.echo("finetune_lc: lambda2 0: LC is off; this run is LC's control, MT trained on for stage 2's "
-                       "schedule (evaluate.py names it \"MT, continued\")")
-        if lam > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
-            click.echo(f"warning: with eps {eps:.4g} every LC pair is a neighbour at LC's start: eps is too large "
-                       f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
+        eps, start = procs.from_main(neighbourhood_at_start(lc["eps"], training[0], batches, config["forward"] == "split"))
+        config["lc"] = lc_config(o, lc, eps, start, state, defaults, steps_per_epoch)
+        describe_stage_two(o, config, state, steps_per_epoch, device, procs)
         trainer = stage_two(config, data, state, training, device, procs)
-        if benchmark:
-            report_benchmark(trainer, benchmark, out if outputs else None)
+        if o.benchmark:
+            report_benchmark(trainer, o.benchmark, out if outputs else None)
             return
         run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
+
+
+def lc_settings(o, defaults):
+    """LC's eps (a number or auto), eps scale, lambda2 and pairs: those given, else the preset's; checked."""
+    lc = dict(eps=o.eps if o.eps is not None else defaults["eps"], eps_scale=o.eps_scale or defaults["eps_scale"],
+              lam=o.lam if o.lam is not None else defaults["lam"], pairs=o.lc_pairs or defaults["lc_pairs"])
+    if o.truth and lc["pairs"] != "true-class":
+        raise UserError("--truth goes with --lc-pairs true-class")
+    if lc["eps"] != "auto" and not (math.isfinite(lc["eps"]) and lc["eps"] > 0):
+        raise UserError(f"--eps must be finite and > 0, got {lc['eps']}")
+    if not (math.isfinite(lc["lam"]) and lc["lam"] >= 0):
+        raise UserError(f"--lam must be finite and >= 0, got {lc['lam']}")
+    return lc
+
+
+def lc_config(o, lc, eps, start, state, defaults, steps_per_epoch):
+    """config["lc"] of a new stage 2: LC's form, its schedule and where it starts from."""
+    mt_record = state["metrics"][-1] if state.get("metrics") else {}
+    start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
+    epochs = o.epochs or defaults["lc_epochs"]
+    decay_epochs = o.decay_epochs if o.decay_epochs is not None else defaults["lc_decay_epochs"]
+    lc_rampup = o.lc_rampup
+    if lc_rampup is None:
+        lc_rampup = (defaults["lc_rampup"] if defaults["lc_rampup"] is not None
+                     else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
+    scale, config = lc["eps_scale"], state["config"]
+    return dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=scale,
+                eps_ratio=eps / start["d2_mean"] if scale != "fixed" else None, start=start,
+                loss_unit=max(start["d2_mean"], MIN_LOSS_UNIT) if scale == "relative" else 1.0, pairs=lc["pairs"],
+                truth=str(Path(o.truth).resolve()) if o.truth else None,
+                lam=lc["lam"], lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
+                lr=o.lr or config["lr"], eval_every=o.eval_every or config["eval_every"], scope=o.lc_scope,
+                mt_checkpoint=str(Path(o.ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
+
+
+def describe_stage_two(o, config, state, steps_per_epoch, device, procs):
+    """What stage 2 will do, in two lines, and what to know of its eps (lambda2 0: LC's control)."""
+    lc, start = config["lc"], config["lc"]["start"]
+    steps = (lc["epochs"] + lc["decay_epochs"]) * steps_per_epoch
+    procs.echo(f"finetune_lc: {config['dataset']} from {o.ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
+               f"lambda2 {lc['lam']}, LC pairs {lc['pairs']}, {lc['epochs']}+{lc['decay_epochs']} epochs of "
+               f"{steps_per_epoch} steps ({steps:,} steps, LC ramp {round(lc['lc_rampup'] * steps_per_epoch):,}), "
+               f"device {device} x {procs.world}, {config['precision']}, LC scope {o.lc_scope}")
+    procs.echo(f"finetune_lc: eps {lc['eps']:.4g} ({'auto' if start['eps_auto'] else 'given'}, {lc['eps_scale']}"
+               + (f": {lc['eps_ratio']:.3g} x the batch's mean d2" if lc["eps_ratio"] else "") + ") gives a "
+               f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start"
+               + (" (of all pairs; LC keeps those of one class: nbr in the epoch lines)"
+                  if lc["pairs"] == "same-prediction" else "") + "; labeled pairs' median d2: "
+               f"same class {start['d2_same_median']:.3g}, different classes {start['d2_different_median']:.3g}; "
+               f"mean d2 {start['d2_mean']:.3g}")
+    if lc["lam"] == 0:
+        procs.echo("finetune_lc: lambda2 0: LC is off; this run is LC's control, stage 1's objective trained on for "
+                   "stage 2's schedule (evaluate.py names it \"..., continued\")")
+    if lc["lam"] > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
+        click.echo(f"warning: with eps {lc['eps']:.4g} every LC pair is a neighbour at LC's start: eps is too large "
+                   f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
 
 
 def stage_two(config, data, state, training, device, procs, reference_spread=None):

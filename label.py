@@ -34,8 +34,10 @@ from tqdm import tqdm
 
 from mtlc.console import robust_streams
 from mtlc.errors import UserError
-from mtlc.label_files import ASIDE, ASIDE_KINDS, LOG_NAME, SOURCES, read_labels
-from mtlc.labeling import apply, locked, plan, undo
+from mtlc.label_files import ASIDE, ASIDE_KINDS, SOURCES, read_labels
+from mtlc.label_log import LOG_NAME
+from mtlc.label_plan import plan
+from mtlc.labeling import apply, locked, undo
 
 
 def aside_kinds(ctx, param, value):

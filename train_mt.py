@@ -12,6 +12,7 @@ mt_last.pt (the state after the latest epoch, from which --resume continues).
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 
@@ -25,7 +26,7 @@ from mtlc.data import is_own_layout, load_dataset
 from mtlc.devices import processes, resolve_precision
 from mtlc.errors import UserError
 from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
-from mtlc.label_files import LOG_NAME, relabeled_images
+from mtlc.label_log import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
@@ -120,114 +121,141 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
 @run_options("mt")
 @speed_options("mt")
 @tensorboard_option("mt")
-def main(dataset, data_dir, labels, split_seed, val, labeled_batch, unlabeled_batch, width, epochs, decay_epochs,
-         lr, ema, consistency, threshold, pseudo_labels, cons_weight, cons_rampup, lc_start_epoch, forward, bn_momentum, eval_every, compress, image_size,
-         skip_bad_images, seed, device, out, overwrite, resume, precision, compile_, step_mode, benchmark, tensorboard):
+def main(**options):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
+    o = SimpleNamespace(**options)
     robust_streams()
-    check_resume_flags(resume, overwrite=overwrite, benchmark=benchmark)
-    check_not_kept_folder("--out", out or ".")
-    check_not_kept_folder("--tensorboard", tensorboard)
-    if tensorboard:
-        check_folder(tensorboard)  # before any work
-    if math.isnan(compress):
+    check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark)
+    check_not_kept_folder("--out", o.out or ".")
+    check_not_kept_folder("--tensorboard", o.tensorboard)
+    if o.tensorboard:
+        check_folder(o.tensorboard)  # before any work
+    if math.isnan(o.compress):
         raise UserError("--compress nan: give a number of times, 0.01 or more")
-    outputs = ("mt_benchmark.json",) * (out is not None) if benchmark else OUTPUTS
-    out = Path(out or ".")
-    with processes(device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
-        if resume:
+    outputs = ("mt_benchmark.json",) * (o.out is not None) if o.benchmark else OUTPUTS
+    out = Path(o.out or ".")
+    with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
+        if o.resume:
             state, path = resume_checkpoint(out, "mt", write=procs.main)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
                                    procs, adaptive_threshold=state["adaptive_threshold"])
             run_stage(trainer, out, milestones(config), start_epoch=state["epoch"],
-                      tensorboard=resumed_curves(config, tensorboard, procs.echo))
+                      tensorboard=resumed_curves(config, o.tensorboard, procs.echo))
             return
-        own = dataset == "folder" and is_own_layout(data_dir)
-        if own and labels is not None:
-            raise UserError(f"--labels: every image in {Path(data_dir) / 'labeled'} is labeled and those in "
-                            f"{Path(data_dir) / 'unlabeled'} are not; leave --labels out (to use fewer labels, move "
-                            f"images from labeled/ to unlabeled/)")
-        labels = labels if labels is not None else preset(dataset, labels)["labels"]
-        if labels is None and not own:
-            raise UserError(f"--labels is required for --dataset folder in the benchmark layout ({data_dir}/train/<class>): "
-                            f"how many training images keep their labels")
-        check_image_size(image_size)
-        consistency = consistency or CONSISTENCY[dataset]
-        objective = objective_settings(consistency, threshold=threshold, pseudo_labels=pseudo_labels,
-                                       cons_weight=cons_weight, unlabeled_batch=unlabeled_batch)
-        unlabeled_batch = objective["unlabeled_batch"]
-        existing = existing_outputs(out, outputs, overwrite)
-
-        data = procs.main_first(lambda: load_dataset(dataset, data_dir, image_size, skip_bad_images, procs.echo))
-        if own:
-            labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, val, split_seed)
-            labels = len(labeled_idx)
-        else:
-            labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, split_seed)
-            unlabeled_idx, val_idx = hold_out(unlabeled_idx, val, split_seed)
-        if len(data.test_y) == 0:
-            procs.echo(f"train_mt: {Path(data_dir) / 'test'} is missing, so there is no test error"
-                       + (f"; the validation error of the {val} held-out labeled images is reported instead" if val else
-                          "; --val N holds out N labeled images (never trained on) for an error to watch"))
-        split = dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx)
-        steps_per_epoch = max(1, len(unlabeled_idx) // unlabeled_batch)
-        defaults = preset(dataset, labels, steps_per_epoch, compress)
-        epochs = epochs or defaults["epochs"]
-        decay_epochs = decay_epochs if decay_epochs is not None else defaults["decay_epochs"]
-        if cons_rampup is None:
-            cons_rampup = (defaults["cons_rampup"] if defaults["cons_rampup"] is not None
-                           else ramp_epochs("cons_rampup", epochs + decay_epochs, steps_per_epoch))
-        lc_start_epoch = lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
-        if lc_start_epoch > epochs + decay_epochs:
-            raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")
-        # A folder's test/ is checked for copies of training images at any size; a dataset without file
-        # names (SVHN, CIFAR-10's batches, digits) is not, and records None: "not checked" is never "none found".
-        leaked = None
-        if data.files:
-            if len(data.test_y) * len(data.train_y) > LEAK_CHECK_SAID:
-                procs.echo(f"train_mt: looking for copies of the {len(data.train_y):,} training images among the "
-                           f"{len(data.test_y):,} test images")
-            leaked = leaked_test(data) if len(data.test_y) else []
-        if leaked and len(leaked) == len(data.test_y):
-            procs.echo(f"train_mt: every one of the {len(data.test_y)} test images is also in labeled/ or unlabeled/ (the "
-                       f"same image or a near copy; evaluate.py --audit lists them): the test error says nothing about "
-                       f"new images, and --max-error has no held-out image to calibrate on")
-        elif leaked:
-            procs.echo(f"train_mt: {len(leaked)} of the {len(data.test_y)} test images are also in labeled/ or unlabeled/ "
-                       f"(the same image or a near copy; evaluate.py --audit lists them): the test error counts "
-                       f"them, the error 'without its copies' leaves them out, and calibration (--max-error) too")
-        relabeled = relabeled_images(Path(data_dir)) if own else []
-        if relabeled:
-            procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({data_dir}/{LOG_NAME}): held out "
-                       f"(test/, --val), they count as errors in the calibration of --max-error")
-        mean, std = channel_stats(data.train_x)
-        config = dict(dataset=dataset, data_dir=str(Path(data_dir).resolve()), labels=labels, split_seed=split_seed,
-                      val=val, labeled_batch=labeled_batch, width=width,
-                      num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
-                      image_size=image_size, skip_bad_images=skip_bad_images, files=data.files, contents=data.contents,
-                      leaked_test=leaked, relabeled=relabeled,
-                      seed=seed, lr=lr, ema=ema if ema is not None else defaults["ema"], **objective,
-                      cons_rampup=cons_rampup, epochs=epochs, decay_epochs=decay_epochs, lc_start_epoch=lc_start_epoch,
-                      forward=forward or defaults["forward"], bn_momentum=bn_momentum or defaults["bn_momentum"],
-                      eval_every=eval_every or defaults["eval_every"], compress=compress,
-                      precision=resolve_precision(precision, device), compile=compile_, step_mode=step_mode,
-                      tensorboard=os.path.abspath(tensorboard) if tensorboard else None,
-                      processes=procs.world)
-        procs.echo(f"train_mt: {dataset}, {labels} labeled / {len(unlabeled_idx)} unlabeled / {len(val_idx)} validation / "
-                   f"{len(data.test_y)} test, {image_size} px, width {width}, {epochs}+{decay_epochs} epochs of "
-                   f"{steps_per_epoch} steps ({(epochs + decay_epochs) * steps_per_epoch:,} steps, consistency ramp "
-                   f"{round(cons_rampup * steps_per_epoch):,}; mt.pt after epoch {lc_start_epoch}), {config['forward']} "
-                   f"forward, device {device} x {procs.world}, {config['precision']}; unlabeled objective "
-                   f"{objective_name(config)}, lambda1 {config['cons_weight']:g}")
-
-        trainer = make_trainer("mt", config, data, split, fresh_training(config, data, labeled_idx, device), device, procs)
-        if benchmark:
-            report_benchmark(trainer, benchmark, out if outputs else None)
+        own = o.dataset == "folder" and is_own_layout(o.data_dir)
+        check_labels(o, own)
+        check_image_size(o.image_size)
+        objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], threshold=o.threshold,
+                                       pseudo_labels=o.pseudo_labels, cons_weight=o.cons_weight,
+                                       unlabeled_batch=o.unlabeled_batch)
+        existing = existing_outputs(out, outputs, o.overwrite)
+        data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, o.image_size, o.skip_bad_images, procs.echo))
+        split, labels = split_of(o, data, own, procs.echo)
+        config = run_config(o, data, split, labels, objective, own, procs, device)
+        trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
+                               device, procs)
+        if o.benchmark:
+            report_benchmark(trainer, o.benchmark, out if outputs else None)
             return
         run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
+
+
+def check_labels(o, own):
+    """--labels: refused for a folder with labeled/ (all of it is used), needed for one in the benchmark layout."""
+    if own and o.labels is not None:
+        raise UserError(f"--labels: every image in {Path(o.data_dir) / 'labeled'} is labeled and those in "
+                        f"{Path(o.data_dir) / 'unlabeled'} are not; leave --labels out (to use fewer labels, move "
+                        f"images from labeled/ to unlabeled/)")
+    if o.labels is None and not own and preset(o.dataset, None)["labels"] is None:
+        raise UserError(f"--labels is required for --dataset folder in the benchmark layout ({o.data_dir}/train/<class>): "
+                        f"how many training images keep their labels")
+
+
+def split_of(o, data, own, echo):
+    """(the labeled / unlabeled / validation indices, the number of labels) of a new run."""
+    if own:
+        labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, o.val, o.split_seed)
+        labels = len(labeled_idx)
+    else:
+        labels = o.labels if o.labels is not None else preset(o.dataset, None)["labels"]
+        labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, o.split_seed)
+        unlabeled_idx, val_idx = hold_out(unlabeled_idx, o.val, o.split_seed)
+    if len(data.test_y) == 0:
+        echo(f"train_mt: {Path(o.data_dir) / 'test'} is missing, so there is no test error"
+             + (f"; the validation error of the {o.val} held-out labeled images is reported instead" if o.val else
+                "; --val N holds out N labeled images (never trained on) for an error to watch"))
+    return dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx), labels
+
+
+def schedule_of(o, labels, steps_per_epoch):
+    """The stage's epochs, decay, consistency ramp and mt.pt's epoch: those given, else the dataset's
+    preset (--compress'ed)."""
+    defaults = preset(o.dataset, labels, steps_per_epoch, o.compress)
+    epochs = o.epochs or defaults["epochs"]
+    decay_epochs = o.decay_epochs if o.decay_epochs is not None else defaults["decay_epochs"]
+    cons_rampup = o.cons_rampup
+    if cons_rampup is None:
+        cons_rampup = (defaults["cons_rampup"] if defaults["cons_rampup"] is not None
+                       else ramp_epochs("cons_rampup", epochs + decay_epochs, steps_per_epoch))
+    lc_start_epoch = o.lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
+    if lc_start_epoch > epochs + decay_epochs:
+        raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")
+    return defaults, dict(epochs=epochs, decay_epochs=decay_epochs, cons_rampup=cons_rampup,
+                          lc_start_epoch=lc_start_epoch)
+
+
+def test_copies(data, echo):
+    """The test images that copy a training image (a folder's test/ is checked at any size), said; None
+    for a dataset without file names (SVHN, CIFAR-10's batches, digits): "not checked" is never "none
+    found"."""
+    if not data.files:
+        return None
+    if len(data.test_y) * len(data.train_y) > LEAK_CHECK_SAID:
+        echo(f"train_mt: looking for copies of the {len(data.train_y):,} training images among the "
+             f"{len(data.test_y):,} test images")
+    leaked = leaked_test(data) if len(data.test_y) else []
+    if leaked and len(leaked) == len(data.test_y):
+        echo(f"train_mt: every one of the {len(data.test_y)} test images is also in labeled/ or unlabeled/ (the "
+             f"same image or a near copy; evaluate.py --audit lists them): the test error says nothing about "
+             f"new images, and --max-error has no held-out image to calibrate on")
+    elif leaked:
+        echo(f"train_mt: {len(leaked)} of the {len(data.test_y)} test images are also in labeled/ or unlabeled/ "
+             f"(the same image or a near copy; evaluate.py --audit lists them): the test error counts "
+             f"them, the error 'without its copies' leaves them out, and calibration (--max-error) too")
+    return leaked
+
+
+def run_config(o, data, split, labels, objective, own, procs, device):
+    """A new run's config (what its checkpoints keep), said in one line."""
+    steps_per_epoch = max(1, len(split["unlabeled_idx"]) // objective["unlabeled_batch"])
+    defaults, schedule = schedule_of(o, labels, steps_per_epoch)
+    leaked = test_copies(data, procs.echo)
+    relabeled = relabeled_images(Path(o.data_dir)) if own else []
+    if relabeled:
+        procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "
+                   f"out (test/, --val), they count as errors in the calibration of --max-error")
+    mean, std = channel_stats(data.train_x)
+    config = dict(dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed,
+                  val=o.val, labeled_batch=o.labeled_batch, width=o.width,
+                  num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
+                  image_size=o.image_size, skip_bad_images=o.skip_bad_images, files=data.files, contents=data.contents,
+                  leaked_test=leaked, relabeled=relabeled,
+                  seed=o.seed, lr=o.lr, ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
+                  forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
+                  eval_every=o.eval_every or defaults["eval_every"], compress=o.compress,
+                  precision=resolve_precision(o.precision, device), compile=o.compile_, step_mode=o.step_mode,
+                  tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
+    total = (config["epochs"] + config["decay_epochs"]) * steps_per_epoch
+    procs.echo(f"train_mt: {o.dataset}, {labels} labeled / {len(split['unlabeled_idx'])} unlabeled / "
+               f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, width {o.width}, "
+               f"{config['epochs']}+{config['decay_epochs']} epochs of {steps_per_epoch} steps ({total:,} steps, "
+               f"consistency ramp {round(config['cons_rampup'] * steps_per_epoch):,}; mt.pt after epoch "
+               f"{config['lc_start_epoch']}), {config['forward']} forward, device {device} x {procs.world}, "
+               f"{config['precision']}; unlabeled objective {objective_name(config)}, lambda1 {config['cons_weight']:g}")
+    return config
 
 
 def objective_settings(consistency, **given):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import UserError
-from .cache import in_order, release_pages
+from .mapped import in_order, release_pages
 from .strong_augment import StrongAugment
 
 # Bytes of uint8 images a whole-dataset pass reads at a time (the channel statistics): 64 MiB.

@@ -7,13 +7,12 @@ import contextlib
 import errno
 import functools
 import hashlib
+import io
 import json
-import mmap
 import os
 import stat
 import tempfile
 import time
-import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,7 +21,10 @@ import torch
 
 from .errors import UserError, WriteFailed
 from .images import pooled, read_for_cache
-from .nofollow import check_folder, open_kept
+from .cache_rows import Previous, SortedRows, entry_key
+from .json_arrays import json_array_items
+from .mapped import identity, mapped_images, open_cache_file, open_identified, release_pages
+from .nofollow import check_folder
 from .runs import atomic_write
 from .seal import holds, seal, secret
 from .work import WORK_SUFFIX, Work, remove_work
@@ -56,112 +58,6 @@ def cache_dir(data_dir):
         check_folder(data_dir / CACHE_DIR_NAME, "decode cache folder")  # a link would take the cache elsewhere
         return data_dir / CACHE_DIR_NAME
     return Path.home() / ".cache" / "mtlc" / folder_key
-
-
-def identity(st):
-    """What tells one file from every other and from itself after a change: its device, inode, size,
-    modification and change time (no program can set a change time back)."""
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def open_identified(path, expected):
-    """An open binary file of the kept file `path` (never through a link), checked to be the very
-    file whose identity was sealed; ValueError otherwise."""
-    f = open_cache_file(path)
-    if identity(os.fstat(f.fileno())) != expected:
-        f.close()
-        raise ValueError(f"{path.name} is not the file this machine wrote (changed, replaced or copied since)")
-    return f
-
-
-# The memory maps behind mapped_images' tensors, by the address of their first image: what
-# release_pages needs. Weak: a map closes when the last tensor that reads it is gone.
-_MAPS = weakref.WeakValueDictionary()
-
-
-def open_cache_file(path):
-    """An open binary file of a file of the cache, never through a link, never a pipe (ValueError)."""
-    try:
-        return open(open_kept(path, os.O_RDONLY, "decode cache file"), "rb")
-    except UserError:
-        raise ValueError(f"{path.name} is not a regular file (a link or a pipe)") from None
-
-
-def mapped_images(f, count, size, offset=0):
-    """count uint8 images (3, size, size) stored one after another in the open file f from offset, as a tensor backed by a private, copy-on-write memory map: pages are read when a
-    batch touches them and the page cache holds one copy for every process that maps the file. The
-    map is advised random: a scattered batch reads its own pages, not megabytes of read-ahead each."""
-    if count == 0:
-        return torch.zeros(0, 3, size, size, dtype=torch.uint8)
-    length = offset + count * 3 * size * size
-    mm = mmap.mmap(f.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    mm.madvise(mmap.MADV_RANDOM)
-    x = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=length - offset, offset=offset)).view(count, 3, size, size)
-    _MAPS[x.untyped_storage().data_ptr()] = mm
-    return x
-
-
-def release_pages(x):
-    """Let go of the pages of a mapped_images tensor that this process has read (the page cache
-    keeps them for the next reader): its resident memory then holds the batch in use, not every
-    image read so far (a page fault maps a whole large folio of the page cache, up to 2 MB, for one
-    image of a few kB). A no-op for a tensor in memory."""
-    mm = _MAPS.get(x.untyped_storage().data_ptr())
-    if mm is not None:
-        mm.madvise(mmap.MADV_DONTNEED)
-
-
-@contextlib.contextmanager
-def in_order(x):
-    """A pass over every image of a mapped_images tensor in order: the map is advised sequential
-    (read ahead) for its duration, random again after."""
-    mm = _MAPS.get(x.untyped_storage().data_ptr())
-    if mm is None:
-        yield
-        return
-    mm.madvise(mmap.MADV_SEQUENTIAL)
-    try:
-        yield
-    finally:
-        mm.madvise(mmap.MADV_RANDOM)
-
-
-def entry_key(entry):
-    """A file's path, size, modification and change time as 16 bytes (BLAKE2b, 128 bits): what a
-    previous cache's row is looked up by, without a million tuples in a dict."""
-    return hashlib.blake2b(json.dumps(list(entry[:4])).encode("utf-8", "surrogateescape"), digest_size=16).digest()
-
-
-class SortedRows:
-    """Rows of a previous cache looked up by a fixed-size key (entry_key, or the digest of a file's
-    bytes) in sorted arrays: a million rows in tens of megabytes, each look-up a binary search. The
-    first row of a key where several share it. `key in rows` and `rows[key]` take a key as bytes or
-    hex text (read_for_cache's `known`)."""
-
-    def __init__(self, keys):
-        self.order = np.argsort(keys, kind="stable")
-        self.keys = keys[self.order]
-
-    def rows(self, queries):
-        """The row of each query key, -1 where none."""
-        pos = np.minimum(np.searchsorted(self.keys, queries), max(len(self.keys) - 1, 0))
-        found = (self.keys[pos] == queries) if len(self.keys) else np.zeros(len(queries), bool)
-        return np.where(found, self.order[pos] if len(self.keys) else -1, -1)
-
-    def __contains__(self, key):
-        return self[key] >= 0
-
-    def __getitem__(self, key):
-        key = key.encode() if isinstance(key, str) else key
-        return int(self.rows(np.array([key], self.keys.dtype))[0])
-
-
-class Previous(NamedTuple):
-    """What an older cache of the same files' group holds, for a new cache to copy instead of decode."""
-    images: torch.Tensor    # its rows, memory-mapped
-    same_row: np.ndarray    # per file of the new cache: the row of the very same file (path, size, times), or -1
-    digests: np.ndarray     # the digest of each row's file (hex, S32)
-    by_digest: SortedRows   # its rows by the digest of their files' bytes
 
 
 class JoinedPaths:
@@ -218,30 +114,11 @@ def write_decoded(f, paths, size, progress, previous=None, start=0, digests=None
     return bad, digests
 
 
-def held_rows(f, block=2 ** 20):
+def held_rows(f):
     """Each row [path, size, modification time, change time, digest] of an open .files.json (a JSON
-    list of such lists), read a block at a time (a million rows are never one JSON document in
-    memory). ValueError for anything else."""
-    decoder, text, pos, ended, opened = json.JSONDecoder(), "", 0, False, False
-    while True:
-        while pos < len(text) and text[pos] in (" \n," if opened else " \n"):
-            pos += 1
-        if pos < len(text) and not opened:
-            if text[pos] != "[":
-                raise ValueError("not a list of rows")
-            opened, pos = True, pos + 1
-            continue
-        if pos < len(text) and text[pos] == "]":
-            return
-        try:
-            row, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            if ended:
-                raise ValueError("the rows end too soon") from None
-            more = f.read(block)
-            ended = not more
-            text, pos = text[pos:] + more.decode("utf-8", "surrogateescape"), 0
-            continue
+    list of such lists), read a row at a time (a million rows are never one JSON document in memory).
+    ValueError for anything else."""
+    for row in json_array_items(io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape")):
         if not isinstance(row, list) or len(row) != 5:
             raise ValueError("a row is not [path, size, modification time, change time, digest]")
         yield row

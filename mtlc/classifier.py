@@ -16,7 +16,8 @@ import torch
 
 from .batches import normalization
 from .calibration import Calibration
-from .checkpoints import load_checkpoint, restore_held_out, restore_models
+from .checkpoints import load_checkpoint, restore_models
+from .held_out import restore_held_out
 from .devices import pick_device
 from .errors import UserError
 from .inference import outputs

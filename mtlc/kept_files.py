@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .cache import CACHE_DIR_NAME
 from .errors import UserError
-from .label_files import LOG_NAME
+from .label_log import LOG_NAME
 from .runs import LOCK_NAME, STAGING
 from .work import WORK_SUFFIX
 

@@ -24,6 +24,7 @@ from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 from .errors import UserError
+from .json_arrays import JSON_SPACE, json_array_items
 
 FROM_NAME, TO_NAME = "label", "image"  # the Choices control and the Image object of labeling_config
 LOCAL_FILES = "/data/local-files/?d="
@@ -244,57 +245,16 @@ def csv_records(text, name):
         raise UserError(f"cannot read {name} as CSV: {exc}") from None
 
 
-# The largest task (or JSON-MIN record) an export may hold: what one element may take in memory.
-MAX_TASK_CHARS = 2 ** 26
-JSON_SPACE = " \t\n\r"
-
-
-def json_array_items(text, name, start="", block=2 ** 20):
-    """The elements of the JSON array in a text stream (after `start`, text read from it already), one
-    at a time, each decoded by json's own decoder (every value as json.loads gives it, a lone surrogate
-    kept: ijson's fast backend turns it into '?', its exact one is many times slower), holding one
-    element's text at a time, not the file's."""
-    decoder, buffer, at, ended = json.JSONDecoder(), start, 0, False
-
-    def more():
-        nonlocal buffer, at, ended
-        chunk = text.read(block)
-        buffer, at, ended = buffer[at:] + chunk, 0, not chunk
-
-    def skip_space():
-        nonlocal at
-        while True:
-            while at < len(buffer) and buffer[at] in JSON_SPACE:
-                at += 1
-            if at < len(buffer) or ended:
-                return buffer[at] if at < len(buffer) else ""
-            more()
-    if skip_space() != "[":
-        raise UserError(f"{name}: a Label Studio export is a list of tasks")
-    at += 1
-    first = True
-    while True:
-        if skip_space() == "]" and first:
-            return
-        while True:
-            try:
-                item, end = decoder.raw_decode(buffer, at)
-                break
-            except json.JSONDecodeError as exc:
-                if ended or len(buffer) - at > MAX_TASK_CHARS:
-                    raise UserError(f"{name} is not JSON ({exc.msg} at character {exc.pos})") from None
-                more()
-            except (ValueError, RecursionError) as exc:  # a number too long to read, nesting too deep
-                raise UserError(f"{name} is not a Label Studio export ({type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0][:120]})") from None
-        yield item
-        at, first = end, False
-        separator = skip_space()
-        if separator == "]":
-            return
-        if separator != ",":
-            raise UserError(f"{name} is not JSON (a ',' or ']' expected after task {item.get('id', '') if isinstance(item, dict) else ''})")
-        at += 1
+def export_items(text, name, start):
+    """The tasks (or JSON-MIN records) of a JSON export's text stream, one at a time (json_arrays);
+    anything that is not a list of them is one line."""
+    try:
+        yield from json_array_items(text, start)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{name} is not JSON ({exc.msg} at character {exc.pos})") from None
+    except (ValueError, RecursionError) as exc:  # not a list; a number too long to read; nesting too deep
+        raise UserError(f"{name} is not a Label Studio export, a list of tasks ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:120]})") from None
 
 
 def is_export(path, text):
@@ -316,7 +276,7 @@ def read_export(path, text):
         head = text.read(1)
         while head and head in JSON_SPACE:
             head = text.read(1)
-        tasks = iter([json.loads(head + text.read())]) if head == "{" else json_array_items(text, name, head)
+        tasks = iter([json.loads(head + text.read())]) if head == "{" else export_items(text, name, head)
         first = next(tasks, None)
         if first is None:
             return ExportLabels("Label Studio JSON")
@@ -370,7 +330,7 @@ def setup_lines(root, storage, tasks_path, labels_folder):
     """How to open the tasks in Label Studio, step by step (guide/storage, "Local storage"); the
     commands' paths quoted for a POSIX shell."""
     q = lambda path: shlex.quote(str(path))  # noqa: E731
-    return [f"Label Studio, to label these images with the model's suggestions preselected:",
+    return ["Label Studio, to label these images with the model's suggestions preselected:",
             f"  1. start it serving the files: LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true "
             f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={q(root)} label-studio start",
             f"  2. create a project; Settings > Labeling Interface > Code: paste {config_path(tasks_path)}",

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import click
 from tqdm import tqdm
@@ -26,7 +26,7 @@ from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
 from .files import describe_hidden
-from .cache import identity
+from .mapped import identity
 from .prediction_store import PredictionStore
 from .predictions import ImageFiles, is_accepted, labeled_features, suggest_rows, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
@@ -84,7 +84,6 @@ def predict(path, state, targets, device, options):
     """--predict of the checkpoint at path (its state loaded) on the image files under targets.
     Returns the number of files that could not be read."""
     o = options
-    config = state["config"]
     files = ImageFiles(targets)
     count, listing = files.survey(dict(zip(("--csv", "--review", "--coverage", "--label-studio", "its labeling config"),
                                            (o.csv_path, o.review, o.coverage, o.label_studio,
@@ -94,22 +93,10 @@ def predict(path, state, targets, device, options):
     if not count:
         raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
                         + (f" ({files.others} other files)" if files.others else ""))
-    if o.label_studio:  # before any work: the images must lie where Label Studio can serve them
-        studio_root, studio_storage = label_studio.local_storage(files, o.label_studio_root)
-    classifier = Classifier(state, model=o.model_name, device=device)
-    cal = classifier.calibrate(o.data_dir, echo=say)
-    say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
-        f"confidences are uncalibrated (the raw softmax): {classifier.uncalibrated}")
-    if cal is None and (o.max_error is not None or o.coverage):
-        raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: "
-                        f"{classifier.uncalibrated}")
-    found = cal.threshold(o.max_error) if o.max_error is not None else None
-    threshold = None if o.max_error is None else (found.confidence if found else float("inf"))
+    # before any work: the images must lie where Label Studio can serve them
+    studio = label_studio.local_storage(files, o.label_studio_root) if o.label_studio else None
+    classifier, cal, found, threshold = calibrated(path, state, device, o)
     summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)))
-    if o.coverage:
-        plot_coverage(cal, o.max_error, found, o.coverage,
-                      f"{config['dataset']}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
-        say(f"wrote {o.coverage}")
     bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
     output = o.csv_path or o.review or o.label_studio
     if not (output or o.suggest_n):  # rows straight to stdout as they come
@@ -133,41 +120,80 @@ def predict(path, state, targets, device, options):
             kept.work.remove()
             raise UserError(f"the predictions kept for this output are {tally.rows:,} rows for the {count:,} images "
                             f"listed (the images changed while it ran?); nothing was written: run it again")
-        rows, extra, chosen = kept.rows, None, None
-        if o.suggest_n:
-            labeled = labeled_features(state, classifier.model, classifier.device, o.data_dir, echo=say)
-            chosen, clusters = suggest_rows(kept, labeled, n=o.suggest_n, seed=o.seed)
-            rows, extra = (lambda: chosen), [("cluster", clusters)]
-
-        def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
-            text = path_text(binary_file)
-            write_rows(text, rows(), threshold, extra)
-            text.flush()
-            text.detach()  # leave the file to atomic_write
-
-        if o.csv_path:
-            atomic_write(o.csv_path, write_csv)
-        elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
-            write_stdout(rows(), threshold, extra)
-        n, failed = tally.rows, tally.failed
-        if o.review:
-            shown, _ = write_review(o.review, kept.rows(), config["classes"], per_class=o.review_per_class,
-                                    most=o.review_max, threshold=found.confidence if found else None,
-                                    max_error=o.max_error, title=f"Review: {', '.join(map(str, targets))}",
-                                    summary=f"{n - failed:,} images predicted by the {o.model_name} of {path}"
-                                            + (f"; {cal.source} images calibrated its confidences (temperature "
-                                               f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
-                                               else "; confidences uncalibrated"))
-            say(f"wrote {o.review}: {shown:,} images shown")
-        if o.label_studio:
-            tasks = label_studio.write_project(o.label_studio, rows(), config["classes"], studio_root,
-                                               f"mtlc {method_name(state)} {o.model_name} {path}")
-            say(f"wrote {o.label_studio} ({tasks:,} tasks) and {label_studio.config_path(o.label_studio)}")
-            for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio,
-                                                 o.data_dir or config["data_dir"]):
-                say(line)
+        chosen = write_outputs(kept, Outcome(path, state, targets, classifier, cal, found, threshold, tally), o, studio)
         kept.work.remove()
     return report(path, o, tally, files.others, summary, found, cal, suggested=chosen)
+
+
+def calibrated(path, state, device, o):
+    """(the Classifier of --model, its calibration on the held-out images or None, the --max-error
+    threshold found or None, the confidence a row needs to be accepted or None); --coverage drawn."""
+    classifier = Classifier(state, model=o.model_name, device=device)
+    cal = classifier.calibrate(o.data_dir, echo=say)
+    say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
+        f"confidences are uncalibrated (the raw softmax): {classifier.uncalibrated}")
+    if cal is None and (o.max_error is not None or o.coverage):
+        raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: "
+                        f"{classifier.uncalibrated}")
+    found = cal.threshold(o.max_error) if o.max_error is not None else None
+    threshold = None if o.max_error is None else (found.confidence if found else float("inf"))
+    if o.coverage:
+        plot_coverage(cal, o.max_error, found, o.coverage,
+                      f"{state['config']['dataset']}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
+        say(f"wrote {o.coverage}")
+    return classifier, cal, found, threshold
+
+
+class Outcome(NamedTuple):
+    """What a --predict run found, for its outputs."""
+    path: str
+    state: dict
+    targets: list
+    classifier: Classifier
+    cal: Optional[object]
+    found: Optional[object]
+    threshold: Optional[float]
+    tally: Tally
+
+
+def write_outputs(kept, r, o, studio):
+    """The CSV (or the images to label next), the review page and Label Studio's tasks of the kept
+    predictions (r: the run's Outcome); returns the rows --suggest chose, or None."""
+    config = r.state["config"]
+    rows, extra, chosen = kept.rows, None, None
+    if o.suggest_n:
+        labeled = labeled_features(r.state, r.classifier.model, r.classifier.device, o.data_dir, echo=say)
+        chosen, clusters = suggest_rows(kept, labeled, n=o.suggest_n, seed=o.seed)
+        rows, extra = (lambda: chosen), [("cluster", clusters)]
+
+    def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
+        text = path_text(binary_file)
+        write_rows(text, rows(), r.threshold, extra)
+        text.flush()
+        text.detach()  # leave the file to atomic_write
+
+    if o.csv_path:
+        atomic_write(o.csv_path, write_csv)
+    elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
+        write_stdout(rows(), r.threshold, extra)
+    predicted, cal = r.tally.rows - r.tally.failed, r.cal
+    if o.review:
+        shown, _ = write_review(o.review, kept.rows(), config["classes"], per_class=o.review_per_class,
+                                most=o.review_max, threshold=r.found.confidence if r.found else None,
+                                max_error=o.max_error, title=f"Review: {', '.join(map(str, r.targets))}",
+                                summary=f"{predicted:,} images predicted by the {o.model_name} of {r.path}"
+                                        + (f"; {cal.source} images calibrated its confidences (temperature "
+                                           f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
+                                           else "; confidences uncalibrated"))
+        say(f"wrote {o.review}: {shown:,} images shown")
+    if o.label_studio:
+        studio_root, studio_storage = studio
+        tasks = label_studio.write_project(o.label_studio, rows(), config["classes"], studio_root,
+                                           f"mtlc {method_name(r.state)} {o.model_name} {r.path}")
+        say(f"wrote {o.label_studio} ({tasks:,} tasks) and {label_studio.config_path(o.label_studio)}")
+        for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio, o.data_dir or config["data_dir"]):
+            say(line)
+    return chosen
 
 
 def write_stdout(rows, threshold, extra=None):
@@ -216,7 +242,7 @@ def export(path, state, out, model_name, device, data_dir):
     from .onnx_export import export_onnx
     classifier = Classifier(state, model=model_name, device=device)
     cal = classifier.calibrate(data_dir, echo=say)
-    meta = export_onnx(classifier, out, path)
+    export_onnx(classifier, out, path)
     say(f"wrote {out}: the {model_name} of {path} as ONNX, uint8 images (N, 3, {classifier.image_size}, "
         f"{classifier.image_size}) in, probabilities of its {len(classifier.classes)} classes out (their names in the "
         f"model's metadata); " + (describe_calibration(dict(model=model_name, **cal.summary())) if cal

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .batches import normalization
 from .calibration import CONFIDENCE_LEVEL, images_needed
-from .checkpoints import held_out
+from .held_out import held_out
 from .inference import predict_classes, test_error
 from .predictions import held_out_calibration
 from .runs import atomic_write

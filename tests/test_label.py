@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import label
-from mtlc import label_files, labeling, spill
+from mtlc import label_log, label_plan, labeling, spill
 from conftest import ROOT, invoke, snapshot, write_labels
 from fakedata import write_own_folder
 
@@ -34,7 +34,7 @@ def test_apply_moves_each_listed_image_into_its_class(folder, tmp_path):
     assert after["labeled/cat/u0000.png"] == before["unlabeled/u0000.png"]
     assert after["labeled/dog/u0001.png"] == before["unlabeled/a/u0001.png"]
     assert "unlabeled/u0000.png" not in after and len(after) == len(before)
-    log = list(csv.DictReader(open(folder / label_files.LOG_NAME)))
+    log = list(csv.DictReader(open(folder / label_log.LOG_NAME)))
     assert [(r["action"], r["source"], r["target"]) for r in log] == [
         ("move", "unlabeled/u0000.png", "labeled/cat/u0000.png"), ("move", "unlabeled/a/u0001.png", "labeled/dog/u0001.png")]
 
@@ -55,7 +55,7 @@ def test_every_refusal_exits_2_and_moves_nothing(folder, tmp_path, rows, message
     flag = "--dry-run" if "unknown class" in message else "--new-classes"
     result = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), flag])
     assert result.exit_code == 2 and message in result.output and "nothing was moved" in result.output
-    assert snapshot(folder) == before and not (folder / label_files.LOG_NAME).exists()
+    assert snapshot(folder) == before and not (folder / label_log.LOG_NAME).exists()
 
 
 def test_bad_input(folder, tmp_path):
@@ -141,9 +141,9 @@ def small_chunks(monkeypatch):
     log's flushes to disk counted."""
     monkeypatch.setattr(spill, "CHUNK", 3)
     monkeypatch.setattr(labeling, "CHUNK", 3)
-    monkeypatch.setattr(labeling, "PLAN_CHUNK", 3)
-    flushes, real_fsync = [], label_files.os.fsync
-    monkeypatch.setattr(label_files.os, "fsync", lambda fd: flushes.append(fd) or real_fsync(fd))
+    monkeypatch.setattr(label_plan, "PLAN_CHUNK", 3)
+    flushes, real_fsync = [], label_log.os.fsync
+    monkeypatch.setattr(label_log.os, "fsync", lambda fd: flushes.append(fd) or real_fsync(fd))
     return flushes
 
 
@@ -160,7 +160,7 @@ def test_a_batch_of_many_chunks_is_logged_a_chunk_at_a_time_and_undone_whole(fol
     assert len(small_chunks) == 1 + 3
     assert sorted(p.relative_to(folder).as_posix() for p in (folder / "labeled").rglob("u*.png")) == sorted(
         f"labeled/{label_}/{path.rsplit('/', 1)[1]}" for path, label_ in EIGHT)
-    with open(folder / label_files.LOG_NAME, newline="") as f:
+    with open(folder / label_log.LOG_NAME, newline="") as f:
         log = list(csv.DictReader(f))
     assert sum(r["action"] == "move" for r in log) == 8 and {r["batch"] for r in log} == {"1"}
     undone = invoke(label, ["--data-dir", folder, "--undo"])

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run, snapshot, write_labels
 from fakedata import write_own_folder
-from mtlc import label_files
+from mtlc import label_log
 from mtlc.files import file_digest
 
 
@@ -160,7 +160,7 @@ def test_the_audits_copies_leaks_and_strays_are_set_aside_and_put_back(folder, t
     assert res.returncode == 0 and "moved 2 images into set-aside/ (2)" in res.stdout, res.stderr
     assert (folder / "set-aside" / "unlabeled" / "a" / "u0001.png").is_file()
     assert (folder / "set-aside" / "test" / "dog" / "1.png").is_file() and (folder / "labeled" / "cat" / "0.png").is_file()
-    log = list(csv.DictReader(open(folder / label_files.LOG_NAME, newline="")))
+    log = list(csv.DictReader(open(folder / label_log.LOG_NAME, newline="")))
     assert [r["action"] for r in log if r["action"] != "mkdir"] == ["aside", "aside"]
     assert run("label.py", "--data-dir", folder, "--undo").returncode == 0
     assert snapshot(folder) == before and not (folder / "set-aside").exists()

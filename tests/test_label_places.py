@@ -131,7 +131,7 @@ def test_a_full_disk_before_the_logs_first_row_leaves_no_log(folder, tmp_path, m
     """label.py --apply where the disk is full and there is no log yet: one line, nothing moved, no
     empty label-log.csv left; and where not even a temporary file can be written (a file-size limit of
     0), one line too."""
-    from mtlc import label_files
+    from mtlc import label_log
     labels = write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "red")])
     before = snapshot(folder)
     res = run("label.py", "--data-dir", folder, "--apply", labels, limit_kb=0)
@@ -140,7 +140,7 @@ def test_a_full_disk_before_the_logs_first_row_leaves_no_log(folder, tmp_path, m
 
     def full(self, rows):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(label_files.Log, "put", full)
+    monkeypatch.setattr(label_log.Log, "put", full)
     res = invoke(label, ["--data-dir", folder, "--apply", labels])
     assert res.exit_code == 1 and "cannot write" in res.output and "No space left on device" in res.output, res.output
     assert snapshot(folder) == before and not (folder / "label-log.csv").exists()

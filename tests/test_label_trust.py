@@ -11,7 +11,7 @@ import os
 import pytest
 
 import label
-from mtlc import label_files, labeling
+from mtlc import label_log, labeling
 from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
 
@@ -25,10 +25,10 @@ def folder(tmp_path):
 
 
 def write_log(folder, rows):
-    with open(folder / label_files.LOG_NAME, "w", newline="") as f:
+    with open(folder / label_log.LOG_NAME, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(label_files.LOG_HEADER)
-        writer.writerows(list(r) + [""] * (len(label_files.LOG_HEADER) - len(r)) for r in rows)
+        writer.writerow(label_log.LOG_HEADER)
+        writer.writerows(list(r) + [""] * (len(label_log.LOG_HEADER) - len(r)) for r in rows)
 
 
 @pytest.mark.parametrize("source", ["/tmp/elsewhere/x.png", "../x.png", "unlabeled/../../x.png", "mtlc-cache/0.png",
@@ -41,10 +41,10 @@ def test_undo_refuses_a_log_that_names_places_outside_the_folder(folder, tmp_pat
     (folder / "unlabeled" / "link").symlink_to(outside, target_is_directory=True)
     write_log(folder, [(1, "t", "move", source, "labeled/cat/u0000.png", "cat")])
     os.rename(folder / "unlabeled" / "u0000.png", folder / "labeled" / "cat" / "u0000.png")
-    before, log = snapshot(folder), (folder / label_files.LOG_NAME).read_bytes()
+    before, log = snapshot(folder), (folder / label_log.LOG_NAME).read_bytes()
     res = run("label.py", "--data-dir", folder, "--undo")
     assert res.returncode == 2 and "Traceback" not in res.stderr and "cannot be trusted" in res.stderr, res.stderr
-    assert snapshot(folder) == before and (folder / label_files.LOG_NAME).read_bytes() == log
+    assert snapshot(folder) == before and (folder / label_log.LOG_NAME).read_bytes() == log
     assert list(outside.iterdir()) == [] and not (tmp_path / "x.png").exists() and not os.path.exists("/tmp/elsewhere")
 
 
@@ -89,7 +89,7 @@ def test_names_and_places_the_file_system_refuses_are_refused_before_any_move(fo
     rows = [("unlabeled/u0001.png", "cat")] + rows  # a good row first: it must not move either
     res = run("label.py", "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), "--new-classes")
     assert res.returncode == 2 and message in res.stderr and "nothing was moved" in res.stderr, res.stderr
-    assert "Traceback" not in res.stderr and snapshot(folder) == before and not (folder / label_files.LOG_NAME).exists()
+    assert "Traceback" not in res.stderr and snapshot(folder) == before and not (folder / label_log.LOG_NAME).exists()
 
 
 def test_a_nul_byte_or_a_short_row_is_refused(folder, tmp_path):
@@ -152,11 +152,11 @@ def test_a_torn_log_line_is_cut_off_and_two_undos_restore_the_folder(folder, tmp
     run cuts it off (said), appends whole lines, and undos put every file back."""
     before = snapshot(folder)
     assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "a.csv", [("unlabeled/u0000.png", "cat")])]).exit_code == 0
-    with open(folder / label_files.LOG_NAME, "a") as f:
+    with open(folder / label_log.LOG_NAME, "a") as f:
         f.write("2,2026-11-27T10:00:00,move,unlabeled/u0001.png,labe")
     res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "b.csv", [("unlabeled/u0003.png", "dog")])])
     assert res.exit_code == 0 and "cut off the torn last line" in res.output, res.output
-    assert all(line.count(",") == len(label_files.LOG_HEADER) - 1 for line in (folder / label_files.LOG_NAME).read_text().splitlines())
+    assert all(line.count(",") == len(label_log.LOG_HEADER) - 1 for line in (folder / label_log.LOG_NAME).read_text().splitlines())
     assert "batch 2" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert "batch 1" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert snapshot(folder) == before
@@ -254,7 +254,7 @@ def test_a_log_that_is_not_a_regular_file_of_its_own_is_refused(folder, tmp_path
     name), a pipe (which would hang even --dry-run) or a hard link: one line, exit 2, nothing moved,
     nothing written outside."""
     outside = tmp_path / "outside.txt"
-    log = folder / label_files.LOG_NAME
+    log = folder / label_log.LOG_NAME
     if make == "link":
         outside.write_text("someone's file\n")
         log.symlink_to(outside)
@@ -291,7 +291,7 @@ def test_a_row_whose_image_was_replaced_since_is_refused(folder, tmp_path):
     assert snapshot(folder) == before
     rows[1] = ("unlabeled/u0000.png", "cat", digest("u0000.png"))  # predicted again
     assert run("label.py", "--data-dir", folder, "--apply", write_labels(tmp_path / "m.csv", rows, ("path", "label", "blake2b"))).returncode == 0
-    log = list(csv.DictReader(open(folder / label_files.LOG_NAME, newline="")))
+    log = list(csv.DictReader(open(folder / label_log.LOG_NAME, newline="")))
     assert [r["blake2b"] for r in log] == [r[2] for r in rows]
     (folder / "labeled" / "cat" / "u0000.png").write_bytes(b"another image")  # replaced after the move: undo refuses
     res = run("label.py", "--data-dir", folder, "--undo")
@@ -323,11 +323,11 @@ def test_a_batch_number_that_is_no_ascii_number_is_one_line(folder):
 
 def test_a_log_from_before_the_hash_was_kept_goes_on_in_its_own_columns(folder, tmp_path):
     """A log written before the blake2b column: read as it is, appended in its six columns, undone."""
-    with open(folder / label_files.LOG_NAME, "w", newline="") as f:
-        csv.writer(f, lineterminator="\n").writerow(label_files.LOG_HEADER[:-1])
+    with open(folder / label_log.LOG_NAME, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerow(label_log.LOG_HEADER[:-1])
     before = snapshot(folder)
     assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat")])]).exit_code == 0
-    rows = list(csv.reader(open(folder / label_files.LOG_NAME, newline="")))
-    assert all(len(r) == len(label_files.LOG_HEADER) - 1 for r in rows) and rows[1][2:5] == ["move", "unlabeled/u0000.png", "labeled/cat/u0000.png"]
+    rows = list(csv.reader(open(folder / label_log.LOG_NAME, newline="")))
+    assert all(len(r) == len(label_log.LOG_HEADER) - 1 for r in rows) and rows[1][2:5] == ["move", "unlabeled/u0000.png", "labeled/cat/u0000.png"]
     assert "put back the 1 images" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert snapshot(folder) == before

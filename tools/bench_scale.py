@@ -18,7 +18,6 @@ process, peak private memory (RssAnon) sampled every 0.1 s):
   predict        evaluate.py --predict <folder>/unlabeled --csv (a checkpoint trained for one epoch on
                  a small companion folder of the same classes and size)
 """
-import csv
 import json
 import os
 import shutil
@@ -190,196 +189,6 @@ def last_json(record):
 # copies of real photos planted, each measured as its own process with the code after and, given
 # --before, the code before (a checkout of it) in the same run.
 
-LOOP_PARTS = ("loop_folder", "checkpoint", "model_alone", "predict", "suggest", "review", "audit", "audit_small",
-              "apply", "retrain_start", "undo")
-SMALL_LOOP = 5000  # unlabeled images of the folder whose audit recall the million's is compared with
-
-
-def cifar_photos(root):
-    """CIFAR-10's 10,000 test photos as 32 px JPEGs (the copy in ../shared/data), extracted once."""
-    photos = root / "cifar10-jpeg"
-    if not (photos / "test").is_dir():
-        photos.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["tar", "-xJf", ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.xz", "-C", photos], check=True)
-    return sorted((photos / "test").rglob("*.jpg"))
-
-
-def plant_copies(folder, photos, count, seed=0):
-    """`count` photos planted in folder/unlabeled/planted/, each with a copy of the same bytes and a near
-    copy (resized to 80% and saved as a JPEG of quality 70, as examples/own_images.py faults makes
-    them), each copy in unlabeled/planted/ or, one in four, in test/ (a leak). Returns the rows
-    (copy, original, kind exact or near) written to <folder>-planted.csv."""
-    from PIL import Image
-    rng = np.random.default_rng(seed)
-    rows = []
-    (folder / "unlabeled" / "planted").mkdir(parents=True, exist_ok=True)
-    for k, photo in enumerate(rng.choice(photos, count, replace=False)):
-        original = folder / "unlabeled" / "planted" / f"o{k:05d}.jpg"
-        shutil.copyfile(photo, original)
-        for kind in ("exact", "near"):
-            part = folder / "test" / f"c{k % CLASSES}" if rng.random() < 0.25 else folder / "unlabeled" / "planted"
-            copy = part / f"{kind[0]}{k:05d}.jpg"
-            if kind == "exact":
-                shutil.copyfile(photo, copy)
-            else:
-                with Image.open(photo) as image:
-                    image.convert("RGB").resize((max(8, round(image.width * 0.8)), max(8, round(image.height * 0.8))),
-                                                Image.BILINEAR).save(copy, format="JPEG", quality=70)
-            rows.append((str(copy), str(original), kind))
-    with open(f"{folder}-planted.csv", "w", newline="") as f:
-        csv.writer(f).writerows([("copy", "original", "kind")] + rows)
-    return rows
-
-
-def make_loop_folder(root, n, image_size, photos, count):
-    """root/loop-<n>-<size>px: the synthetic folder of n images (hard links: the original stays as it
-    is) with `count` photos and their copies planted (once)."""
-    base, folder = root / f"{n}-{image_size}px", root / f"loop-{n}-{image_size}px"
-    make_folder(base, n, image_size)
-    if not (folder / "complete").exists():
-        shutil.rmtree(folder, ignore_errors=True)
-        subprocess.run(["cp", "-al", base, folder], check=True)
-        (folder / "complete").unlink()
-        plant_copies(folder, photos, count)
-        (folder / "complete").touch()
-    return folder
-
-
-def copy_recall(audit_csv, planted_csv):
-    """The planted copies the audit found (a duplicate or leak row pairing the copy with its photo or
-    the photo's other copy), by kind, and the precision of its duplicate and leak rows."""
-    with open(planted_csv, newline="") as f:
-        planted = list(csv.DictReader(f))
-    group = {}
-    for row in planted:
-        group[row["copy"]] = group[row["original"]] = row["original"]
-    with open(audit_csv, newline="") as f:
-        found = [r for r in csv.DictReader(f) if r["kind"] in ("duplicate", "leak")]
-    paired = {(r["path"], r["suggestion"]) for r in found}
-    hits = {p for p in paired if p[0] in group and group[p[0]] == group.get(p[1])}
-    named = {path for pair in hits for path in pair}
-    recall = {kind: round(sum(r["copy"] in named for r in planted if r["kind"] == kind) /
-                          max(1, sum(r["kind"] == kind for r in planted)), 4) for kind in ("exact", "near")}
-    return dict(recall=recall, copies_planted=len(planted), rows=len(found),
-                precision=round(len(hits) / max(1, len(paired)), 4))
-
-
-def labels_from(predictions_csv, labels_csv):
-    """A labels file for label.py: nine in ten readable rows of a predictions CSV (training needs
-    some images left in unlabeled/), each with its prediction as the label."""
-    with open(predictions_csv, newline="") as f, open(labels_csv, "w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(("path", "label", "blake2b"))
-        rows = 0
-        for k, r in enumerate(csv.DictReader(f)):
-            if r["prediction"] and k % 10:
-                writer.writerow((r["path"], r["prediction"], r["blake2b"]))
-                rows += 1
-    return rows
-
-
-def run_loop(n, image_size, root, width, out, before, parts, planted, folds, steps, max_error, suggest, audit_before,
-             only):
-    """Measure the loop's steps (LOOP_PARTS) on root/loop-<n>-<size>px; see --loop."""
-    python, root = sys.executable, Path(root)
-    codes = dict(after=ROOT, **({"before": Path(before).resolve()} if before else {}))
-    codes = {code: where for code, where in codes.items() if only is None or code == only}
-    folder, small = root / f"loop-{n}-{image_size}px", root / f"loop-{SMALL_LOOP}-{image_size}px"
-    env = dict(MTLC_CACHE_DIR=str(root / "cache-loop"))
-    record = json.loads(Path(out).read_text()) if Path(out).exists() else {}
-    record.update(images=n, image_size=image_size, width=width, planted_photos=planted, audit_folds=folds,
-                  audit_steps=steps, max_error=max_error, suggest_asked=suggest,
-                  cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
-                  .splitlines()[0].strip(), cores=os.cpu_count(),
-                  memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1))
-    record.setdefault("codes", {}).update({k: str(v) for k, v in codes.items()})
-    commands = record.get("commands") if isinstance(record.get("commands"), list) else []
-    record["commands"] = commands + [" ".join(sys.argv)]
-
-    def part_record(part):
-        """The part's measurements by code (the other code's kept from --out), a dict."""
-        if not isinstance(record.get(part), dict):
-            record[part] = {}
-        return record[part]
-
-    def save():
-        Path(out).write_text(json.dumps(record, indent=1) + "\n")
-
-    def checkpoint_of(where):
-        return root / f"ckpt-{where.name}" / "mt_final.pt"
-
-    def train(where, name):
-        record[name] = measure(name, [python, "train_mt.py", "--dataset", "folder", "--data-dir", where, "--image-size",
-                                      str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
-                                      "--device", "cpu", "--out", checkpoint_of(where).parent, "--overwrite"], env)
-        save()
-
-    def evaluate(where, name, *args, code="after", allowed=(0,)):
-        # Work an earlier, interrupted measurement kept beside its output would be taken up: a step
-        # measured whole starts without it (the hidden folder .<output>.mtlc-work of mtlc/work.py).
-        for output in (a for a in args if isinstance(a, Path)):
-            shutil.rmtree(output.parent / f".{output.name}.mtlc-work", ignore_errors=True)
-        return measure(f"{name} ({code})", [python, "evaluate.py", "--ckpt", checkpoint_of(where), *args, "--device",
-                                            "cpu"], env, codes[code], allowed)
-
-    if "loop_folder" in parts:
-        photos = cifar_photos(root)
-        make_loop_folder(root, n, image_size, photos, planted)
-        make_loop_folder(root, SMALL_LOOP, image_size, photos, planted)
-    if "checkpoint" in parts:
-        train(folder, "checkpoint")
-    unlabeled = folder / "unlabeled"
-    if "model_alone" in parts:
-        record["model_alone"] = measure("model alone", [python, "-c", MODEL_ALONE, checkpoint_of(folder), folder,
-                                                        str(image_size), "50000"], env)
-        record["model_alone"]["images_per_s"] = round(last_json(record["model_alone"])["images_per_s"])
-        save()
-    for part, args in (("predict", ["--max-error", str(max_error), "--csv"]), ("suggest", ["--suggest", str(suggest),
-                                                                                           "--csv"]),
-                       ("review", ["--max-error", str(max_error), "--review"])):
-        if part not in parts:
-            continue
-        part_record(part)
-        for code in codes:
-            output = root / f"{part}-{code}.{'html' if part == 'review' else 'csv'}"
-            record[part][code] = evaluate(folder, part, "--predict", unlabeled, *args, output, code=code)
-            record[part][code]["output_bytes"] = output.stat().st_size
-            if part == "predict":
-                said = next(line for line in record[part][code]["stderr_tail"] if line.startswith("predicted "))
-                images = int(said.split(" of ")[1].split(" ")[0].replace(",", ""))
-                record[part][code].update(images=images, images_per_s=round(images / record[part][code]["wall_s"]))
-            save()
-    audits = [("audit", folder, [c for c in codes if c == "after" or audit_before]),
-              ("audit_small", small, list(codes))]
-    for part, where, which in audits:
-        if part not in parts:
-            continue
-        if part == "audit_small":
-            train(where, "checkpoint_small")
-        part_record(part)
-        for code in which:
-            output = root / f"{part}-{code}.csv"
-            record[part][code] = evaluate(where, part, "--audit", output, "--audit-folds", str(folds), "--audit-steps",
-                                          str(steps), code=code)
-            record[part][code].update(copy_recall(output, f"{where}-planted.csv"))
-            save()
-    labels = root / "labels-loop.csv"
-    if {"apply", "retrain_start", "undo"} & set(parts):
-        record["label_rows"] = labels_from(root / "predict-after.csv", labels)
-        for code in codes:
-            for part, command in (("apply", [python, "label.py", "--data-dir", folder, "--apply", labels]),
-                                  ("retrain_start", [python, "train_mt.py", "--dataset", "folder", "--data-dir", folder,
-                                                     "--image-size", str(image_size), "--width", str(width),
-                                                     "--benchmark", "1", "--device", "cpu"]),
-                                  ("undo", [python, "label.py", "--data-dir", folder, "--undo"])):
-                if part not in parts:
-                    continue
-                part_record(part)[code] = measure(f"{part} ({code})", command, env, codes[code])
-                save()
-    save()
-    print(json.dumps(record, indent=1))
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--images", "n", type=click.IntRange(min=1000), default=200_000, help="Unlabeled images in the folder.")
 @click.option("--image-size", type=click.IntRange(min=16), default=64, help="Pixels square of the JPEGs and of training.")
@@ -395,7 +204,8 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
               help="Images the model-alone rate is measured on (the first of the cache).")
 @click.option("--parts", default=None,
               help="The measurements to run, comma-separated; those left out keep their values from --out if it exists. "
-                   f"[default: all of them: {','.join(PARTS)}; with --loop: {','.join(LOOP_PARTS)}]")
+                   f"[default: all of them: {','.join(PARTS)}; with --loop: every part of tools/bench_loop.py's "
+                   f"LOOP_PARTS]")
 @click.option("--loop", is_flag=True,
               help="Measure the loop after training instead (LOOP_PARTS): on root/loop-<images>-<size>px, a hard-linked "
                    "copy of the folder with --planted CIFAR-10 test photos and their exact and near copies planted, "
@@ -421,6 +231,7 @@ def main(n, image_size, root, width, steps, out, predict_images, model_images, p
     """Make the folder, then time and weigh decoding, start-up, training and prediction on it (or,
     with --loop, every step of the loop after training)."""
     if loop:
+        from bench_loop import LOOP_PARTS, run_loop  # it imports this module's helpers
         parts = (parts or ",".join(LOOP_PARTS)).split(",")
         unknown = sorted(set(parts) - set(LOOP_PARTS))
         if unknown:
@@ -432,7 +243,11 @@ def main(n, image_size, root, width, steps, out, predict_images, model_images, p
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(PARTS)}", param_hint="--parts")
-    root = Path(root)
+    measure_scale(n, image_size, Path(root), width, steps, out, predict_images, model_images, parts)
+
+
+def measure_scale(n, image_size, root, width, steps, out, predict_images, model_images, parts):
+    """Make the folder, then time and weigh each part (PARTS) on it into the record at out."""
     folder, small = root / f"{n}-{image_size}px", root / f"small-{image_size}px"
     python = sys.executable
     print(f"making {folder} (once)", file=sys.stderr)
