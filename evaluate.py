@@ -70,7 +70,7 @@ def check_request(ctx, o):
             raise UserError(f"{flag} goes with {' or '.join(FLAGS[job] for job in jobs)}")
     if o.table and Path(o.table).suffix not in (".md", ".csv"):
         raise UserError(f"--table must end in .md or .csv, got {o.table}")
-    jobs = ("predict_paths", "audit", "onnx")
+    jobs = ("onnx", "audit", "predict_paths")
     for job in jobs:
         others = [n for n in jobs if n != job and getattr(o, n)]
         if getattr(o, job) and (len(o.ckpts) != 1 or others or any(getattr(o, n) for n in OTHER_OUTPUTS)):

@@ -28,7 +28,7 @@ from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.presets import preset, preset_help, ramp_epochs
+from mtlc.presets import preset, preset_help, stage_lengths
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
 from mtlc.epochs import run_stage
 
@@ -168,12 +168,9 @@ def lc_config(o, lc, eps, start, state, defaults, steps_per_epoch):
     """config["lc"] of a new stage 2: LC's form, its schedule and where it starts from."""
     mt_record = state["metrics"][-1] if state.get("metrics") else {}
     start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
-    epochs = o.epochs or defaults["lc_epochs"]
-    decay_epochs = o.decay_epochs if o.decay_epochs is not None else defaults["lc_decay_epochs"]
-    lc_rampup = o.lc_rampup
-    if lc_rampup is None:
-        lc_rampup = (defaults["lc_rampup"] if defaults["lc_rampup"] is not None
-                     else ramp_epochs("lc_rampup", epochs + decay_epochs, steps_per_epoch))
+    epochs, decay_epochs, lc_rampup = stage_lengths(o.epochs, o.decay_epochs, o.lc_rampup, defaults,
+                                                    keys=("lc_epochs", "lc_decay_epochs", "lc_rampup"),
+                                                    steps_per_epoch=steps_per_epoch)
     scale, config = lc["eps_scale"], state["config"]
     return dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=scale,
                 eps_ratio=eps / start["d2_mean"] if scale != "fixed" else None, start=start,

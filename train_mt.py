@@ -31,7 +31,7 @@ from mtlc.model import check_image_size
 from mtlc.curves import check_folder
 from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import (CONSISTENCY, DATASETS, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
-                          preset_help, ramp_epochs)
+                          preset_help, stage_lengths)
 from mtlc.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
 from mtlc.report import objective_name
 from mtlc.runs import check_resume_flags, existing_outputs, run_folder
@@ -194,12 +194,9 @@ def schedule_of(o, labels, steps_per_epoch):
     """The stage's epochs, decay, consistency ramp and mt.pt's epoch: those given, else the dataset's
     preset (--compress'ed)."""
     defaults = preset(o.dataset, labels, steps_per_epoch, o.compress)
-    epochs = o.epochs or defaults["epochs"]
-    decay_epochs = o.decay_epochs if o.decay_epochs is not None else defaults["decay_epochs"]
-    cons_rampup = o.cons_rampup
-    if cons_rampup is None:
-        cons_rampup = (defaults["cons_rampup"] if defaults["cons_rampup"] is not None
-                       else ramp_epochs("cons_rampup", epochs + decay_epochs, steps_per_epoch))
+    epochs, decay_epochs, cons_rampup = stage_lengths(o.epochs, o.decay_epochs, o.cons_rampup, defaults,
+                                                      keys=("epochs", "decay_epochs", "cons_rampup"),
+                                                      steps_per_epoch=steps_per_epoch)
     lc_start_epoch = o.lc_start_epoch or min(defaults["lc_start_epoch"] or epochs, epochs)
     if lc_start_epoch > epochs + decay_epochs:
         raise UserError(f"--lc-start-epoch {lc_start_epoch} is past the run's {epochs}+{decay_epochs} epochs")

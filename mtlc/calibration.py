@@ -33,9 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import minimize_scalar
-from scipy.special import log_softmax
-from scipy.stats import beta
 
 
 ECE_BINS = 15
@@ -55,6 +52,8 @@ def fit_temperature(logits, labels):
     a bounded 1-d search over log T, deterministic. NoTemperature where there are fewer than
     MIN_CALIBRATION_IMAGES, or the search did not converge inside its bounds (the held-out images
     all right with a margin, or all wrong: no finite temperature fits them)."""
+    from scipy.optimize import minimize_scalar  # here: scipy's import takes seconds that training never needs
+    from scipy.special import log_softmax
     logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
     if len(labels) < MIN_CALIBRATION_IMAGES:
         raise NoTemperature(f"{len(labels)} held-out images are too few to fit a temperature "
@@ -120,6 +119,7 @@ def cross_fitted_ece(logits, labels, seed=0):
 
 def error_upper_bound(errors, count, level=CONFIDENCE_LEVEL):
     """One-sided Clopper-Pearson upper bound (%) on an error rate seen as errors of count."""
+    from scipy.stats import beta
     errors, count = np.asarray(errors), np.asarray(count)
     bound = beta.ppf(level, errors + 1, np.maximum(count - errors, 1))
     return 100.0 * np.where(errors >= count, 1.0, bound)

@@ -21,7 +21,7 @@ from .errors import UserError
 from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
 from .presets import DATASETS
 from .pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, is_threshold
-from .runs import set_rng_state, write_metrics, writing_folder
+from .runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from .schedule import Stage
 from .training import Trainer, make_optimizer
 
@@ -263,7 +263,7 @@ def resume_checkpoint(out, stage_name, write=True):
     if state.get("stage") != stage_name:
         raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
     schedule = state["config"] if stage_name == "mt" else state["config"]["lc"]
-    if state["epoch"] >= schedule["epochs"] + schedule["decay_epochs"]:
+    if state["epoch"] >= schedule["epochs"] + schedule["decay_epochs"] and published(out, folder, stage_name, state):
         raise UserError(f"--resume: {path} is a finished run (epoch {state['epoch']} of "
                         f"{schedule['epochs'] + schedule['decay_epochs']}): nothing to resume; a new run replaces it "
                         f"with --overwrite")
@@ -275,6 +275,19 @@ def resume_checkpoint(out, stage_name, write=True):
     if write:
         write_metrics(folder / f"{stage_name}_metrics.jsonl", state["metrics"])
     return state, path
+
+
+def published(out, folder, stage_name, state):
+    """Whether a run whose checkpoint names its last epoch wrote everything: its metrics file holds
+    that epoch's line, where the outputs go (a run killed before or while it wrote them ends them on
+    --resume)."""
+    metrics = Path(out) / f"{stage_name}_metrics.jsonl"
+    if Path(folder) != Path(out) or metrics.is_symlink() or not metrics.is_file():
+        return False
+    try:
+        return len(read_metrics(metrics)) >= len(state["metrics"])
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def stage_of(config, name):

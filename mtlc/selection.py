@@ -22,7 +22,6 @@ of a hundred thousand images costs no hundred-thousand-squared distances.
 import heapq
 
 import numpy as np
-from sklearn.cluster import KMeans, kmeans_plusplus
 
 TYPICALITY_NEIGHBOURS = 20  # as TypiClust
 FULL_KMEANS_MAX = 50_000    # points; beyond, faiss's k-means on a sample keeps time and memory bounded
@@ -73,6 +72,7 @@ class Points:
 def cluster(points, n_clusters, seed):
     """The cluster of each of the Points (int64): scikit-learn's k-means over all of them in memory up
     to FULL_KMEANS_MAX points, else faiss's trained on a sample and every point assigned in batches."""
+    from sklearn.cluster import KMeans, kmeans_plusplus  # here: its import takes seconds --suggest alone needs
     if points.n <= FULL_KMEANS_MAX:
         everything = points.rows(np.arange(points.n))
         return KMeans(n_clusters, n_init=1, random_state=seed).fit_predict(everything)

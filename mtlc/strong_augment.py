@@ -8,12 +8,20 @@ per image, and each op is torchvision's own at torchvision's magnitude: in eager
 images that drew it; sync-free (the graphed step) applied to every image, each keeping its own draw,
 which gives the same images with no host read.
 """
-import torch
-from torchvision.transforms import v2
+import functools
 
-# Its op table (_AUGMENTATION_SPACE) and op implementation (_apply_image_or_video_transform) are used
-# as they are, so that every op and magnitude is torchvision's (tests compare them image by image).
-RAND_AUGMENT = v2.RandAugment()
+import torch
+
+
+@functools.cache
+def rand_augment():
+    """torchvision's RandAugment, whose op table (_AUGMENTATION_SPACE) and op implementation
+    (_apply_image_or_video_transform) are used as they are, so that every op and magnitude is
+    torchvision's (tests compare them image by image). Imported when a strong view is first made:
+    torchvision's import alone takes seconds, which every command that trains no FixMatch would pay."""
+    from torchvision.transforms import v2
+    return v2.RandAugment()
+
 # Cutout after RandAugment, as FixMatch's strong augmentation: a square of half the image's side at a
 # uniform centre (cut by the border), filled with mid-grey.
 CUTOUT_SHARE = 0.5
@@ -25,11 +33,12 @@ class StrongAugment:
     generator of the images' device."""
 
     def __init__(self, image_size):
+        self.rand_augment = rand_augment()
         self.variants = []  # (op name, signed magnitude)
         choices = []        # per op: the variant of a positive and of a negative draw
-        for name, (magnitudes, signed) in RAND_AUGMENT._AUGMENTATION_SPACE.items():
-            values = magnitudes(RAND_AUGMENT.num_magnitude_bins, image_size, image_size)
-            magnitude = 0.0 if values is None else float(values[RAND_AUGMENT.magnitude])
+        for name, (magnitudes, signed) in self.rand_augment._AUGMENTATION_SPACE.items():
+            values = magnitudes(self.rand_augment.num_magnitude_bins, image_size, image_size)
+            magnitude = 0.0 if values is None else float(values[self.rand_augment.magnitude])
             choices.append([len(self.variants), len(self.variants) + int(signed)])
             self.variants += [(name, magnitude)] + [(name, -magnitude)] * signed
         self.choices = torch.tensor(choices)
@@ -38,8 +47,8 @@ class StrongAugment:
     def apply(self, variant, images):
         """One op of the table (its index in self.variants) on a batch, as torchvision's RandAugment does."""
         name, magnitude = self.variants[variant]
-        return RAND_AUGMENT._apply_image_or_video_transform(images, name, magnitude, RAND_AUGMENT.interpolation,
-                                                            RAND_AUGMENT._fill)
+        augment = self.rand_augment
+        return augment._apply_image_or_video_transform(images, name, magnitude, augment.interpolation, augment._fill)
 
     def draw(self, n, device):
         """The variant each of n images gets: an op uniformly, negated where torchvision's rand() <= 0.5."""
@@ -71,6 +80,6 @@ class StrongAugment:
 
     def __call__(self, images, sync_free=False):
         """The strong view of uint8 images (B, 3, H, W); sync_free: no host read (a captured step)."""
-        for _ in range(RAND_AUGMENT.num_ops):
+        for _ in range(self.rand_augment.num_ops):
             images = self.randaugment(images, self.draw(len(images), images.device), sync_free)
         return self.cutout(images)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+import evaluate
 import mtlc
+from conftest import invoke
 from mtlc.calibration import DECIMALS
 from mtlc.images import decode
 from mtlc.onnx_export import INPUT, export_onnx
@@ -79,11 +81,13 @@ def test_evaluate_onnx_as_a_user_runs_it(trained, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "as ONNX, uint8 images (N, 3, 32, 32) in, probabilities of its 3 classes out" in res.stderr
     assert json.loads(session(tmp_path / "m.onnx").get_modelmeta().custom_metadata_map["classes"]) == ["cat", "dog", "owl"]
-    for args in (["--predict", folder / "unlabeled"], ["--json"], ["--confusion", tmp_path / "c.png"]):
-        res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", tmp_path / "n.onnx", *args)
-        assert res.returncode == 2 and "--onnx takes exactly one --ckpt" in res.stderr
-    res = run("evaluate.py", "--ckpt", checkpoint, "--onnx", checkpoint)
-    assert res.returncode == 2 and not (tmp_path / "n.onnx").exists()  # never over its own checkpoint
+    for args, said in ((["--predict", folder / "unlabeled"], "--onnx takes exactly one --ckpt"),
+                       (["--json"], "--json goes with the checkpoints' errors"),
+                       (["--confusion", tmp_path / "c.png"], "--onnx takes exactly one --ckpt")):
+        res = invoke(evaluate, ["--ckpt", checkpoint, "--onnx", tmp_path / "n.onnx", *args])
+        assert res.exit_code == 2 and said in res.output, res.output
+    res = invoke(evaluate, ["--ckpt", checkpoint, "--onnx", checkpoint])
+    assert res.exit_code == 2 and not (tmp_path / "n.onnx").exists()  # never over its own checkpoint
 
 
 def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, tmp_path):

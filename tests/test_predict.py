@@ -222,11 +222,11 @@ def test_confusion_matrix(trained, tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_snippet_runs(trained, capsys):
-    """The README's "Load it in your own code" block, run as written on a trained checkpoint and its
+    """The README's "In your own code" block, run as written on a trained checkpoint and its
     folder, prints what `evaluate.py --predict` writes: the same classes and calibrated confidences."""
     data, ckpt = trained
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Load it in your own code"):]
+    section = readme[readme.index("In your own code:"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert "runs/mine/lc.pt" in code and "mydata/unlabeled" in code and len(code.strip().splitlines()) <= 4
     exec(compile(code.replace("runs/mine/lc.pt", str(ckpt)).replace("mydata", str(data)), "README.md", "exec"), {})
