@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
+from mtlc.presets import CONSISTENCY
 from mtlc.pseudo_labels import ADAPTIVE_MOMENTUM, PseudoLabels, is_threshold
 from mtlc.strong_augment import CUTOUT_FILL, StrongAugment
 
@@ -142,3 +143,12 @@ def test_adaptive_threshold_follows_freematch():
 def test_threshold_values():
     assert is_threshold(0.95) and is_threshold(1) and is_threshold("adaptive")
     assert not any(is_threshold(v) for v in (0, -0.1, 1.01, float("nan"), True, "0.9", None))
+
+
+def test_fixmatch_defaults_are_the_measured_choices_and_mt_stays_the_presets_objective():
+    from train_mt import objective_settings
+    unset = dict(threshold=None, pseudo_labels=None, cons_weight=None, unlabeled_batch=None)
+    fixmatch = objective_settings("fixmatch", **unset)
+    assert (fixmatch["threshold"], fixmatch["pseudo_labels"], fixmatch["cons_weight"]) == ("adaptive", "teacher", 1.0)
+    assert objective_settings("fixmatch", **dict(unset, threshold=0.95))["threshold"] == 0.95
+    assert all(CONSISTENCY[d] == "mt" for d in ("svhn", "cifar10", "digits")) and objective_settings("mt", **unset)["cons_weight"] == 100.0
