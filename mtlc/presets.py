@@ -57,7 +57,7 @@ OBJECTIVE_DEFAULTS = dict(mt=dict(cons_weight=100.0, unlabeled_batch=128),
 # --compress F: the schedule's lengths divided by F, the paper's shape on a budget (a rented GPU's
 # minutes): the epochs at constant lr and of decay of both stages, LC's start, the evaluation
 # interval (whole epochs, at least one; a decay may reach 0) and the ramp-ups (at least
-# MIN_RAMP_STEPS steps, as on small data, never longer than their stage). Chosen as a shape, not
+# MIN_RAMP_STEPS steps or their own length, as on small data, never longer than their stage). Chosen as a shape, not
 # tuned: no setting of it was tried on any test set.
 COMPRESSED_EPOCHS = ("epochs", "decay_epochs", "lc_start_epoch", "lc_epochs", "lc_decay_epochs", "eval_every")
 COMPRESSED_RAMPS = dict(cons_rampup=("epochs", "decay_epochs"), lc_rampup=("lc_epochs", "lc_decay_epochs"))
@@ -78,7 +78,8 @@ def preset(dataset, labels, steps_per_epoch=None, compress=1.0):
         values.update({key: max(0 if "decay" in key else 1, round(values[key] / compress))
                        for key in COMPRESSED_EPOCHS if values[key] is not None})
         floor = MIN_RAMP_STEPS / steps_per_epoch if steps_per_epoch else 0
-        values.update({key: min(max(values[key] / compress, floor), values[a] + values[b])
+        # the floor never lengthens a ramp beyond its own length (digits' 100-step LC ramp stays 100)
+        values.update({key: min(max(values[key] / compress, min(floor, values[key])), values[a] + values[b])
                        for key, (a, b) in COMPRESSED_RAMPS.items() if values[key] is not None})
     return values
 

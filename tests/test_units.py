@@ -257,6 +257,8 @@ def test_compressed_schedule_is_the_papers_shape_shorter():
     assert tiny["cons_rampup"] == tiny["lc_rampup"] == pytest.approx(MIN_RAMP_STEPS / 359)
     few_steps = preset("cifar10", 4000, 100, compress=1000)  # 300 steps would be 3 epochs of a 1-epoch stage
     assert few_steps["cons_rampup"] == few_steps["lc_rampup"] == 1
+    nearly = preset("digits", 100, 10, compress=1.05)  # equal time for a dearer step: the ramps as they were
+    assert (nearly["cons_rampup"], nearly["lc_rampup"]) == (30, 10) == (preset("digits", 100, 10)["cons_rampup"], 10)
     digits, longer = preset("digits", 100, 10), preset("digits", 100, 10, compress=0.25)  # under 1: four times as long
     assert {k: longer[k] for k in ("epochs", "decay_epochs", "lc_epochs", "lc_decay_epochs", "cons_rampup", "lc_rampup")} \
         == {k: 4 * digits[k] for k in ("epochs", "decay_epochs", "lc_epochs", "lc_decay_epochs", "cons_rampup", "lc_rampup")}

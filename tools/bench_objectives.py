@@ -115,7 +115,7 @@ def measure(path, truth, max_error):
     predicted, confidence = confidences(logits, classifier.temperature)
     test_logits = outputs(classifier.model, data.test_x, classifier.mean, classifier.std)[1]
     found = cal.threshold(max_error) if cal else None
-    accepted = confidence >= found[0] if found else confidence > 1
+    accepted = confidence >= found.confidence if found else confidence > 1
     wrong = predicted != y
     return dict(test_error=100 * float((test_logits.argmax(1) != data.test_y).float().mean()),
                 unlabeled_error=100 * float(wrong.mean()), accepted_share=100 * float(accepted.mean()),
