@@ -2,8 +2,8 @@
 space, how many of its neighbour pairs join different true classes, and how strong it is beside the
 cross-entropy. The measurements behind docs/lc-control.md; a user needs none of this.
 
-    PYTHONPATH=. python examples/lc_mechanism.py --ckpt runs/digits-mt1/mt.pt
-    PYTHONPATH=. python examples/lc_mechanism.py --ckpt runs/dev-cifar-mt1/mt.pt --truth data/dev-cifar-truth.csv
+    python examples/lc_mechanism.py --ckpt runs/digits-mt1/mt.pt
+    python examples/lc_mechanism.py --ckpt runs/dev-cifar-mt1/mt.pt --truth data/dev-cifar-truth.csv
 
 Over the first batches of the run's stream, as LC sees them (the student in training mode on its
 augmented view, neighbours.lc_features), for each form of the loss (features_units: the relative
@@ -22,16 +22,19 @@ Prints one JSON object per checkpoint (means over the batches).
 """
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import click
 import torch
 import torch.nn.functional as F
 
-from mtlc.batches import Batches
-from mtlc.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
-from mtlc.neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2
-from mtlc.presets import preset
-from mtlc.splits import true_classes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc
+from mtlc.batches import Batches  # noqa: E402
+from mtlc.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models  # noqa: E402
+from mtlc.neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2  # noqa: E402
+from mtlc.presets import preset  # noqa: E402
+from mtlc.splits import true_classes  # noqa: E402
 
 
 def pair_classes(batches, truth):

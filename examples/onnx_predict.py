@@ -59,11 +59,20 @@ def prepared(path, size):
         return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
 
 
+def load(model_path):
+    """The model's session, class names and image size; exit code 2 with one line if it is none of ours."""
+    try:
+        session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+        meta = session.get_modelmeta().custom_metadata_map
+        return session, json.loads(meta["classes"]), int(meta["image_size"])
+    except Exception as exc:  # onnxruntime's own types, or a model without evaluate.py --onnx's metadata
+        print(f"cannot use {model_path} (made by evaluate.py --onnx?): {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(model_path, paths, batch_size=256):
     """Write the rows; returns the number of files that could not be read."""
-    session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-    meta = session.get_modelmeta().custom_metadata_map
-    classes, size = json.loads(meta["classes"]), int(meta["image_size"])
+    session, classes, size = load(model_path)
     writer = csv.writer(sys.stdout)
     writer.writerow(["path", "prediction", "confidence"])
     failed = 0
@@ -84,7 +93,26 @@ def main(model_path, paths, batch_size=256):
     return failed
 
 
+def run(args):
+    """The exit code: 0, 1 when a file could not be read (or stdout failed), 2 on bad usage."""
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(args) < 2:
+        print("usage: python examples/onnx_predict.py model.onnx IMAGE ... (--help: what it prints)", file=sys.stderr)
+        return 2
+    try:
+        failed = main(args[0], args[1:])
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (| head): nothing more to say; stdout to /dev/null so exit stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # stdout's disk full, or a file-size limit: the rows written so far stay whole
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"cannot write the predictions: {exc}", file=sys.stderr)
+        return 1
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit("usage: python examples/onnx_predict.py model.onnx IMAGE ...")
-    sys.exit(1 if main(sys.argv[1], sys.argv[2:]) else 0)
+    sys.exit(run(sys.argv[1:]))

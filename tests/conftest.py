@@ -7,9 +7,13 @@ import importlib.util
 import io
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,12 +40,89 @@ if not torch.cuda.is_available():
 def run(*args, env=None, timeout=None, limit_kb=None):
     """python ARGS in the project's root, as a user runs it: (returncode, stdout, stderr), text with
     undecodable bytes kept as surrogate escapes. env: variables added; limit_kb: the largest file
-    it may write (ulimit -f, KiB)."""
+    it may write (ulimit -f, KiB). A script whose environment differs from the script server's only in
+    what the project reads when it runs is a fork of that server (tests/script_server.py), without
+    the seconds of imports a fresh Python spends; anything else is a process of its own, as is every
+    script under MTLC_TEST_FRESH_PROCESSES=1."""
+    environment = dict(os.environ, **(env or {}))
+    if limit_kb is None and str(args[0]).endswith(".py") and not os.environ.get("MTLC_TEST_FRESH_PROCESSES"):
+        result = SCRIPT_SERVER.run([str(a) for a in args], environment, timeout)
+        if result is not None:
+            return result
     command = [sys.executable, *map(str, args)]
     if limit_kb is not None:
         command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="surrogateescape",
-                          env=dict(os.environ, **(env or {})), timeout=timeout)
+                          env=environment, timeout=timeout)
+
+
+class ScriptServer:
+    """The test worker's script server, started at its first use; one script at a time (a run that
+    starts while another is under way gets a process of its own)."""
+    # Read by the project only inside the functions that use them, never at import: a fork of a
+    # server started with other values behaves as a fresh Python given these.
+    RUN_TIME_VARIABLES = {"MTLC_CACHE_DIR", "MTLC_CONFIG_DIR", "HOME", "XDG_CONFIG_HOME", "WORLD_SIZE", "RANK",
+                          "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SE_AVOID_STATS",
+                          "PYTEST_CURRENT_TEST"}
+
+    def __init__(self):
+        self.process = self.environment = None
+        self.lock = threading.Lock()
+        self.pending = b""
+
+    def serves(self, environment):
+        changed = {key for key in {*environment, *self.environment}
+                   if environment.get(key) != self.environment.get(key)}
+        return changed <= self.RUN_TIME_VARIABLES
+
+    def run(self, argv, environment, timeout):
+        """The script's CompletedProcess, or None where it needs a process of its own."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if self.process is None:
+                self.environment = dict(os.environ)
+                self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py"), str(ROOT)],
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+                                                env=self.environment)
+            if not self.serves(environment):
+                return None
+            return self._run(argv, environment, timeout)
+        finally:
+            self.lock.release()
+
+    def _run(self, argv, environment, timeout):
+        with tempfile.TemporaryDirectory() as folder:
+            outputs = [os.path.join(folder, name) for name in ("stdout", "stderr")]
+            for path in outputs:
+                open(path, "w").close()
+            request = dict(argv=argv, cwd=str(ROOT), env=environment, stdout=outputs[0], stderr=outputs[1])
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.flush()
+            pid = self._reply(None)["pid"]
+            try:
+                status = self._reply(timeout)["status"]
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(None)
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+            stdout, stderr = (open(path, errors="surrogateescape").read() for path in outputs)
+        return subprocess.CompletedProcess([sys.executable, *argv], status, stdout, stderr)
+
+    def _reply(self, timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and (left <= 0 or not select.select([self.process.stdout], [], [], left)[0]):
+                raise subprocess.TimeoutExpired("script server", timeout)
+            chunk = os.read(self.process.stdout.fileno(), 4096)
+            assert chunk, "the script server ended"
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+
+SCRIPT_SERVER = ScriptServer()
 
 
 def invoke(command, args):

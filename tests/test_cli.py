@@ -15,7 +15,7 @@ from mtlc.schedule import Stage
 import evaluate
 import finetune_lc
 import train_mt
-from conftest import invoke, run
+from conftest import ROOT, invoke, run
 from fakedata import tiny_trainer, write_cifar10, write_folder, write_svhn
 
 TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1",
@@ -171,6 +171,15 @@ def test_finetune_refuses_an_lc_checkpoint(mt_run, tmp_path):
 def test_help(script):
     res = invoke(script, ["--help"])
     assert res.exit_code == 0 and "--device" in res.output
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(ROOT)) for folder in ("tools", "examples")
+                                         for p in (ROOT / folder).glob("*.py") if "__main__" in p.read_text()))
+def test_every_tool_and_example_starts_from_the_checkout(script):
+    """As the docs show them (python tools/x.py, from the project's root, nothing installed): each finds the
+    project by itself and explains its options."""
+    res = run(script, "--help")
+    assert res.returncode == 0 and len(res.stdout.splitlines()) > 3 and res.stderr == "", res.stderr
 
 
 def test_unlabeled_labels_are_never_used(tmp_path):

@@ -135,6 +135,35 @@ def test_the_onnx_example_needs_no_torch_and_predicts_as_evaluate_does(trained, 
     assert not (tmp_path / "gs-called").exists()
 
 
+def test_the_onnx_example_refuses_in_one_line(exported, tmp_path):
+    """--help exits 0; no images, or a model it cannot use (missing, not ONNX, an ONNX without our
+    metadata) exit 2 with one line; a reader that leaves early (| head) ends it without a traceback."""
+    import subprocess
+    import sys
+
+    import onnx
+    from conftest import ROOT, run
+    _, path, _, folder = exported
+    assert run("examples/onnx_predict.py", "--help").returncode == 0
+    assert run("examples/onnx_predict.py", path).returncode == 2
+    (tmp_path / "text.onnx").write_text("not a model")
+    model = onnx.load(str(path))
+    del model.metadata_props[:]
+    onnx.save(model, str(tmp_path / "bare.onnx"))
+    for bad in (tmp_path / "missing.onnx", tmp_path / "text.onnx", tmp_path / "bare.onnx"):
+        res = run("examples/onnx_predict.py", bad, *sorted((folder / "test").rglob("*.png")))
+        assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "cannot use" in res.stderr, res.stderr
+        assert res.stdout == ""
+    many = tmp_path / "many"  # rows beyond a pipe's buffer, so that writing outlives the reader
+    many.mkdir()
+    image = next((folder / "test").rglob("*.png")).read_bytes()
+    for k in range(2000):
+        (many / f"{k}.png").write_bytes(image)
+    res = subprocess.run(["bash", "-c", f"{sys.executable} examples/onnx_predict.py {path} {many}/*.png | head -c 10"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert len(res.stdout) == 10 and "Traceback" not in res.stderr and res.stderr == "", res.stderr
+
+
 def test_outputs_never_replace_a_pipe_or_a_device(trained, tmp_path):
     """As root a FIFO, /dev/full or any device at an output's path would become a plain file."""
     import os

@@ -9,6 +9,7 @@ left out or counted as errors. Prints the three tables of docs/label-the-rest.md
 import sys
 from pathlib import Path
 
+import click
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
@@ -76,7 +77,13 @@ def relabeled_promise(rng, n, share, max_error, trials):
     return counts / trials
 
 
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
+    """Print the three tables of docs/label-the-rest.md (seeded: the same numbers each time; about a
+    minute on one core): how often the searched threshold and the lowest passing one accept anything
+    at a true error above --max-error, what each accepts of two confidence profiles, and how often
+    the promise breaks when audited mistakes relabeled to the model's suggestion are kept, left out,
+    or counted as errors."""
     rng = np.random.default_rng(0)
     print("| held-out images | --max-error | true error | accepted anything: this search | the lowest passing threshold |")
     print("| --- | --- | --- | --- | --- |")
