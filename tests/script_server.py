@@ -27,9 +27,6 @@ import sys
 import threading
 
 import numpy as np
-import click  # noqa: F401  (imported here so that no script pays for it)
-import cloup  # noqa: F401
-import torch  # noqa: F401
 
 PROJECT_PACKAGES = {"mtlc", "kernels", "model"}  # importable from the project's root alone
 ROOT = None  # the project's root, where the scripts that find the project without help live
@@ -44,8 +41,9 @@ def preload(root):
     sys.path.insert(0, root)
     import importlib
     import pkgutil
-    import mtlc
-    for module in pkgutil.iter_modules(mtlc.__path__, "mtlc."):
+    for name in ("torch", "click", "cloup", "mtlc"):
+        importlib.import_module(name)
+    for module in pkgutil.iter_modules(sys.modules["mtlc"].__path__, "mtlc."):
         importlib.import_module(module.name)
     importlib.import_module("model")
     sys.path.remove(root)
