@@ -152,3 +152,14 @@ def test_fixmatch_defaults_are_the_measured_choices_and_mt_stays_the_presets_obj
     assert (fixmatch["threshold"], fixmatch["pseudo_labels"], fixmatch["cons_weight"]) == ("adaptive", "teacher", 1.0)
     assert objective_settings("fixmatch", **dict(unset, threshold=0.95))["threshold"] == 0.95
     assert all(CONSISTENCY[d] == "mt" for d in ("svhn", "cifar10", "digits")) and objective_settings("mt", **unset)["cons_weight"] == 100.0
+
+
+def test_a_folder_trains_fixmatch_unless_told_otherwise(trained):
+    """The practitioner's path: a folder run given no --consistency trains FixMatch with its chosen settings
+    (docs/better-labels.md: ahead of MT on two datasets, level on the third)."""
+    import json
+    _, checkpoint = trained
+    config = torch.load(checkpoint, weights_only=True)["config"]
+    assert (config["consistency"], config["threshold"], config["pseudo_labels"]) == ("fixmatch", "adaptive", "teacher")
+    metrics = [json.loads(line) for line in (checkpoint.parent / "mt_metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= m["above_threshold"] <= 1 for m in metrics if "above_threshold" in m) and metrics
