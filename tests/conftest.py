@@ -37,6 +37,17 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# The longest files first (longest-processing-time order): each xdist worker takes a file at a time in
+# collection order, and a four-minute file taken last runs alone while the other worker idles (docs/suite.md).
+LONGEST_FIRST = ("test_learning.py", "test_kernel_compile.py", "test_gpu_check.py", "test_pseudo_label_runs.py",
+                 "test_distributed.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 def run(*args, env=None, timeout=None, limit_kb=None):
     """python ARGS in the project's root, as a user runs it: (returncode, stdout, stderr), text with
     undecodable bytes kept as surrogate escapes. env: variables added; limit_kb: the largest file

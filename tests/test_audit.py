@@ -120,7 +120,7 @@ def faulty(tmp_path_factory):
     shutil.copyfile(folder / "test" / "dog" / "2.png", folder / "unlabeled" / "leaked.png")
     shutil.copyfile(folder / "unlabeled" / "u0003.png", folder / "unlabeled" / "a" / "again.png")
     Image.fromarray(np.full((30, 40, 3), (0, 255, 0), np.uint8)).save(folder / "unlabeled" / "stray.png")
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", "0.125", "--labeled-batch", "12",
+    res = run("train_mt.py", "--dataset", "folder", "--consistency", "mt", "--data-dir", folder, "--width", "0.125", "--labeled-batch", "12",
               "--unlabeled-batch", "16", "--lr", "0.02", "--cons-weight", "10", "--epochs", "8", "--decay-epochs", "2",
               "--device", "cpu", "--out", root / "run")
     assert res.returncode == 0, res.stderr
