@@ -1,0 +1,55 @@
+"""The script server (tests/script_server.py) against a fresh Python: the same scripts, run both ways,
+give the same exit status, stdout and stderr, tracebacks included; what a fork cannot give the same
+way runs as a process of its own."""
+import subprocess
+import sys
+
+import pytest
+
+import conftest
+from conftest import ROOT, run
+
+SCRIPTS = {
+    "prints": "import sys\nprint('out', sys.argv[1:], __name__)\nprint('err', file=sys.stderr)\n",
+    "where": "import os, sys\nprint(os.getcwd(), sys.path[0], os.path.basename(__file__), os.environ.get('MTLC_CONFIG_DIR'))\n",
+    "exit_code": "import sys\nprint('before')\nsys.exit(3)\n",
+    "exit_message": "import sys\nsys.exit('a message')\n",
+    "raises": "def f():\n    raise ValueError('bad')\nf()\n",
+    "at_exit": "import atexit, threading, time\natexit.register(lambda: print('atexit'))\n"
+               "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\nprint('main')\n",
+    "stdin": "import sys\nprint(repr(sys.stdin.read()))\n",
+    "no_project": "import mtlc\n",  # outside the project's root: not importable without help
+}
+
+
+def fresh(path, env):
+    return subprocess.run([sys.executable, str(path), "a b", "c"], cwd=ROOT, capture_output=True, text=True,
+                          errors="surrogateescape", env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_script_run_by_the_server_is_as_a_fresh_python_runs_it(name, tmp_path, monkeypatch):
+    path = tmp_path / f"{name}.py"
+    path.write_text(SCRIPTS[name])
+    served = conftest.SCRIPT_SERVER.run([str(path), "a b", "c"], dict(conftest.os.environ, MTLC_CONFIG_DIR="/x"), None)
+    assert served is not None  # the server took it
+    expected = fresh(path, dict(conftest.os.environ, MTLC_CONFIG_DIR="/x"))
+    assert (served.returncode, served.stdout, served.stderr) == (expected.returncode, expected.stdout, expected.stderr)
+
+
+def test_what_a_fork_would_see_differently_runs_as_its_own_process(tmp_path):
+    """Python reads PYTHONIOENCODING at start-up: a run given it is a fresh Python, whose stdout then
+    has that encoding; a variable the project reads at run time goes to the server."""
+    path = tmp_path / "encoding.py"
+    path.write_text("import sys\nprint(sys.stdout.encoding, sys.stdout.errors)\n")
+    assert run(path, env=dict(PYTHONIOENCODING="latin-1:strict")).stdout.split() == ["iso8859-1", "strict"]
+    assert not conftest.SCRIPT_SERVER.serves(dict(conftest.os.environ, PYTHONIOENCODING="latin-1"))
+    assert conftest.SCRIPT_SERVER.serves(dict(conftest.os.environ, MTLC_CACHE_DIR="/elsewhere"))
+
+
+def test_a_run_past_its_timeout_is_killed(tmp_path):
+    path = tmp_path / "slow.py"
+    path.write_text("import time\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run(path, timeout=1)
+    assert run(ROOT / "train_mt.py", "--bogus").returncode == 2  # and the server goes on serving
