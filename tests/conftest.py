@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -81,10 +82,11 @@ class ScriptServer:
         self.lock = threading.Lock()
         self.pending = b""
 
-    def serves(self, environment):
+    def unserved_variables(self, environment):
+        """The variables by which `environment` differs from the server's and that a fork cannot take on."""
         changed = {key for key in {*environment, *self.environment}
                    if environment.get(key) != self.environment.get(key)}
-        return changed <= self.RUN_TIME_VARIABLES
+        return changed - self.RUN_TIME_VARIABLES
 
     def run(self, argv, environment, timeout):
         """The script's CompletedProcess, or None where it needs a process of its own."""
@@ -96,7 +98,7 @@ class ScriptServer:
                 self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py"), str(ROOT)],
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
                                                 env=self.environment)
-            if not self.serves(environment):
+            if self.unserved_variables(environment):
                 return None
             return self._run(argv, environment, timeout)
         finally:
@@ -163,6 +165,15 @@ def write_labels(path, rows, header=("path", "label")):
         writer.writerow(header)
         writer.writerows(rows)
     return path
+
+
+@pytest.fixture(autouse=True)
+def environment_kept():
+    """What a test, or a library it calls, puts in os.environ ends with the test (torch.compile sets
+    inductor's variables in the process that compiles): later tests, and the scripts they start, see
+    the worker's own environment, and the script server's fork still serves them."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 @pytest.fixture(scope="session")
