@@ -29,6 +29,12 @@ import threading
 import numpy as np
 
 PROJECT_PACKAGES = {"mtlc", "kernels", "model"}  # importable from the project's root alone
+# What the project imports inside the functions that use them (seconds a script each: digits' loader
+# brings scikit-learn and scipy, the first optimizer torch._dynamo), and a fresh Python imports again
+# each time; they read no variable a test sets but through an environment the server does not serve.
+LIBRARIES_IMPORTED_WHEN_USED = ("torch._dynamo", "sklearn.datasets", "sklearn.model_selection", "sklearn.cluster",
+                                "sklearn.metrics", "scipy.optimize", "scipy.special", "scipy.stats",
+                                "torchvision.transforms.v2", "tqdm")
 ROOT = None  # the project's root, where the scripts that find the project without help live
 REPLIES = os.fdopen(os.dup(1), "w", buffering=1)  # the answers; fd 1 is each child's stdout
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # and nothing the server's imports print reaches them
@@ -41,7 +47,7 @@ def preload(root):
     sys.path.insert(0, root)
     import importlib
     import pkgutil
-    for name in ("torch", "click", "cloup", "mtlc"):
+    for name in ("torch", "click", "cloup", "mtlc", *LIBRARIES_IMPORTED_WHEN_USED):
         importlib.import_module(name)
     for module in pkgutil.iter_modules(sys.modules["mtlc"].__path__, "mtlc."):
         importlib.import_module(module.name)
