@@ -28,6 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+import script_server  # noqa: E402
 from fakedata import write_own_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,11 +72,6 @@ def run(*args, env=None, timeout=None, limit_kb=None):
 class ScriptServer:
     """The test worker's script server, started at its first use; one script at a time (a run that
     starts while another is under way gets a process of its own)."""
-    # Read by the project only inside the functions that use them, never at import: a fork of a
-    # server started with other values behaves as a fresh Python given these.
-    RUN_TIME_VARIABLES = {"MTLC_CACHE_DIR", "MTLC_CONFIG_DIR", "HOME", "XDG_CONFIG_HOME", "WORLD_SIZE", "RANK",
-                          "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SE_AVOID_STATS",
-                          "PYTEST_CURRENT_TEST"}
 
     def __init__(self):
         self.process = self.environment = None
@@ -83,10 +79,7 @@ class ScriptServer:
         self.pending = b""
 
     def unserved_variables(self, environment):
-        """The variables by which `environment` differs from the server's and that a fork cannot take on."""
-        changed = {key for key in {*environment, *self.environment}
-                   if environment.get(key) != self.environment.get(key)}
-        return changed - self.RUN_TIME_VARIABLES
+        return script_server.unserved_variables(environment, self.environment)
 
     def run(self, argv, environment, timeout):
         """The script's CompletedProcess, or None where it needs a process of its own."""

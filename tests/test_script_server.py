@@ -19,6 +19,27 @@ SCRIPTS = {
                "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\nprint('main')\n",
     "stdin": "import sys\nprint(repr(sys.stdin.read()))\n",
     "no_project": "import mtlc\n",  # outside the project's root: not importable without help
+    # A tool's own children (sys.executable): piped streams (stderr into stdout too) and exit status, a relative script in another
+    # folder, a terminated child, two at once, and what the launcher hands to the real Python (-c).
+    "spawns": """import os, subprocess, sys
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "child.py"), "w") as f:
+    f.write("import sys\\nprint('child', sys.argv[1:], repr(sys.stdin.read()))\\nprint('e', file=sys.stderr)\\n"
+            "sys.exit(int(sys.argv[1]))\\n")
+with open(os.path.join(here, "sleeper.py"), "w") as f:
+    f.write("import time\\nprint('up', flush=True)\\ntime.sleep(60)\\n")
+r = subprocess.run([sys.executable, "child.py", "3", "x y"], input="fed", capture_output=True, text=True, cwd=here)
+print(r.returncode, r.stdout, r.stderr)
+r = subprocess.run([sys.executable, "child.py", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=here)
+print(r.returncode, r.stdout)
+sleepers = [subprocess.Popen([sys.executable, os.path.join(here, "sleeper.py")], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+print([p.stdout.readline().strip() for p in sleepers])
+for p in sleepers:
+    p.terminate()
+print([p.wait() for p in sleepers])
+print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+""",
 }
 
 
@@ -55,3 +76,23 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         run(path, timeout=1)
     assert run(ROOT / "train_mt.py", "--bogus").returncode == 2  # and the server goes on serving
+
+
+def test_a_tools_own_scripts_are_forks_of_the_server_too(tmp_path):
+    """A script started by a served script as `[sys.executable, SCRIPT]` begins with the server's imports
+    (a fresh Python has not imported torch before its first line); its launcher killed, it is killed too."""
+    (tmp_path / "child.py").write_text("import os, sys, time\nprint('torch' in sys.modules, os.getpid(), flush=True)\n"
+                                       "time.sleep(60)\n")
+    (tmp_path / "tool.py").write_text(
+        "import os, subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
+        "preloaded, pid = p.stdout.readline().split()\n"
+        "p.kill(); p.wait()\n"
+        "deadline = time.monotonic() + 10\n"
+        "while time.monotonic() < deadline:\n"
+        "    try:\n        os.kill(int(pid), 0)\n    except ProcessLookupError:\n        break\n"
+        "    time.sleep(0.05)\n"
+        "else:\n    sys.exit('the child outlived its launcher')\n"
+        "print(preloaded)\n")
+    served = conftest.SCRIPT_SERVER.run([str(tmp_path / "tool.py"), str(tmp_path / "child.py")], dict(conftest.os.environ), 60)
+    assert served is not None and (served.returncode, served.stdout, served.stderr) == (0, "True\n", "")
