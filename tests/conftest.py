@@ -45,6 +45,12 @@ LONGEST_FIRST = ("test_learning.py", "test_kernel_compile.py", "test_gpu_check.p
                  "test_distributed.py")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker more than the cores. A worker often waits (on a script it started, a run it
+    will interrupt, a file to appear) and the third keeps the cores busy meanwhile (docs/suite.md)."""
+    return (os.cpu_count() or 1) + 1
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
