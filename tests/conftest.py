@@ -25,6 +25,7 @@ import pytest
 # Set before torch is first imported here and in the scripts the tests start; a value given is kept.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")  # as the tools set for their one-thread children
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
@@ -56,22 +57,26 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
-def run(*args, env=None, timeout=None, limit_kb=None):
-    """python ARGS in the project's root, as a user runs it: (returncode, stdout, stderr), text with
+def run(*args, env=None, timeout=None, limit_kb=None, cwd=ROOT):
+    """python ARGS in cwd (the project's root), as a user runs it: (returncode, stdout, stderr), text with
     undecodable bytes kept as surrogate escapes. env: variables added; limit_kb: the largest file
     it may write (ulimit -f, KiB). A script whose environment differs from the script server's only in
     what the project reads when it runs is a fork of that server (tests/script_server.py), without
     the seconds of imports a fresh Python spends; anything else is a process of its own, as is every
     script under MTLC_TEST_FRESH_PROCESSES=1."""
     environment = dict(os.environ, **(env or {}))
-    if limit_kb is None and str(args[0]).endswith(".py") and not os.environ.get("MTLC_TEST_FRESH_PROCESSES"):
-        result = SCRIPT_SERVER.run([str(a) for a in args], environment, timeout)
-        if result is not None:
-            return result
-    command = [sys.executable, *map(str, args)]
+    python = sys.executable
+    if str(args[0]).endswith(".py") and not os.environ.get("MTLC_TEST_FRESH_PROCESSES"):
+        if limit_kb is None:
+            result = SCRIPT_SERVER.run([str(a) for a in args], environment, timeout, cwd)
+            if result is not None:
+                return result
+        else:  # the launcher hands its limit, and pipes as a fresh Python's streams (not files: they have the limit)
+            python = SCRIPT_SERVER.launcher()
+    command = [python, *map(str, args)]
     if limit_kb is not None:
         command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, errors="surrogateescape",
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, errors="surrogateescape",
                           env=environment, timeout=timeout)
 
 
@@ -80,35 +85,47 @@ class ScriptServer:
     starts while another is under way gets a process of its own)."""
 
     def __init__(self):
-        self.process = self.environment = None
-        self.lock = threading.Lock()
+        self.process = self.environment = self.python = None
+        self.lock, self.starting = threading.Lock(), threading.Lock()
         self.pending = b""
+
+    def start(self):
+        with self.starting:
+            if self.process is None:
+                self.environment = dict(os.environ)
+                folder = tempfile.mkdtemp(prefix="script-server-")  # the launcher and its socket; the server removes it
+                self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py"), str(ROOT),
+                                                 folder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+                                                env=self.environment)
+                self.python = self._reply(None)["launcher"]
+
+    def launcher(self):
+        """The server's launcher: `LAUNCHER SCRIPT ARGS` runs as `python SCRIPT ARGS` would, as a fork of
+        the server where it can (tests/script_server.py)."""
+        self.start()
+        return self.python
 
     def unserved_variables(self, environment):
         return script_server.unserved_variables(environment, self.environment)
 
-    def run(self, argv, environment, timeout):
+    def run(self, argv, environment, timeout, cwd=ROOT):
         """The script's CompletedProcess, or None where it needs a process of its own."""
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            if self.process is None:
-                self.environment = dict(os.environ)
-                self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py"), str(ROOT)],
-                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
-                                                env=self.environment)
+            self.start()
             if self.unserved_variables(environment):
                 return None
-            return self._run(argv, environment, timeout)
+            return self._run(argv, environment, timeout, cwd)
         finally:
             self.lock.release()
 
-    def _run(self, argv, environment, timeout):
+    def _run(self, argv, environment, timeout, cwd):
         with tempfile.TemporaryDirectory() as folder:
             outputs = [os.path.join(folder, name) for name in ("stdout", "stderr")]
             for path in outputs:
                 open(path, "w").close()
-            request = dict(argv=argv, cwd=str(ROOT), env=environment, stdout=outputs[0], stderr=outputs[1])
+            request = dict(argv=argv, cwd=str(cwd), env=environment, stdout=outputs[0], stderr=outputs[1])
             self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()
             pid = self._reply(None)["pid"]

@@ -7,13 +7,14 @@ server pays that once per test worker: for each request it forks, and the child 
 script as __main__ and exits the way Python does (SystemExit, an uncaught exception's traceback and
 status 1, atexit handlers, non-daemon threads joined).
 
-Two doors. The test worker (conftest.run) writes one JSON request a line on the server's stdin,
+Started as `python script_server.py ROOT FOLDER`, it answers {"launcher": path} once the launcher is in
+FOLDER. Two doors. The test worker (conftest.run) writes one JSON request a line on the server's stdin,
 {"argv": [...], "cwd": ..., "env": {...}, "stdout": path, "stderr": path}, and reads {"pid": N}, then
 {"status": S} (the exit status as subprocess reports it); the child's stdin is /dev/null. And the tools
 a test runs start scripts of their own (`[sys.executable, "train_mt.py", ...]`): in a child,
 sys.executable is a launcher made for this server, which sends the same request and its own three
-standard streams over a Unix socket, waits, forwards the signals it gets to the child, and ends as the
-child ended; a command it cannot hand over (`-c`, `-m`, a flag, no such file) or one the server refuses
+standard streams and its file-size limit (`ulimit -f`) over a Unix socket, waits, forwards the signals
+it gets to the child, and ends as the child ended; a command it cannot hand over (`-c`, `-m`, a flag, no such file) or one the server refuses
 it runs with the real Python instead (exec).
 
 What a fork shares and a fresh Python would not is chosen away: only environments that differ from
@@ -27,13 +28,13 @@ import io
 import json
 import os
 import random
+import resource
 import runpy
 import selectors
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 
 import numpy as np
@@ -50,12 +51,17 @@ LIBRARIES_IMPORTED_WHEN_USED = ("torch._dynamo", "sklearn.datasets", "sklearn.mo
 RUN_TIME_VARIABLES = {"MTLC_CACHE_DIR", "MTLC_CONFIG_DIR", "HOME", "XDG_CONFIG_HOME", "WORLD_SIZE", "RANK",
                       "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SE_AVOID_STATS",
                       "PYTEST_CURRENT_TEST"}
+# Read by Python at start-up, and given to each child as Python gives them (become): unbuffered stdout and
+# stderr.
+START_UP_VARIABLES_SERVED = {"PYTHONUNBUFFERED"}
+# What a shell on the way sets (`bash -c 'ulimit -f N && exec "$@"' ...`), read by neither Python nor the project.
+SHELL_VARIABLES = {"_", "SHLVL", "PWD", "OLDPWD"}
 ROOT = None  # the project's root, where the scripts that find the project without help live
 LAUNCHER = None  # the sys.executable of every child: the path of the launcher below
 LAUNCHER_SOURCE = """#!{python} -S
 # Starts `python SCRIPT ARGS` as a fork of the tests' script server (tests/script_server.py), or as
 # the real Python where it cannot.
-import json, os, signal, socket, sys
+import json, os, resource, signal, socket, sys
 PYTHON, SOCKET = {python!r}, {socket!r}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 args = sys.argv[1:]
@@ -64,7 +70,8 @@ if args and not args[0].startswith("-") and args[0].endswith(".py") and os.path.
     try:
         client = socket.socket(socket.AF_UNIX)
         client.connect(SOCKET)
-        request = json.dumps(dict(argv=args, cwd=os.getcwd(), env=dict(os.environ))) + "\\n"
+        request = json.dumps(dict(argv=args, cwd=os.getcwd(), env=dict(os.environ),
+                                  file_size_limit=resource.getrlimit(resource.RLIMIT_FSIZE))) + "\\n"
         socket.send_fds(client, [request.encode()], [0, 1, 2])
         replies = client.makefile("rb")
         reply = json.loads(replies.readline() or "{{}}")
@@ -87,7 +94,7 @@ def unserved_variables(environment, server_environment):
     """The variables by which `environment` differs from the server's and that a fork cannot take on."""
     changed = {key for key in {*environment, *server_environment}
                if environment.get(key) != server_environment.get(key)}
-    return changed - RUN_TIME_VARIABLES
+    return changed - RUN_TIME_VARIABLES - START_UP_VARIABLES_SERVED - SHELL_VARIABLES
 
 
 def preload(root):
@@ -111,12 +118,15 @@ def become(request, streams):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if "file_size_limit" in request:  # Python ignores SIGXFSZ: a write past it raises EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, tuple(request["file_size_limit"]))
     for fd, stream in enumerate(streams):
         os.dup2(stream, fd)
         os.close(stream)
     # New stream objects, as Python makes at start: the server's remember what fd 0-2 were then (its
     # stdout, /dev/null, was seekable; a pipe is not).
-    sys.stdin, sys.stdout, sys.stderr = (standard_stream(old, fd) for fd, old in enumerate(
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin, sys.stdout, sys.stderr = (standard_stream(old, fd, unbuffered) for fd, old in enumerate(
         (sys.__stdin__, sys.__stdout__, sys.__stderr__)))
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
     sys.executable = LAUNCHER
@@ -132,16 +142,17 @@ def become(request, streams):
     return script
 
 
-def standard_stream(old, fd):
-    """A text stream on fd with the settings Python gave `old` at start (encoding, errors, buffering:
-    none under PYTHONUNBUFFERED); stdout is line-buffered on a terminal."""
+def standard_stream(old, fd, unbuffered):
+    """A text stream on fd as Python makes it at start (create_stdio): the encoding and errors the server's
+    got; under PYTHONUNBUFFERED stdout and stderr unbuffered (written through), else buffered, stderr
+    and a terminal's stdout line by line; stdin buffered either way."""
     raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
-    if isinstance(old.buffer, io.FileIO):
-        buffered = raw
+    if fd == 0:
+        buffered = io.BufferedReader(raw)
     else:
-        buffered = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
-    return io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors, write_through=old.write_through,
-                            line_buffering=old.line_buffering or (fd == 1 and raw.isatty()))
+        buffered = raw if unbuffered else io.BufferedWriter(raw)
+    return io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors, write_through=unbuffered,
+                            line_buffering=not unbuffered and (fd == 2 or raw.isatty()))
 
 
 class Server:
@@ -333,7 +344,8 @@ def exit_status(code):
 if __name__ == "__main__":
     replies = os.fdopen(os.dup(1), "w", buffering=1)  # the worker's answers; fd 1 is each child's stdout
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # and nothing the server's imports print reaches them
-    server = Server(replies, tempfile.mkdtemp(prefix="script-server-"))  # its environment: the worker's, before the imports
+    server = Server(replies, sys.argv[2])  # its environment: the worker's, before the imports
+    replies.write(json.dumps({"launcher": LAUNCHER}) + "\n")  # ready to be used: requests wait for the imports
     preload(sys.argv[1])
     sys.path[0] = ""  # this folder (tests/) is no script's
     gc.freeze()  # the server's objects stay out of the children's collections: fewer pages copied

@@ -140,7 +140,7 @@ def torchrun(*args):
 
 @pytest.mark.slow
 def test_stages_under_torchrun(tmp_path):
-    tiny = ["--width", "0.0625", "--unlabeled-batch", "256", "--device", "cpu", "--precision", "fp32"]
+    tiny = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "256", "--device", "cpu", "--precision", "fp32"]
     res = torchrun("train_mt.py", *tiny, "--epochs", "1", "--decay-epochs", "1", "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("mt epoch 1/2") == 1  # only rank 0 prints and writes

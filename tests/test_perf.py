@@ -1,7 +1,5 @@
 """--benchmark, --precision and --compile: what they print, write and change."""
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,15 +8,16 @@ from torch.utils.flop_counter import FlopCounterMode
 from mtlc.model import Dropout, ModelConfig, build_models
 from mtlc.devices import resolve_precision
 from mtlc.training import consistency_loss, ema_update
+import conftest
 from conftest import ROOT
 
-TINY = ["--width", "0.0625", "--device", "cpu"]
+TINY = ["--image-size", "16", "--width", "0.0625", "--device", "cpu"]
 KEYS = {"sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "precision"}
 
 
 def run(script, *args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True)
+    """python ROOT/SCRIPT ARGS started from cwd: a script finds the project wherever it is started."""
+    return conftest.run(ROOT / script, *args, cwd=cwd)
 
 
 def last_json(stdout):

@@ -93,7 +93,8 @@ def test_the_objectives_benchmark_in_miniature(tmp_path):
     each checkpoint measured (test error, the unlabeled images' error, what --max-error accepts of them
     and its actual error), the paired differences written; a second call trains nothing again."""
     args = ["tools/bench_objectives.py", "--dataset", "digits", "--seeds", "1", "--width", "0.0625", "--max-error", "99",
-            "--objective", "mt=--compress 100", "--objective", "fixmatch=--consistency fixmatch --compress 100",
+            "--objective", "mt=--compress 100 --image-size 16",
+            "--objective", "fixmatch=--consistency fixmatch --compress 100 --image-size 16",
             "--out", tmp_path / "runs", "--record", tmp_path / "r.json"]
     res = run(*args)
     assert res.returncode == 0, res.stderr

@@ -15,7 +15,7 @@ from conftest import ROOT, run
 from fakedata import write_own_folder
 from mtlc.runs import LOCK_NAME
 
-TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
+TINY = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
 
 
 def start(*args):

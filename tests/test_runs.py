@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT, run
 
-TINY = ["--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
+TINY = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
 
 
 def epochs_in(path):

@@ -96,3 +96,39 @@ def test_a_tools_own_scripts_are_forks_of_the_server_too(tmp_path):
         "print(preloaded)\n")
     served = conftest.SCRIPT_SERVER.run([str(tmp_path / "tool.py"), str(tmp_path / "child.py")], dict(conftest.os.environ), 60)
     assert served is not None and (served.returncode, served.stdout, served.stderr) == (0, "True\n", "")
+
+
+# What Python sets up at start from a variable or a limit the server gives each child: its standard
+# streams' buffering, and the largest file it may write.
+START_UP = """import sys
+for stream in (sys.stdin, sys.stdout, sys.stderr):
+    print(type(stream.buffer).__name__, stream.write_through, stream.line_buffering)
+try:
+    with open(sys.argv[1], "w") as f:
+        f.write("x" * 5000)
+    print("wrote")
+except OSError as error:
+    print("refused", error.errno)
+print("torch" in sys.modules, file=sys.stderr)  # a fork of the server has imported it
+"""
+
+
+@pytest.mark.parametrize("env, limit_kb", [({"PYTHONUNBUFFERED": "1"}, None), ({"PYTHONUNBUFFERED": ""}, 2)],
+                         ids=["PYTHONUNBUFFERED", "ulimit -f"])
+def test_start_up_settings_are_given_to_a_fork_as_python_gives_them(tmp_path, env, limit_kb):
+    """Through the launcher, as run(..., limit_kb=) and a tool's children start a script."""
+    path = tmp_path / "start_up.py"
+    path.write_text(START_UP)
+    environment = dict(conftest.os.environ, **env)
+    outputs = {}
+    for python, name in ((conftest.SCRIPT_SERVER.launcher(), "served"), (sys.executable, "fresh")):
+        command = [python, str(path), str(tmp_path / name)]
+        if limit_kb is not None:
+            command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
+        outputs[name] = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment,
+                                       stdin=subprocess.DEVNULL)
+    served, expected = outputs["served"], outputs["fresh"]
+    assert (served.returncode, served.stdout) == (expected.returncode, expected.stdout)
+    assert (served.stderr, expected.stderr) == ("True\n", "False\n")
+    assert ("refused 27" in served.stdout) == (limit_kb is not None)  # EFBIG
+    assert ("FileIO" in served.stdout) == bool(env["PYTHONUNBUFFERED"])
