@@ -72,7 +72,7 @@ def run(*args, env=None, timeout=None, limit_kb=None, cwd=ROOT):
             if result is not None:
                 return result
         else:  # the launcher hands its limit, and pipes as a fresh Python's streams (not files: they have the limit)
-            python = SCRIPT_SERVER.launcher()
+            python = python_for_scripts()
     command = [python, *map(str, args)]
     if limit_kb is not None:
         command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
@@ -152,6 +152,13 @@ class ScriptServer:
 
 
 SCRIPT_SERVER = ScriptServer()
+
+
+def python_for_scripts():
+    """The Python to start `[python, SCRIPT, ...]` with where a test needs the process itself (to signal it,
+    its own streams): the script server's launcher, which runs the script as a fork of the server where it
+    can (tests/script_server.py); the real one under MTLC_TEST_FRESH_PROCESSES=1."""
+    return sys.executable if os.environ.get("MTLC_TEST_FRESH_PROCESSES") else SCRIPT_SERVER.launcher()
 
 
 def invoke(command, args):

@@ -16,7 +16,7 @@ import torch
 
 import evaluate
 import train_mt
-from conftest import ROOT, invoke, read_rows, run
+from conftest import ROOT, invoke, python_for_scripts, read_rows, run
 from mtlc import prediction_store
 from mtlc.runs import staging_folder
 from mtlc.work import Work, work_folder
@@ -129,7 +129,7 @@ def test_a_csv_to_stdout_cut_by_a_file_size_limit_ends_with_a_whole_row(trained,
     traceback, and the file ends with a whole row (the torn one cut off)."""
     folder, ckpt = trained
     with open(tmp_path / "labels.csv", "wb") as f:
-        res = subprocess.run(["bash", "-c", 'ulimit -f 1 && exec "$@"', "limited", sys.executable, "evaluate.py",
+        res = subprocess.run(["bash", "-c", 'ulimit -f 1 && exec "$@"', "limited", python_for_scripts(), "evaluate.py",
                               "--ckpt", str(ckpt), "--predict", str(folder / "unlabeled")],
                              cwd=ROOT, stdout=f, stderr=subprocess.PIPE, text=True)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
