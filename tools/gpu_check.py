@@ -48,15 +48,16 @@ STEP_RUNS = {"bf16": ["--precision", "bf16", "--step-mode", "eager"],
              "bf16-4x": ["--precision", "bf16", "--step-mode", "eager", *BATCH_4X],
              "fp32": ["--precision", "fp32", "--step-mode", "eager"]}
 DEFAULT_STEP_RUNS = tuple(name for name in STEP_RUNS if name != "fp32")
-# Per setting: the kernel tests and benchmark sizes, the step benchmark and the equivalence check's
-# arguments, and the CIFAR-10 runs (4,000 labels; without --cifar-seconds the paper's schedule
-# compressed `compress` times).
+# Per setting: the kernel tests and benchmark sizes, the step benchmark (its images' side: the protocol's
+# 32, or a quarter of the pixels in miniature) and the equivalence check's arguments, and the CIFAR-10
+# runs (4,000 labels; without --cifar-seconds the paper's schedule compressed `compress` times).
 SETTINGS = {
-    "full": dict(test_args=[], bench_args=[], step_width=1.0, step_steps=20, step_compile=True, rate_batch=160,
+    "full": dict(test_args=[], bench_args=[], step_width=1.0, step_size=32, step_steps=20, step_compile=True,
+                 rate_batch=160,
                  equivalence_args=["--width", 1, "--precision", "bf16", "--steps", 12],
                  cifar=dict(width=1.0, labels=4000, bench_steps=30, compress=100, compile=False)),
     "tiny": dict(test_args=["-k", "by_hand"], bench_args=["--sizes", "160", "--repeat", "1", "--skip", "compiled ref"],
-                 step_width=0.0625, step_steps=2, step_compile=False, rate_batch=8,
+                 step_width=0.0625, step_size=16, step_steps=2, step_compile=False, rate_batch=8,
                  equivalence_args=["--width", 0.0625, "--precision", "fp32", "--steps", 2, "--labeled-batch", 8,
                                    "--unlabeled-batch", 32],
                  cifar=dict(width=0.0625, labels=20, bench_steps=2, compress=1000, compile=False)),
@@ -169,8 +170,8 @@ def step(check):
     result = {}
     for name in runs:
         out = check.run("step.log", "train_mt.py", "--dataset", "digits", "--forward", "split", "--width",
-                        s["step_width"], "--benchmark", s["step_steps"], "--device", check.device.type,
-                        *STEP_RUNS[name])
+                        s["step_width"], "--image-size", s["step_size"], "--benchmark", s["step_steps"],
+                        "--device", check.device.type, *STEP_RUNS[name])
         result[name] = {k: v for k, v in json.loads(out.strip().splitlines()[-1]).items()
                         if k in ("sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "gflop_per_step",
                                  "batch", "step_mode", "captured")}
