@@ -53,15 +53,16 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
 
 
 def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None, **trainer_options):
-    """A Trainer on CPU for `config` (what it leaves out as a run from before those settings had it;
-    seed 0 weights, data-initialized on the first labeled images); trainer_options go to Trainer."""
+    """A Trainer on CPU for `config` (what it leaves out as a run from before those settings had it, the
+    images' side as the data's; seed 0 weights, data-initialized on the first labeled images);
+    trainer_options go to Trainer."""
     import torch
 
     from mtlc.batches import augment
     from mtlc.checkpoints import LC_DEFAULTS, RUN_DEFAULTS
     from mtlc.model import ModelConfig, build_models
     from mtlc.training import Trainer, make_optimizer
-    config = dict(RUN_DEFAULTS, **config)
+    config = {**RUN_DEFAULTS, "image_size": data.train_x.shape[-1], **config}
     if stage.name == "lc":
         config["lc"] = dict(LC_DEFAULTS, **config.get("lc", {}))
     torch.manual_seed(0)

@@ -187,7 +187,7 @@ def test_every_tool_and_example_starts_from_the_checkout(script):
 
 def test_unlabeled_labels_are_never_used(tmp_path):
     """Two runs that differ only in the labels of the unlabeled images end bitwise equal."""
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
                   bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
@@ -207,7 +207,7 @@ def test_unlabeled_labels_are_never_used(tmp_path):
 def test_the_validation_hold_out_is_never_trained_on(tmp_path):
     """Noise for the hold-out's images and other labels: bitwise the same students and teachers
     (running means included), while the validation errors it reports change."""
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     unlabeled, val = hold_out(unlabeled, 200, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,

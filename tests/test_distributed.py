@@ -36,7 +36,7 @@ def lc_shards(seed, world):
 
 
 def digits_trainer(procs, scope="global", pairs="all", **objective):
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
                   bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope=scope), **objective)

@@ -21,7 +21,7 @@ from tools.step_equivalence import compare_steps
 
 @pytest.fixture(scope="module")
 def digits():
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     return data, labeled, unlabeled
 

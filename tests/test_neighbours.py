@@ -52,7 +52,7 @@ def population_means(model, images):
 def test_eval_statistics_follow_the_weights(tmp_path):
     """After a short run at the paper's BN momentum (0.001), the running means saved in the
     checkpoint are those of its weights, not of the weights 0.001 lagged behind."""
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), mt_stage(epochs=3))
     fit(trainer, tmp_path, {3: ["mt.pt"]}, echo=lambda line: None)
@@ -76,7 +76,7 @@ def test_eval_statistics_follow_the_weights(tmp_path):
 
 def test_momentum_alone_would_lag(tmp_path):
     """The control of the test above: without the recomputation the running means are far off."""
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), mt_stage(epochs=3))
     trainer.recompute_bn_means = lambda: None
@@ -200,7 +200,7 @@ def test_relative_lc_is_unit_free_in_units_of_the_start_scale():
 
 
 def test_trainer_divides_the_relative_loss_by_its_unit():
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
 
     def first_step_lc(unit):
@@ -215,7 +215,7 @@ def test_trainer_divides_the_relative_loss_by_its_unit():
 def test_stage_2_clips_the_gradient_norm_and_only_where_it_is_large(monkeypatch):
     """LC with an absurd lambda2: the step's gradient is clipped to norm 10 (it diverged to NaN within
     a few steps without); with lambda2 0 it is far below 10 and left exactly as it was."""
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     seen = []
     real_step = torch.optim.SGD.step
@@ -243,7 +243,7 @@ def test_trainer_hands_the_loss_the_classes_of_its_pairs(pairs, monkeypatch):
     """all: no class ids; same-prediction: the labels, then the teacher's predicted classes; true-class:
     the true classes of the step's images in batch order."""
     from mtlc import neighbours
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,
                   eval_every=1, first_step=0, lc_eps=1.0, lc_weight=2.0, lc_rampup=0, lc_eps_scale="relative",
@@ -302,7 +302,7 @@ def test_fixed_form_is_the_papers_loss():
 
 
 def test_chance_level_warnings():
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), mt_stage(epochs=1))
     good = dict(student_labeled_error=3.0, teacher_labeled_error=2.0)

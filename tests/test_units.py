@@ -173,7 +173,7 @@ def schedule_trainer(stage):
     """A Trainer on digits with 5 steps per epoch (1,337 unlabeled images, batches of 256)."""
     from mtlc.data import load_digits
     from fakedata import tiny_trainer
-    data = load_digits()
+    data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=0, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,
                   bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3)
