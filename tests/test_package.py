@@ -32,8 +32,9 @@ PYPI_KERNELS = "kernels==0.17.2"
 
 
 def pip(python, *args, cwd):
-    return subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
+    """This environment's pip acting on `python`'s (pip --python): a fresh environment needs no pip of its own."""
+    return subprocess.run([sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check",
+                           *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -58,7 +59,7 @@ def test_installed_beside_pypis_kernels_in_a_fresh_environment(tmp_path):
     project leaves theirs. torch and the rest come from this environment's site-packages (a .pth read
     after the fresh environment's own, so that theirs comes first)."""
     env_dir = tmp_path / "fresh"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir)
     python = str(env_dir / "bin" / "python")
     res = pip(python, "install", "--quiet", "--no-deps", PYPI_KERNELS, cwd=tmp_path)
     if res.returncode != 0:
