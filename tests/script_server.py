@@ -23,6 +23,7 @@ are served; anything else (Python's or torch's start-up variables, Triton's inte
 its own process. The child reseeds Python's and numpy's global generators, as a fresh process draws new seeds.
 """
 import atexit
+import codecs
 import gc
 import io
 import json
@@ -52,8 +53,10 @@ RUN_TIME_VARIABLES = {"MTLC_CACHE_DIR", "MTLC_CONFIG_DIR", "HOME", "XDG_CONFIG_H
                       "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SE_AVOID_STATS",
                       "PYTEST_CURRENT_TEST"}
 # Read by Python at start-up, and given to each child as Python gives them (become): unbuffered stdout and
-# stderr.
+# stderr; and the standard streams' encoding and errors, served only by a server started without it (its
+# own streams have Python's defaults, which the child's keep where the variable leaves them out).
 START_UP_VARIABLES_SERVED = {"PYTHONUNBUFFERED"}
+SERVED_UNLESS_THE_SERVERS = {"PYTHONIOENCODING"}
 # What a shell on the way sets (`bash -c 'ulimit -f N && exec "$@"' ...`), read by neither Python nor the project.
 SHELL_VARIABLES = {"_", "SHLVL", "PWD", "OLDPWD"}
 ROOT = None  # the project's root, where the scripts that find the project without help live
@@ -94,7 +97,9 @@ def unserved_variables(environment, server_environment):
     """The variables by which `environment` differs from the server's and that a fork cannot take on."""
     changed = {key for key in {*environment, *server_environment}
                if environment.get(key) != server_environment.get(key)}
-    return changed - RUN_TIME_VARIABLES - START_UP_VARIABLES_SERVED - SHELL_VARIABLES
+    served = RUN_TIME_VARIABLES | SHELL_VARIABLES | START_UP_VARIABLES_SERVED | (
+        SERVED_UNLESS_THE_SERVERS - set(server_environment))
+    return changed - served
 
 
 def preload(root):
@@ -125,8 +130,8 @@ def become(request, streams):
         os.close(stream)
     # New stream objects, as Python makes at start: the server's remember what fd 0-2 were then (its
     # stdout, /dev/null, was seekable; a pipe is not).
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    sys.stdin, sys.stdout, sys.stderr = (standard_stream(old, fd, unbuffered) for fd, old in enumerate(
+    unbuffered, io_encoding = bool(os.environ.get("PYTHONUNBUFFERED")), os.environ.get("PYTHONIOENCODING", "")
+    sys.stdin, sys.stdout, sys.stderr = (standard_stream(old, fd, unbuffered, io_encoding) for fd, old in enumerate(
         (sys.__stdin__, sys.__stdout__, sys.__stderr__)))
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
     sys.executable = LAUNCHER
@@ -142,16 +147,24 @@ def become(request, streams):
     return script
 
 
-def standard_stream(old, fd, unbuffered):
-    """A text stream on fd as Python makes it at start (create_stdio): the encoding and errors the server's
-    got; under PYTHONUNBUFFERED stdout and stderr unbuffered (written through), else buffered, stderr
-    and a terminal's stdout line by line; stdin buffered either way."""
+def standard_stream(old, fd, unbuffered, io_encoding):
+    """A text stream on fd as Python makes it at start (create_stdio): PYTHONIOENCODING's "encoding:errors"
+    (stderr's errors always backslashreplace), where it leaves one out the server's (Python's default),
+    but strict errors after an encoding;
+    under PYTHONUNBUFFERED stdout and stderr unbuffered (written through), else buffered, stderr and a
+    terminal's stdout line by line; stdin buffered either way."""
+    name, _, errors = io_encoding.partition(":")
+    encoding = codecs.lookup(name).name if name else old.encoding
+    if fd == 2:
+        errors = old.errors
+    elif not errors:
+        errors = "strict" if name else old.errors  # an encoding named alone is strict
     raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
     if fd == 0:
         buffered = io.BufferedReader(raw)
     else:
         buffered = raw if unbuffered else io.BufferedWriter(raw)
-    return io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors, write_through=unbuffered,
+    return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, write_through=unbuffered,
                             line_buffering=not unbuffered and (fd == 2 or raw.isatty()))
 
 

@@ -60,13 +60,14 @@ def test_a_script_run_by_the_server_is_as_a_fresh_python_runs_it(name, tmp_path,
 
 
 def test_what_a_fork_would_see_differently_runs_as_its_own_process(tmp_path):
-    """Python reads PYTHONIOENCODING at start-up: a run given it is a fresh Python, whose stdout then
-    has that encoding; a variable the project reads at run time goes to the server."""
-    path = tmp_path / "encoding.py"
-    path.write_text("import sys\nprint(sys.stdout.encoding, sys.stdout.errors)\n")
-    assert run(path, env=dict(PYTHONIOENCODING="latin-1:strict")).stdout.split() == ["iso8859-1", "strict"]
+    """Python reads PYTHONHASHSEED at start-up: a run given it is a fresh Python, whose string hashes
+    then follow it; a variable the project reads at run time goes to the server."""
+    path = tmp_path / "hashes.py"
+    path.write_text("print(hash('a'))\n")
+    runs = [run(path, env=dict(PYTHONHASHSEED="7")).stdout for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0].strip().lstrip("-").isdigit()
     server = conftest.SCRIPT_SERVER
-    assert server.unserved_variables(dict(conftest.os.environ, PYTHONIOENCODING="latin-1")) >= {"PYTHONIOENCODING"}
+    assert server.unserved_variables(dict(conftest.os.environ, PYTHONHASHSEED="7")) == {"PYTHONHASHSEED"}
     assert server.unserved_variables(dict(conftest.os.environ, MTLC_CACHE_DIR="/elsewhere")) == set()
 
 
@@ -99,10 +100,10 @@ def test_a_tools_own_scripts_are_forks_of_the_server_too(tmp_path):
 
 
 # What Python sets up at start from a variable or a limit the server gives each child: its standard
-# streams' buffering, and the largest file it may write.
+# streams' buffering, encoding and errors, and the largest file it may write.
 START_UP = """import sys
 for stream in (sys.stdin, sys.stdout, sys.stderr):
-    print(type(stream.buffer).__name__, stream.write_through, stream.line_buffering)
+    print(type(stream.buffer).__name__, stream.write_through, stream.line_buffering, stream.encoding, stream.errors)
 try:
     with open(sys.argv[1], "w") as f:
         f.write("x" * 5000)
@@ -113,8 +114,13 @@ print("torch" in sys.modules, file=sys.stderr)  # a fork of the server has impor
 """
 
 
-@pytest.mark.parametrize("env, limit_kb", [({"PYTHONUNBUFFERED": "1"}, None), ({"PYTHONUNBUFFERED": ""}, 2)],
-                         ids=["PYTHONUNBUFFERED", "ulimit -f"])
+@pytest.mark.parametrize("env, limit_kb", [
+    ({"PYTHONUNBUFFERED": "1"}, None), ({"PYTHONUNBUFFERED": ""}, 2),
+    ({"PYTHONUNBUFFERED": "", "PYTHONIOENCODING": "latin-1:strict"}, None),
+    ({"PYTHONUNBUFFERED": "", "PYTHONIOENCODING": "ascii"}, None),
+    ({"PYTHONUNBUFFERED": "", "PYTHONIOENCODING": ":strict"}, None),
+    ({"PYTHONUNBUFFERED": "", "PYTHONIOENCODING": "utf-8:"}, None)],
+    ids=["PYTHONUNBUFFERED", "ulimit -f", "PYTHONIOENCODING encoding:errors", "... encoding", "... :errors", "... utf-8:"])
 def test_start_up_settings_are_given_to_a_fork_as_python_gives_them(tmp_path, env, limit_kb):
     """Through the launcher, as run(..., limit_kb=) and a tool's children start a script."""
     path = tmp_path / "start_up.py"
