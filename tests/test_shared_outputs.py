@@ -128,6 +128,9 @@ def test_a_csv_to_stdout_cut_by_a_file_size_limit_ends_with_a_whole_row(trained,
     """evaluate.py --predict > labels.csv where the file may hold 1 KiB: one line, exit 1, no
     traceback, and the file ends with a whole row (the torn one cut off)."""
     folder, ckpt = trained
+    # First a run that may write: the folder's decode caches usable (another test's run, sealed under another
+    # MTLC_CONFIG_DIR, may have left them not), so that only the CSV meets the limit.
+    assert run("evaluate.py", "--ckpt", ckpt, "--predict", folder / "unlabeled").returncode == 0
     with open(tmp_path / "labels.csv", "wb") as f:
         res = subprocess.run(["bash", "-c", 'ulimit -f 1 && exec "$@"', "limited", python_for_scripts(), "evaluate.py",
                               "--ckpt", str(ckpt), "--predict", str(folder / "unlabeled")],
