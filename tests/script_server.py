@@ -14,7 +14,7 @@ FOLDER. Two doors. The test worker (conftest.run) writes one JSON request a line
 a test runs start scripts of their own (`[sys.executable, "train_mt.py", ...]`): in a child,
 sys.executable is a launcher made for this server, which sends the same request and its own three
 standard streams and its file-size limit (`ulimit -f`) over a Unix socket, waits, forwards the signals
-it gets to the child, and ends as the child ended; a command it cannot hand over (`-c`, `-m`, a flag, no such file) or one the server refuses
+it gets to the child, and ends as the child ended (`-`, a script on stdin, too); a command it cannot hand over (`-c`, `-m`, a flag, no such file) or one the server refuses
 it runs with the real Python instead (exec).
 
 What a fork shares and a fresh Python would not is chosen away: only environments that differ from
@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import threading
+import types
 
 import numpy as np
 
@@ -47,11 +48,11 @@ PROJECT_PACKAGES = {"mtlc", "kernels", "model"}  # importable from the project's
 LIBRARIES_IMPORTED_WHEN_USED = ("torch._dynamo", "sklearn.datasets", "sklearn.model_selection", "sklearn.cluster",
                                 "sklearn.metrics", "scipy.optimize", "scipy.special", "scipy.stats",
                                 "torchvision.transforms.v2", "tqdm")
-# Read by the project only inside the functions that use them, never at import: a fork of a server
-# started with other values behaves as a fresh Python given these.
+# Read by the project (and by click and shutil: the terminal's size) only inside the functions that use
+# them, never at import: a fork of a server started with other values behaves as a fresh Python given these.
 RUN_TIME_VARIABLES = {"MTLC_CACHE_DIR", "MTLC_CONFIG_DIR", "HOME", "XDG_CONFIG_HOME", "WORLD_SIZE", "RANK",
                       "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SE_AVOID_STATS",
-                      "PYTEST_CURRENT_TEST"}
+                      "PYTEST_CURRENT_TEST", "COLUMNS", "LINES"}
 # Read by Python at start-up, and given to each child as Python gives them (become): unbuffered stdout and
 # stderr; and the standard streams' encoding and errors, served only by a server started without it (its
 # own streams have Python's defaults, which the child's keep where the variable leaves them out).
@@ -69,7 +70,7 @@ PYTHON, SOCKET = {python!r}, {socket!r}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 args = sys.argv[1:]
 reply = {{}}
-if args and not args[0].startswith("-") and args[0].endswith(".py") and os.path.isfile(args[0]):
+if args and (args[0] == "-" or not args[0].startswith("-") and args[0].endswith(".py") and os.path.isfile(args[0])):
     try:
         client = socket.socket(socket.AF_UNIX)
         client.connect(SOCKET)
@@ -138,10 +139,13 @@ def become(request, streams):
     seed = int.from_bytes(os.urandom(8), "little")
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    script = os.path.abspath(request["argv"][0])
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(script)
-    if sys.path[0] != ROOT:  # the project is importable there only if the script makes it so: it imports it afresh
+    if sys.argv[0] == "-":  # the script on stdin; its folder the working one
+        script, sys.path[0], folder = "-", "", os.getcwd()
+    else:
+        script = os.path.abspath(sys.argv[0])
+        sys.path[0] = folder = os.path.dirname(script)
+    if folder != ROOT:  # the project is importable there only if the script makes it so: it imports it afresh
         for name in [name for name in sys.modules if name.split(".")[0] in PROJECT_PACKAGES]:
             del sys.modules[name]
     return script
@@ -307,20 +311,27 @@ def make_launcher(folder):
 
 
 def run_as_main(script):
-    """Run the script as `python script` would, then exit as Python does: the status SystemExit gives (its
+    """Run the script as `python script` would (`-`: read from stdin, as `python -`), then exit as Python does: the status SystemExit gives (its
     message printed), or 1 after an uncaught exception's traceback; non-daemon threads joined, atexit
     handlers run, stdio flushed. The interpreter's own teardown is skipped (os._exit): in a fork it writes
     to every page the server shares (reference counts) and takes seconds, and a script leaves nothing to it."""
+    filename = "<stdin>" if script == "-" else script
     try:
-        runpy.run_path(script, run_name="__main__")
+        if script == "-":
+            main = types.ModuleType("__main__")
+            main.__file__ = filename
+            sys.modules["__main__"] = main
+            exec(compile(sys.stdin.read(), filename, "exec"), main.__dict__)
+        else:
+            runpy.run_path(script, run_name="__main__")
         status = 0
     except SystemExit as exit_:
         status = exit_status(exit_.code)
     except KeyboardInterrupt:
-        print_uncaught(script)
+        print_uncaught(filename)
         status = -signal.SIGINT
     except BaseException:
-        print_uncaught(script)
+        print_uncaught(filename)
         status = 1
     threading._shutdown()
     atexit._run_exitfuncs()

@@ -138,3 +138,17 @@ def test_start_up_settings_are_given_to_a_fork_as_python_gives_them(tmp_path, en
     assert (served.stderr, expected.stderr) == ("True\n", "False\n")
     assert ("refused 27" in served.stdout) == (limit_kb is not None)  # EFBIG
     assert ("FileIO" in served.stdout) == bool(env["PYTHONUNBUFFERED"])
+
+
+@pytest.mark.parametrize("code", ["import os, sys\nprint(__name__, __file__, sys.argv, repr(sys.path[0]), os.getcwd())\n",
+                                  "import sys\nprint('before', flush=True)\ndef f():\n    raise ValueError('bad')\nf()\n"],
+                         ids=["where", "raises"])
+def test_a_script_on_stdin_is_served_as_python_reads_it(tmp_path, code):
+    """`python - ARGS` with the script on stdin (as tools/gpu_session.sh checks its imports)."""
+    marker = "import sys\nprint('torch' in sys.modules, file=sys.stderr)\n"  # a fork of the server has imported it
+    outputs = [subprocess.run([python, "-", "a b"], input=marker + code, cwd=tmp_path, capture_output=True, text=True)
+               for python in (conftest.SCRIPT_SERVER.launcher(), sys.executable)]
+    (served, expected) = outputs
+    assert (served.returncode, served.stdout) == (expected.returncode, expected.stdout)
+    first, *rest = served.stderr.splitlines(keepends=True)
+    assert first == "True\n" and expected.stderr == "False\n" + "".join(rest)
