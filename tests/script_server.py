@@ -58,9 +58,10 @@ RUN_TIME_VARIABLES = {"MTLC_CACHE_DIR", "MTLC_CONFIG_DIR", "HOME", "XDG_CONFIG_H
 # own streams have Python's defaults, which the child's keep where the variable leaves them out).
 START_UP_VARIABLES_SERVED = {"PYTHONUNBUFFERED"}
 SERVED_UNLESS_THE_SERVERS = {"PYTHONIOENCODING"}
-# What a shell on the way sets (`bash -c 'ulimit -f N && exec "$@"' ...`), or is given (tools/gpu_session.sh's
+# What a shell on the way sets (`bash -c 'ulimit -f N && exec "$@"' ...`) or drops (a non-interactive bash
+# drops the prompt, which a virtual environment's `activate` exports), or is given (tools/gpu_session.sh's
 # PYTHON), read by neither Python nor the project.
-SHELL_VARIABLES = {"_", "SHLVL", "PWD", "OLDPWD", "PYTHON"}
+SHELL_VARIABLES = {"_", "SHLVL", "PWD", "OLDPWD", "PS1", "PS2", "PYTHON"}
 ROOT = None  # the project's root, where the scripts that find the project without help live
 LAUNCHER = None  # the sys.executable of every child: the path of the launcher below
 LAUNCHER_SOURCE = """#!{python} -S
