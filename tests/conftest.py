@@ -33,6 +33,9 @@ import script_server  # noqa: E402
 from fakedata import write_own_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# The smallest training a test that checks files, lines and exit codes needs: digits at 16 x 16 pixels
+# (a quarter of 32's compute), a network of width 1/16, on the CPU.
+TINY_RUN = ["--image-size", "16", "--width", "0.0625", "--device", "cpu"]
 
 # Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors; the variable must be
 # set before triton is first imported (the kernels module imports it).

@@ -15,14 +15,14 @@ from mtlc.schedule import Stage
 import evaluate
 import finetune_lc
 import train_mt
-from conftest import ROOT, invoke, run
+from conftest import ROOT, TINY_RUN, invoke, run
 from fakedata import tiny_trainer, write_cifar10, write_folder, write_svhn
 
 # Any dataset's smallest run; TINY on digits, at 16 x 16 pixels (the digits are 8 x 8): a quarter of the
 # default 32's compute, for the runs that check files, lines and exit codes rather than what is learned.
 ANY_DATASET = ["--width", "0.0625", "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1",
                "--device", "cpu"]
-TINY = ["--image-size", "16", *ANY_DATASET]
+TINY = [*TINY_RUN, "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "1", "--seed", "1"]
 
 
 def lines(path):

@@ -17,7 +17,7 @@ from mtlc.devices import Processes
 from mtlc import neighbours
 from mtlc.epochs import fit
 from mtlc.schedule import Stage
-from conftest import ROOT
+from conftest import ROOT, TINY_RUN
 from fakedata import tiny_trainer
 from kernels import lc_loss
 
@@ -140,7 +140,7 @@ def torchrun(*args):
 
 @pytest.mark.slow
 def test_stages_under_torchrun(tmp_path):
-    tiny = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "256", "--device", "cpu", "--precision", "fp32"]
+    tiny = [*TINY_RUN, "--unlabeled-batch", "256", "--precision", "fp32"]
     res = torchrun("train_mt.py", *tiny, "--epochs", "1", "--decay-epochs", "1", "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("mt epoch 1/2") == 1  # only rank 0 prints and writes

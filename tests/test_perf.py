@@ -9,9 +9,8 @@ from mtlc.model import Dropout, ModelConfig, build_models
 from mtlc.devices import resolve_precision
 from mtlc.training import consistency_loss, ema_update
 import conftest
-from conftest import ROOT
+from conftest import ROOT, TINY_RUN
 
-TINY = ["--image-size", "16", "--width", "0.0625", "--device", "cpu"]
 KEYS = {"sec_per_step", "images_per_sec", "gflops_per_sec", "data_share", "precision"}
 
 
@@ -26,7 +25,7 @@ def last_json(stdout):
 
 @pytest.mark.slow
 def test_benchmark_writes_nothing_and_ends_with_json(tmp_path):
-    res = run("train_mt.py", *TINY, "--benchmark", "2", "--precision", "fp32", cwd=tmp_path)
+    res = run("train_mt.py", *TINY_RUN, "--benchmark", "2", "--precision", "fp32", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     result = last_json(res.stdout)
     assert KEYS <= set(result) and result["precision"] == "fp32" and result["steps"] == 2
@@ -48,16 +47,16 @@ def test_benchmark_full_width_flop_count():
 
 @pytest.mark.slow
 def test_benchmark_with_out_writes_its_json(tmp_path):
-    res = run("train_mt.py", *TINY, "--benchmark", "1", "--out", tmp_path / "b")
+    res = run("train_mt.py", *TINY_RUN, "--benchmark", "1", "--out", tmp_path / "b")
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "b" / "mt_benchmark.json").read_text()) == last_json(res.stdout)
-    res = run("train_mt.py", *TINY, "--benchmark", "1", "--out", tmp_path / "b")
+    res = run("train_mt.py", *TINY_RUN, "--benchmark", "1", "--out", tmp_path / "b")
     assert res.returncode == 2 and "--overwrite" in res.stderr  # no silent replacement
 
 
 @pytest.mark.slow
 def test_finetune_benchmark(tmp_path):
-    res = run("train_mt.py", *TINY, "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "0",
+    res = run("train_mt.py", *TINY_RUN, "--unlabeled-batch", "256", "--epochs", "1", "--decay-epochs", "0",
               "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -115,7 +114,7 @@ def test_compiled_model_matches_eager():
 
 @pytest.mark.slow
 def test_compile_flag_trains(tmp_path):
-    res = run("train_mt.py", *TINY, "--compile", "--benchmark", "1", "--precision", "fp32", cwd=tmp_path)
+    res = run("train_mt.py", *TINY_RUN, "--compile", "--benchmark", "1", "--precision", "fp32", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert last_json(res.stdout)["compile"] is True
 

@@ -12,9 +12,9 @@ from mtlc import runs
 import train_mt
 from mtlc.errors import WriteFailed
 from mtlc.runs import Interrupted, atomic_write, read_metrics
-from conftest import invoke
+from conftest import TINY_RUN, invoke
 
-TINY = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "512", "--seed", "2", "--device", "cpu", "--precision", "fp32"]
+TINY = [*TINY_RUN, "--unlabeled-batch", "512", "--seed", "2", "--precision", "fp32"]
 MT_ARGS = [*TINY, "--epochs", "2", "--decay-epochs", "1"]  # milestones: mt.pt after epoch 2, mt_final.pt after 3
 LC_ARGS = ["--epochs", "1", "--decay-epochs", "1", "--lc-rampup", "1", "--device", "cpu"]  # lc.pt after epoch 2
 MT_FILES = ("mt.pt", "mt_final.pt", "mt_last.pt", "mt_metrics.jsonl")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run
+from conftest import ROOT, TINY_RUN, run
 from fakedata import write_own_folder
 from mtlc.runs import LOCK_NAME
 
-TINY = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
+TINY = [*TINY_RUN, "--unlabeled-batch", "256", "--seed", "5"]
 
 
 def start(*args):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, python_for_scripts, run
+from conftest import ROOT, TINY_RUN, python_for_scripts, run
 
-TINY = ["--image-size", "16", "--width", "0.0625", "--unlabeled-batch", "256", "--seed", "5", "--device", "cpu"]
+TINY = [*TINY_RUN, "--unlabeled-batch", "256", "--seed", "5"]
 
 
 def epochs_in(path):
