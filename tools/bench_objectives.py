@@ -9,7 +9,7 @@ actual error. Paired by seed: each objective minus the first, and LC minus its c
 errors. Runs --jobs trainings at a time, each on one thread (the thread count changes bf16 sums);
 a run whose checkpoint exists is not run again, so the command goes on where it stopped.
 
-    python tools/bench_objectives.py --dataset digits --seeds 1 2 3 --out runs/cmp-digits \\
+    python tools/bench_objectives.py --dataset digits --seeds 1 --seeds 2 --seeds 3 --out runs/cmp-digits \\
         --objective mt= --objective "fixmatch=--consistency fixmatch --compress 1.09" --record docs/x.json
 
 Equal time: give each objective's --compress as its step's cost over the first objective's: the
