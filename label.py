@@ -32,7 +32,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from mtlc.console import robust_streams
+from mtlc.console import robust_streams, shown
 from mtlc.errors import UserError
 from mtlc.label_files import ASIDE, ASIDE_KINDS, SOURCES, read_labels
 from mtlc.label_log import LOG_NAME
@@ -69,7 +69,7 @@ def describe_export(path, export, labeled):
     move nothing'."""
     idle = [f"{n:,} {what}" for n, what in ((export.no_annotation, "without annotation"),
                                              (export.cancelled, "cancelled")) if n]
-    return (f"{path}: a {export.format} export, {labeled:,} tasks labeled"
+    return (f"{shown(path)}: a {export.format} export, {labeled:,} tasks labeled"
             + (f"; {' and '.join(idle)} move nothing" if idle else ""))
 
 
@@ -122,7 +122,7 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
         if undo_last:
             result = undo(data_dir, bar=progress_bar)
             if result is None:
-                click.echo(f"nothing to undo in {data_dir / LOG_NAME}")
+                click.echo(f"nothing to undo in {shown(data_dir / LOG_NAME)}")
             else:
                 click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were")
             return
@@ -134,18 +134,18 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
                      expected=len(rows) if export else lines_in(labels_csv) - 1)
         done = f" ({moves.skipped:,} applied before, skipped)" if moves.skipped else ""
         if not moves:
-            click.echo(f"nothing to move: all {moves.rows:,} rows of {labels_csv} were applied before" if moves.rows else
-                       f"nothing to move: {labels_csv} has no " + ("accepted rows" if accepted else
-                                                                   "findings of those kinds" if set_aside else "rows"))
+            what = "accepted rows" if accepted else "findings of those kinds" if set_aside else "rows"
+            click.echo(f"nothing to move: all {moves.rows:,} rows of {shown(labels_csv)} were applied before" if moves.rows
+                       else f"nothing to move: {shown(labels_csv)} has no {what}")
             return
         if dry_run:
             for move in moves:
-                click.echo(f"{move.source} -> {move.target}")
+                click.echo(f"{shown(move.source)} -> {shown(move.target)}")
             click.echo(f"would move {len(moves):,} images {describe_moves(moves)}{done}; nothing moved")
             return
         batch = apply(data_dir, moves, bar=progress_bar)
         click.echo(f"moved {len(moves):,} images {describe_moves(moves)}{done}; logged as batch {batch} in "
-                   f"{data_dir / LOG_NAME}; python label.py --data-dir {data_dir} --undo puts them back")
+                   f"{shown(data_dir / LOG_NAME)}; python label.py --data-dir {shown(data_dir)} --undo puts them back")
 
 
 if __name__ == "__main__":

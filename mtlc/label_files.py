@@ -23,6 +23,8 @@ ASIDE = "set-aside"
 SOURCES = ("unlabeled", "labeled", "test")
 # The values of a labels file's optional `action` column.
 ACTIONS = ("label", "set-aside")
+# Every column a labels file's row is read from (a column of another name is left alone).
+COLUMNS_READ = {"path", "label", "action", DIGEST_COLUMN, "prediction", "accepted", "kind"}
 # The kinds of an audit CSV's findings that --set-aside takes (audit.KINDS but `label`).
 ASIDE_KINDS = ("duplicate", "leak", "outlier")
 
@@ -46,7 +48,7 @@ def text_of(binary, path, what):
     return io.TextIOWrapper(binary, encoding="utf-8-sig", errors=PATH_ERRORS, newline="")
 
 
-def csv_records(text, path, what):
+def csv_records(text, path, what, delimiter=","):
     """(the columns, a stream of (line number, {column: value})) of a CSV text stream; exit 2 for a
     file the csv module cannot parse (a NUL byte, an unclosed quote) or a UTF-16 file that is not."""
     def guarded(step):
@@ -57,7 +59,7 @@ def csv_records(text, path, what):
         except UnicodeDecodeError:
             raise UserError(f"{what} {path} starts as UTF-16 but is not: save it as UTF-8") from None
 
-    reader = csv.DictReader(text)
+    reader = csv.DictReader(text, delimiter=delimiter)
     columns = guarded(lambda: reader.fieldnames) or []
 
     def records():
@@ -104,7 +106,12 @@ def read_labels(csv_path, accepted=False, set_aside=()):
         with text:
             export = label_studio.read_export(csv_path, text)
         return [LabelRow(n, path, label, digest) for n, (path, label, digest) in enumerate(export.rows, 1)], export
-    columns, records = csv_records(text, csv_path, "labels file")
+    # Excel's "Unicode text" separates its columns with tabs: a header with tabs and no comma is read so.
+    columns, records = csv_records(text, csv_path, "labels file", "\t" if "\t" in header and "," not in header else ",")
+    twice = sorted({c for c in columns if columns.count(c) > 1} & COLUMNS_READ)
+    if twice:
+        text.close()
+        raise UserError(f"nothing was moved: {csv_path} has the column {twice[0]} twice: which one is meant?")
     needed = (("kind", "path") if set_aside else ("path", "prediction", "accepted") if accepted else ("path", "label"))
     if not set(needed) <= set(columns):
         text.close()

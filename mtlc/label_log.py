@@ -13,7 +13,7 @@ import re
 import time
 from typing import NamedTuple, Optional
 
-from .console import PATH_ERRORS, csv_writer, path_text
+from .console import PATH_ENCODING, PATH_ERRORS, csv_writer
 from .errors import MoveFailed, UserError
 from .files import DIGEST_BYTES, DIGEST_COLUMN
 from .label_files import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
@@ -217,11 +217,10 @@ class Log:
                 echo(f"cut off the torn last line of {self.path} (a write cut short: its move never happened)")
             first = os.pread(fd, 2 ** 16, 0) if whole else b""
             self.header = first[:first.find(b"\n")].strip() if whole else None
-            self.file = path_text(open(fd, "ab"))
         except OSError as exc:
             os.close(fd)
             raise MoveFailed(f"nothing was moved: cannot write {self.path}: {exc.strerror}") from None
-        self.writer = csv_writer(self.file)
+        self.fd = fd
         self.columns = len(LOG_HEADER) if self.header is None or self.header.count(b",") + 1 == len(LOG_HEADER) \
             else len(LOG_HEADER) - 1  # a log from before the hash was kept keeps its six columns
         if self.header is None:
@@ -242,11 +241,23 @@ class Log:
         self.put([self.row(batch, action, source, target, label, digest)])
 
     def put(self, rows):
-        """Append rows and flush them to disk before anything they record happens."""
-        self.writer.writerows(rows)
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        """Append rows and flush them to disk before anything they record happens. Where the OS takes
+        part of them and refuses the rest (a full disk, a file-size limit), the part is cut off again:
+        the log ends with a whole row, and the OSError says which file."""
+        text = io.StringIO(newline="")
+        csv_writer(text).writerows(rows)
+        data = memoryview(text.getvalue().encode(PATH_ENCODING, PATH_ERRORS))
+        size = os.fstat(self.fd).st_size
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+            os.fsync(self.fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, size)
+            exc.filename = str(self.path)
+            raise
 
     def close(self):
         with contextlib.suppress(OSError):
-            self.file.close()
+            os.close(self.fd)

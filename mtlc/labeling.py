@@ -98,7 +98,7 @@ def apply(data_dir, moves, echo=click.echo, bar=no_bar):
         stuck = rename_back(data_dir, ((m.source, m.target) for m in moves.reversed(done)), made)
         with contextlib.suppress(OSError):
             log.write(batch, "undo")
-        what = f"moving {failed.source}" if failed else "the log"
+        what = f"moving {failed.source}" if failed else f"writing {log.path}"
         raise MoveFailed(f"{what} failed ({exc.strerror or exc}): " + (
             f"the {done} images moved before it were put back; nothing was moved" if not stuck else
             f"and {len(stuck)} of the {done} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None

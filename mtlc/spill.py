@@ -22,13 +22,13 @@ class Spill:
         self.count, self.offsets = 0, []  # offsets: where each chunk of CHUNK records starts
 
     def append(self, record):
-        end = self.file.seek(0, 2)  # a read back may have moved the file's position
-        if self.count % CHUNK == 0:
-            self.offsets.append(end)
-        try:
+        try:  # a seek writes out what the buffer holds: the disk may refuse it there too
+            end = self.file.seek(0, 2)  # a read back may have moved the file's position
             self.file.write(json.dumps(record).encode() + b"\n")
         except OSError as exc:
             raise spill_failed(exc) from None
+        if self.count % CHUNK == 0:
+            self.offsets.append(end)
         self.count += 1
 
     def __len__(self):
@@ -36,7 +36,10 @@ class Spill:
 
     def chunk(self, k):
         """The records of chunk k, in order."""
-        self.file.seek(self.offsets[k])
+        try:
+            self.file.seek(self.offsets[k])
+        except OSError as exc:
+            raise spill_failed(exc) from None
         return [json.loads(self.file.readline()) for _ in range(min(CHUNK, self.count - k * CHUNK))]
 
     def chunks(self, limit=None):

@@ -107,6 +107,7 @@ class Work:
             self.state = manifest["state"]
         else:
             self.clear()
+            self.commit(force=True)  # from its first moment the folder says it is this tool's work
 
     def hold(self):
         """The folder made if need be and locked (nofollow.lock_folder), checked to be the folder now
@@ -161,7 +162,14 @@ class Work:
         return mac
 
     def clear(self):
-        """Remove what the folder holds of earlier work (files only, links never followed)."""
+        """Remove what the folder holds of earlier work (files only, links never followed). A folder
+        that holds anything but no manifest (each run writes one first) is not this tool's work, and
+        whatever it holds is not the tool's to remove: refused, nothing removed."""
+        entries = os.listdir(self.folder)
+        if entries and not any(e == MANIFEST or e.startswith(f".{MANIFEST}.") for e in entries):
+            self.close()
+            raise UserError(f"{self.folder} holds files that are not this tool's work ({entries[0]}, ...), nothing of "
+                            f"them removed: move it away or give this run another output")
         remove_files(self.folder)
 
     def appended(self, name):

@@ -88,6 +88,17 @@ load_dataset("folder", sys.argv[1], echo=lambda line: None)
 """
 
 
+def committed_images(folder):
+    """Whether a decode's work in `folder` has committed rows of images (its first manifest names none)."""
+    for manifest in folder.glob(".train-*.mtlc-work/manifest.json"):
+        try:
+            if json.loads(manifest.read_text())["files"].get("images.u8", [0])[0] > 128:
+                return True
+        except (OSError, ValueError, KeyError):  # written by its rename at this moment, or not yet
+            pass
+    return False
+
+
 def test_a_decode_killed_mid_write_leaves_no_cache_that_looks_valid_and_the_next_goes_on(tmp_path, monkeypatch):
     """kill -9 in the middle of the first decode: the rows decoded so far are kept under a hidden name,
     nothing that a later run could take for a cache; the next run decodes only the files after those
@@ -96,7 +107,7 @@ def test_a_decode_killed_mid_write_leaves_no_cache_that_looks_valid_and_the_next
     proc = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, str(tmp_path)], cwd=ROOT)
     folder = tmp_path / "mtlc-cache"
     deadline = time.time() + 60
-    while time.time() < deadline and not list(folder.glob(".train-*.mtlc-work/manifest.json")):
+    while time.time() < deadline and not committed_images(folder):  # a manifest that names decoded rows
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -34,6 +34,25 @@ def test_a_work_folder_is_held_by_one_run_at_a_time(tmp_path):
     assert not (tmp_path / ".out.csv.mtlc-work").exists()
 
 
+def test_a_folder_of_someone_elses_under_a_work_folders_name_is_left_alone(trained, tmp_path):
+    """A folder under the work folder's name that holds someone's files and no manifest (the work of
+    every run writes one first): --predict refuses in one line and removes nothing. Work of this
+    tool's for other inputs (another key) is cleared and done again, as before."""
+    folder, ckpt = trained
+    theirs = work_folder(tmp_path / "x.csv")
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("precious")
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "x.csv"])
+    assert res.exit_code == 2 and "holds files that are not this tool's work (notes.txt" in res.output, res.output
+    assert (theirs / "notes.txt").read_text() == "precious" and not (tmp_path / "x.csv").exists()
+    older = Work(work_folder(tmp_path / "y.csv"), dict(step="predict", key="other inputs"))
+    older.appended("rows.jsonl").write(b"rows of other inputs\n")
+    older.close()
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "y.csv"])
+    assert res.exit_code == 0 and len(read_rows((tmp_path / "y.csv").read_text())) == 24, res.output
+    assert not work_folder(tmp_path / "y.csv").exists()
+
+
 def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, tmp_path):
     """While another run holds the work folder of labels.csv (mid-way through its predictions), a
     --predict run writing labels.csv is refused in one line (exit 2) and touches nothing of it; once
