@@ -38,6 +38,7 @@ from mtlc.report import (describe_means, describe_paired, describe_result, evalu
                          results_table, write_table)
 from mtlc.review import DEFAULT_MOST, DEFAULT_PER_CLASS
 from mtlc.kept_files import check_not_kept
+from mtlc.replaced import check_replaces_own_kind
 from mtlc.runs import check_not_among, check_outputs
 
 
@@ -102,6 +103,8 @@ def check_outputs_of(o, states):
         if files:
             check_not_among(outputs, o.data_dir or state["config"]["data_dir"], files["train"] + files["test"],
                             f"the images of {path}'s folder")
+    if states:  # after the images: an image under an output's name is refused as one
+        check_replaces_own_kind(outputs)
 
 
 @cloup.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -140,7 +143,8 @@ def check_outputs_of(o, states):
                        "(the class, its softmax probability, the second most likely class), or writes it to --csv. An"
                        " unreadable file gets an empty prediction, a message on stderr and exit code 1 at the end."),
     cloup.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
-                  help="With --predict: write the rows to this file instead of stdout."),
+                  help="With --predict: write the rows to this file instead of stdout (it replaces an earlier "
+                       "predictions CSV, never a file of another kind: a labels file corrected by hand is refused)."),
     cloup.option("--max-error", type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=None,
                   help="With --predict: add a column `accepted` (1/0): 1 where the calibrated confidence is at least "
                        "the lowest threshold at which the checkpoint's held-out images above it are at most this % "
@@ -186,7 +190,8 @@ def check_outputs_of(o, states):
                        "cross-fitted without its label), suggestion the class it more likely is; duplicate: the same "
                        "image twice within labeled/ and unlabeled/ or within test/ (the same bytes, or a near copy), "
                        "suggestion its copy; leak: a test/ image also in training; outlier: an image like no class. "
-                       "Rows of a kind by descending score; one line per kind on stderr. docs/audit.md."),
+                       "Rows of a kind by descending score; one line per kind on stderr. It replaces an earlier audit, "
+                       "never a file of another kind. docs/audit.md."),
     cloup.option("--audit-folds", type=click.IntRange(min=2), default=DEFAULT_FOLDS,
                   help="With --audit: folds of the labeled images' cross-fitting (fewer where a class has fewer "
                        "images)."),

@@ -138,7 +138,7 @@ def interrupted(trained, tmp_path, monkeypatch):
     (its arguments, its result, the sizes of the batches classified, the CSV it was to replace)."""
     data, ckpt = trained
     csv_path = tmp_path / "labels.csv"
-    csv_path.write_text("the previous run's labels\n")
+    csv_path.write_text("path,prediction,confidence,runner_up\nthe previous run's labels\n")
     real_classify, calls = inference.model_outputs, []
 
     def dies_on_the_second_batch(model, x, mean, std):
@@ -160,7 +160,7 @@ def test_a_run_killed_half_way_leaves_the_previous_csv_and_goes_on_where_it_stop
     previous CSV as it was and its predictions kept beside it; the same command again classifies only
     the images after them, writes what an uninterrupted run writes, and leaves nothing else behind."""
     args, csv_path, calls = interrupted(trained, tmp_path, monkeypatch)
-    assert csv_path.read_text() == "the previous run's labels\n"
+    assert csv_path.read_text() == "path,prediction,confidence,runner_up\nthe previous run's labels\n"
     again = invoke(evaluate, args)
     assert again.exit_code == 0 and "5 of 24 images were predicted before" in again.output, again.output
     assert calls[3:] == [5, 5, 5, 4]

@@ -138,14 +138,15 @@ def test_evaluate_outputs_refused_leave_the_previous_file(trained, output, args)
     """A predictions CSV (here 30 rows) and a figure larger than the 1 KiB limit; the earlier file stays.
     (The CSV's rows are kept in its work folder first, .labels.csv.mtlc-work/: that write is the one refused.)"""
     target = trained / output
-    target.write_bytes(b"the previous file")
+    previous = b"path,prediction,confidence,runner_up\r\nthe previous file" if output.endswith(".csv") else b"the previous file"
+    target.write_bytes(previous)
     args = [a.format(d=trained / "d") for a in args]
     res = run("evaluate.py", "--ckpt", trained / "run" / "mt_final.pt", *args, target, limit_kb=1)
     assert res.returncode == 1, res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("Error: cannot write ")]
     assert len(said) == 1 and target.name in said[0] and ": File too large" in said[0], res.stderr
     assert "Traceback" not in res.stderr
-    assert target.read_bytes() == b"the previous file" and no_temp_files(trained)
+    assert target.read_bytes() == previous and no_temp_files(trained)
 
 
 @pytest.mark.slow

@@ -19,6 +19,9 @@ import train_mt
 from conftest import ROOT, invoke, python_for_scripts, read_rows, run
 from mtlc import prediction_store
 from mtlc.runs import staging_folder
+from mtlc.audit import AUDIT_HEADER
+from mtlc.errors import UserError
+from mtlc.replaced import check_replaces_own_kind
 from mtlc.work import Work, work_folder
 
 
@@ -51,6 +54,34 @@ def test_a_folder_of_someone_elses_under_a_work_folders_name_is_left_alone(train
     res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "y.csv"])
     assert res.exit_code == 0 and len(read_rows((tmp_path / "y.csv").read_text())) == 24, res.output
     assert not work_folder(tmp_path / "y.csv").exists()
+
+
+def test_a_csv_output_replaces_only_a_csv_of_its_own_kind(trained, tmp_path):
+    """--csv over a labels file corrected by hand (or any file it did not write): refused before any
+    work, the file as it was; over its own earlier predictions, over an empty file and through a link
+    (the link is replaced, not its file): written."""
+    folder, ckpt = trained
+    args = ["--ckpt", ckpt, "--predict", folder / "unlabeled"]
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\nunlabeled/u0000.png,cat\n")
+    res = invoke(evaluate, [*args, "--csv", labels])
+    assert res.exit_code == 2 and "is a file --csv did not write (its first line: path,label)" in res.output, res.output
+    assert labels.read_text() == "path,label\nunlabeled/u0000.png,cat\n"
+    for target in (tmp_path / "p.csv", tmp_path / "p.csv", tmp_path / "empty.csv"):
+        target.touch()
+        assert invoke(evaluate, [*args, "--csv", target]).exit_code == 0
+        assert len(read_rows(target.read_text())) == 24
+    (tmp_path / "link.csv").symlink_to(labels)
+    assert invoke(evaluate, [*args, "--csv", tmp_path / "link.csv"]).exit_code == 0
+    assert labels.read_text() == "path,label\nunlabeled/u0000.png,cat\n"
+
+
+def test_an_audit_output_replaces_only_an_audit(tmp_path):
+    (tmp_path / "audit.csv").write_bytes(b"\xef\xbb\xbf" + ",".join(AUDIT_HEADER).encode() + b"\r\n")  # as Excel saves it
+    (tmp_path / "notes.csv").write_text("kind of notes\n")
+    check_replaces_own_kind({"--audit": tmp_path / "audit.csv", "--csv": None})
+    with pytest.raises(UserError, match="--audit .*notes.csv is a file --audit did not write"):
+        check_replaces_own_kind({"--audit": tmp_path / "notes.csv"})
 
 
 def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, tmp_path):
