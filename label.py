@@ -59,7 +59,7 @@ def describe_moves(moves):
         part = move.source.split("/")[0]
         what = (f"into {ASIDE}/" if move.aside else "into labeled/" if part == "unlabeled"
                 else f"into other classes of {part}/")
-        groups.setdefault(what, collections.Counter())[move.label] += 1
+        groups.setdefault(what, collections.Counter())[shown(move.label)] += 1
     return ", ".join(f"{what} ({', '.join(f'{label} {n}' if label else str(n) for label, n in sorted(counts.items()))})"
                      for what, counts in groups.items())
 

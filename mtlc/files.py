@@ -10,6 +10,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from .console import shown as escaped
+
 Image.init()
 # The formats a file is opened as, whatever its name says: Pillow picks its decoder by a file's
 # content, and some of its decoders run other programs (EPS and PostScript: Ghostscript). JPEG's
@@ -158,6 +160,6 @@ def describe_hidden(count, where):
 
 def describe_bad(bad, root, shown=5):
     """'N files cannot be read: a (reason), b (reason), ... and M more'."""
-    names = "; ".join(f"{Path(root) / p} ({reason})" for p, reason in bad[:shown])
+    names = "; ".join(f"{escaped(Path(root) / p)} ({reason})" for p, reason in bad[:shown])
     more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
     return f"{len(bad)} image file{'s' * (len(bad) != 1)} cannot be read: {names}{more}"

@@ -13,7 +13,7 @@ import re
 import time
 from typing import NamedTuple, Optional
 
-from .console import PATH_ENCODING, PATH_ERRORS, csv_writer
+from .console import PATH_ENCODING, PATH_ERRORS, csv_writer, shown
 from .errors import MoveFailed, UserError
 from .files import DIGEST_BYTES, DIGEST_COLUMN
 from .label_files import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
@@ -214,7 +214,7 @@ class Log:
             whole = last_line_end(fd, size)
             if whole < size:
                 os.ftruncate(fd, whole)
-                echo(f"cut off the torn last line of {self.path} (a write cut short: its move never happened)")
+                echo(f"cut off the torn last line of {shown(self.path)} (a write cut short: its move never happened)")
             first = os.pread(fd, 2 ** 16, 0) if whole else b""
             self.header = first[:first.find(b"\n")].strip() if whole else None
         except OSError as exc:

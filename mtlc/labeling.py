@@ -98,7 +98,8 @@ def apply(data_dir, moves, echo=click.echo, bar=no_bar):
         stuck = rename_back(data_dir, ((m.source, m.target) for m in moves.reversed(done)), made)
         with contextlib.suppress(OSError):
             log.write(batch, "undo")
-        what = f"moving {failed.source}" if failed else f"writing {log.path}"
+        what = f"moving {failed.source}" if failed else f"writing {log.path}" if exc.filename == str(log.path) \
+            else "reading the planned moves"
         raise MoveFailed(f"{what} failed ({exc.strerror or exc}): " + (
             f"the {done} images moved before it were put back; nothing was moved" if not stuck else
             f"and {len(stuck)} of the {done} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None
@@ -203,7 +204,8 @@ def undo(data_dir, echo=click.echo, bar=no_bar):
         put_back = set(restored)
         stuck = rename_back(data_dir, ((target, source) for i, (source, target, _, _) in enumerate(mine)
                                        if i in put_back), made)
-        raise MoveFailed(f"putting back batch {batch} failed ({exc.strerror or exc}): " + (
+        where = f"writing {log.path}: " if exc.filename == str(log.path) else ""
+        raise MoveFailed(f"putting back batch {batch} failed ({where}{exc.strerror or exc}): " + (
             "its files are where they were before the undo; the batch stays applied" if not stuck else
             f"{len(stuck)} files are neither here nor there: {'; '.join(stuck[:5])}")) from None
     finally:

@@ -15,21 +15,28 @@ BOM = b"\xef\xbb\xbf"
 
 def first_line(path, limit=4096):
     """The first line of the regular file at `path` (not through a link: a link is replaced, not its
-    file), at most `limit` bytes; None where there is no such file or it is empty."""
+    file), at most `limit` bytes; None where there is no such file or it is empty; OSError where it
+    cannot be read."""
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        with open(path, "rb") as f:
-            return f.readline(limit) or None
-    except OSError:  # unreadable: its writer says what is wrong with it
+        st = os.lstat(path)
+    except OSError:
         return None
+    if not stat.S_ISREG(st.st_mode) or not st.st_size:
+        return None
+    with open(path, "rb") as f:
+        return f.readline(limit)
 
 
 def check_replaces_own_kind(outputs):
     """Exit 2 where an output {option: path} of HEADERS would replace a file it did not write."""
     for option, header in HEADERS.items():
-        line = first_line(outputs[option]) if outputs.get(option) else None
+        path = outputs.get(option)
+        try:
+            line = first_line(path) if path else None
+        except OSError as exc:
+            raise UserError(f"{option} {path} cannot be read ({exc.strerror}) to make sure it is a CSV {option} wrote: "
+                            f"give another name, or remove it first") from None
         if line is not None and not line.removeprefix(BOM).startswith(header.encode()):
-            raise UserError(f"{option} {outputs[option]} is a file {option} did not write (its first line: "
+            raise UserError(f"{option} {path} is a file {option} did not write (its first line: "
                             f"{line[:60].decode(errors='replace').rstrip()}): writing would replace it; give "
                             f"another name, or remove it first")

@@ -20,6 +20,7 @@ class Spill:
         except OSError as exc:  # a full disk: no usable temporary folder
             raise spill_failed(exc) from None
         self.count, self.offsets = 0, []  # offsets: where each chunk of CHUNK records starts
+        self.unwritten = False  # records appended since the last read, maybe still in the buffer
 
     def append(self, record):
         try:  # a seek writes out what the buffer holds: the disk may refuse it there too
@@ -27,6 +28,7 @@ class Spill:
             self.file.write(json.dumps(record).encode() + b"\n")
         except OSError as exc:
             raise spill_failed(exc) from None
+        self.unwritten = True
         if self.count % CHUNK == 0:
             self.offsets.append(end)
         self.count += 1
@@ -35,11 +37,15 @@ class Spill:
         return self.count
 
     def chunk(self, k):
-        """The records of chunk k, in order."""
-        try:
-            self.file.seek(self.offsets[k])
-        except OSError as exc:
-            raise spill_failed(exc) from None
+        """The records of chunk k, in order. The first read after appends writes the buffer out: where
+        the disk refuses it, that is said as the temporary file's failure (before anything moved)."""
+        if self.unwritten:
+            try:
+                self.file.flush()
+            except OSError as exc:
+                raise spill_failed(exc) from None
+            self.unwritten = False
+        self.file.seek(self.offsets[k])
         return [json.loads(self.file.readline()) for _ in range(min(CHUNK, self.count - k * CHUNK))]
 
     def chunks(self, limit=None):

@@ -50,11 +50,12 @@ def remove_work(folder):
 
 
 def remove_files(folder):
-    """Remove the files of a work folder (links never followed, never into a folder in it)."""
-    for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+    """Remove the files of a work folder (links never followed, never into a folder in it), its
+    manifest last: a run killed on the way leaves a folder that still says it is this tool's work."""
+    entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False) or e.is_symlink()]
+    for entry in sorted(entries, key=lambda e: e.name == MANIFEST):
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
 
 
 def running_hmac():
@@ -106,8 +107,12 @@ class Work:
         if manifest:
             self.state = manifest["state"]
         else:
-            self.clear()
-            self.commit(force=True)  # from its first moment the folder says it is this tool's work
+            try:
+                self.clear()
+                self.commit(force=True)  # from its first moment the folder says it is this tool's work
+            except BaseException:
+                self.close()
+                raise
 
     def hold(self):
         """The folder made if need be and locked (nofollow.lock_folder), checked to be the folder now
@@ -167,7 +172,6 @@ class Work:
         whatever it holds is not the tool's to remove: refused, nothing removed."""
         entries = os.listdir(self.folder)
         if entries and not any(e == MANIFEST or e.startswith(f".{MANIFEST}.") for e in entries):
-            self.close()
             raise UserError(f"{self.folder} holds files that are not this tool's work ({entries[0]}, ...), nothing of "
                             f"them removed: move it away or give this run another output")
         remove_files(self.folder)

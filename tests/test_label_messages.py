@@ -2,12 +2,16 @@
 file name is escaped wherever it is shown, never sent to the terminal as itself; a labels file whose
 column is named twice is refused; Excel's "Unicode text" (UTF-16, tab-separated) is read; a log write
 the OS cuts short leaves the log whole and names it."""
+import errno
 import os
+
+import pytest
 
 import label
 from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
-from mtlc.errors import UserError
+from mtlc import spill
+from mtlc.errors import UserError, WriteFailed
 
 STRANGE = "tab\tesc\x1b[31m\nfake line.png"  # a TAB, an ANSI colour and a newline in one name
 
@@ -33,6 +37,28 @@ def test_a_name_with_control_characters_is_shown_escaped(tmp_path):
     assert res.returncode == 2 and "the name is taken" in res.stderr, res.stderr
     assert "tab\\tesc\\x1b[31m\\nfake line.png" in res.stderr and not {"\x1b", "\t"} & set(res.stderr)
     assert len(res.stderr.splitlines()) == 1
+
+
+def test_a_new_class_with_characters_that_do_not_print_is_shown_escaped(tmp_path):
+    """DEL and a C1 control (CSI on an 8-bit console) may name a folder: the summary shows them escaped."""
+    folder = own_folder(tmp_path)
+    labels = write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "\x9b31mred\x7f")])
+    res = run("label.py", "--data-dir", folder, "--apply", labels, "--dry-run", "--new-classes")
+    assert res.returncode == 0 and "into labeled/ (\\x9b31mred\\x7f 1)" in res.stdout, res.stdout
+    assert not {"\x9b", "\x7f"} & set(res.stdout)
+
+
+def test_a_plan_the_disk_refuses_when_it_is_read_back_is_one_line():
+    """The last records appended may still be in the buffer when the plan is first read back: a disk
+    that refuses them then is the temporary file's failure, before anything moves."""
+    plan = spill.Spill()
+    plan.append(["unlabeled/a.png", "labeled/cat/a.png"])
+
+    def refused():
+        raise OSError(errno.ENOSPC, "No space left on device")
+    plan.file.flush = refused
+    with pytest.raises(WriteFailed, match="cannot write a temporary file in .*: No space left on device"):
+        plan.chunk(0)
 
 
 def test_every_error_is_one_line_whatever_it_quotes():

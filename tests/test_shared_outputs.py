@@ -5,6 +5,7 @@ replaces label-log.csv, a lock, a cache file, a work folder's file or a checkpoi
 TensorBoard folder that refuses a write is one line, never a traceback or a torn row; a checkpoint's
 keys agree with each other; an image given twice is predicted once."""
 import csv
+import errno
 import io
 import os
 import subprocess
@@ -21,6 +22,8 @@ from mtlc import prediction_store
 from mtlc.runs import staging_folder
 from mtlc.audit import AUDIT_HEADER
 from mtlc.errors import UserError
+from mtlc import replaced
+from mtlc.nofollow import lock_folder
 from mtlc.replaced import check_replaces_own_kind
 from mtlc.work import Work, work_folder
 
@@ -82,6 +85,53 @@ def test_an_audit_output_replaces_only_an_audit(tmp_path):
     check_replaces_own_kind({"--audit": tmp_path / "audit.csv", "--csv": None})
     with pytest.raises(UserError, match="--audit .*notes.csv is a file --audit did not write"):
         check_replaces_own_kind({"--audit": tmp_path / "notes.csv"})
+
+
+def test_a_work_folder_cut_short_while_it_is_removed_is_still_the_tools(tmp_path, monkeypatch):
+    """Its manifest goes last: a run killed while its work is removed leaves a folder the next run
+    takes for this tool's work (and clears), never one it refuses as someone's."""
+    work = Work(tmp_path / ".out.csv.mtlc-work", dict(step="predict"))
+    work.appended("rows.jsonl").write(b"rows\n")
+    work.commit(force=True)
+    real, removed, listed = os.unlink, [], os.scandir
+    # the manifest listed first: the order most likely to leave a folder without one
+    monkeypatch.setattr(os, "scandir", lambda path: sorted(listed(path), key=lambda e: e.name != "manifest.json"))
+
+    def killed_after_one(path):
+        if removed:
+            raise KeyboardInterrupt
+        removed.append(os.path.basename(path))
+        real(path)
+    monkeypatch.setattr(os, "unlink", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        work.remove()
+    monkeypatch.setattr(os, "unlink", real)
+    monkeypatch.setattr(os, "scandir", listed)
+    work.close()  # as the killed process's end does
+    assert removed == ["rows.jsonl"]
+    Work(tmp_path / ".out.csv.mtlc-work", dict(step="predict", key="the next run's")).remove()
+
+
+def test_a_work_that_cannot_start_lets_go_of_its_folder(tmp_path):
+    """A manifest that cannot be written (here a folder under its name): the error, and the folder's
+    lock let go, so that the same process (the decode cache's fallback) and the next run are not held."""
+    folder = tmp_path / ".out.csv.mtlc-work"
+    (folder / "manifest.json").mkdir(parents=True)
+    with pytest.raises(Exception):
+        Work(folder, dict(step="predict"))
+    os.close(lock_folder(folder, "still held"))
+
+
+def test_an_output_that_cannot_be_read_is_not_replaced(tmp_path, monkeypatch):
+    """Whether it is an earlier CSV of the option's cannot be told: refused (as root every file reads,
+    so the refusal of the OS is played)."""
+    (tmp_path / "p.csv").write_text("someone's\n")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(replaced, "open", refused, raising=False)
+    with pytest.raises(UserError, match="cannot be read \\(Permission denied\\)"):
+        check_replaces_own_kind({"--csv": tmp_path / "p.csv"})
 
 
 def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, tmp_path):
