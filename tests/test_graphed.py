@@ -14,7 +14,7 @@ from mtlc.graphed import DeviceGuards, GraphedSteps, ema_step, resolve_step_mode
 from mtlc.splits import balanced_split
 from mtlc.schedule import Stage
 from mtlc.training import EagerSteps, ema_update, make_optimizer
-from conftest import invoke, run
+from conftest import TINY_RUN, invoke, run
 from fakedata import tiny_trainer
 from tools.step_equivalence import compare_steps
 
@@ -219,8 +219,8 @@ def test_graphed_run_resumes_to_the_same_files(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_graphed_benchmark_reports_its_mode_and_data_share(tmp_path):
-    from test_perf import TINY, last_json, run
-    res = run("train_mt.py", *TINY, "--benchmark", "2", "--step-mode", "graphed", cwd=tmp_path)
+    from test_perf import last_json, run
+    res = run("train_mt.py", *TINY_RUN, "--benchmark", "2", "--step-mode", "graphed", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     result = last_json(res.stdout)
     assert result["step_mode"] == "graphed" and result["warmup"] == 5 and result["steps"] == 2
