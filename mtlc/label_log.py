@@ -13,7 +13,7 @@ import re
 import time
 from typing import NamedTuple, Optional
 
-from .console import PATH_ENCODING, PATH_ERRORS, csv_writer, shown
+from .console import PATH_ENCODING, PATH_ERRORS, WholeWrites, csv_writer, shown
 from .errors import MoveFailed, UserError
 from .files import DIGEST_BYTES, DIGEST_COLUMN
 from .label_files import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
@@ -246,11 +246,9 @@ class Log:
         the log ends with a whole row, and the OSError says which file."""
         text = io.StringIO(newline="")
         csv_writer(text).writerows(rows)
-        data = memoryview(text.getvalue().encode(PATH_ENCODING, PATH_ERRORS))
         size = os.fstat(self.fd).st_size
         try:
-            while data:
-                data = data[os.write(self.fd, data):]
+            WholeWrites(self.fd).write(text.getvalue().encode(PATH_ENCODING, PATH_ERRORS))
             os.fsync(self.fd)
         except OSError as exc:
             with contextlib.suppress(OSError):

@@ -1,6 +1,7 @@
 """An output replaces an existing file only where that file is what the output writes: predictions
 over earlier predictions (--csv), an audit over an audit (--audit). A file of another kind under the
 name (a labels file corrected by hand, someone's notes) is refused before any work, never lost."""
+import codecs
 import os
 import stat
 
@@ -10,7 +11,6 @@ from .predictions import CSV_HEADER
 
 # The start of the first line each CSV output writes.
 HEADERS = {"--csv": ",".join(CSV_HEADER), "--audit": ",".join(AUDIT_HEADER[:2])}
-BOM = b"\xef\xbb\xbf"
 
 
 def first_line(path, limit=4096):
@@ -36,7 +36,7 @@ def check_replaces_own_kind(outputs):
         except OSError as exc:
             raise UserError(f"{option} {path} cannot be read ({exc.strerror}) to make sure it is a CSV {option} wrote: "
                             f"give another name, or remove it first") from None
-        if line is not None and not line.removeprefix(BOM).startswith(header.encode()):
+        if line is not None and not line.removeprefix(codecs.BOM_UTF8).startswith(header.encode()):
             raise UserError(f"{option} {path} is a file {option} did not write (its first line: "
                             f"{line[:60].decode(errors='replace').rstrip()}): writing would replace it; give "
                             f"another name, or remove it first")
