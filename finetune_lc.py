@@ -199,6 +199,9 @@ def describe_stage_two(o, config, state, steps_per_epoch, device, procs):
     if lc["lam"] == 0:
         procs.echo("finetune_lc: lambda2 0: LC is off; this run is LC's control, stage 1's objective trained on for "
                    "stage 2's schedule (evaluate.py names it \"..., continued\")")
+    if lc["lam"] > 0 and o.lam is None and config["consistency"] == "fixmatch":
+        procs.echo("finetune_lc: note: this checkpoint was trained by FixMatch, and on top of FixMatch LC has not "
+                   "helped in this project's measurements (docs/better-labels.md); --lam 0 continues without it")
     if lc["lam"] > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
         click.echo(f"warning: with eps {lc['eps']:.4g} every LC pair is a neighbour at LC's start: eps is too large "
                    f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
