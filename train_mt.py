@@ -39,6 +39,8 @@ from mtlc.splits import balanced_split, hold_out, own_split
 from mtlc.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["mt"]
+# A stage 2 in --out continued the stage 1 a new run there replaces: its outputs are replaced with it.
+REPLACED = OUTPUTS + STAGE_OUTPUTS["lc"]
 LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for copies says it is looking (tens of seconds)
 
 
@@ -151,7 +153,7 @@ def main(**options):
         objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], threshold=o.threshold,
                                        pseudo_labels=o.pseudo_labels, cons_weight=o.cons_weight,
                                        unlabeled_batch=o.unlabeled_batch)
-        existing = existing_outputs(out, outputs, o.overwrite)
+        existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, o.image_size, o.skip_bad_images, procs.echo))
         split, labels = split_of(o, data, own, procs.echo)
         config = run_config(o, data, split, labels, objective, own, procs, device)

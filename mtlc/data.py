@@ -310,7 +310,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
         raise UserError(describe_bad(bad, data_dir) + "; replace or remove them, or pass --skip-bad-images to "
                         "train without them (the decoded images are cached: a rerun with --skip-bad-images decodes nothing)")
     if bad:
-        echo(f"skipped {describe_bad(bad, data_dir, shown=3)}")
+        echo(f"skipped (--skip-bad-images) {describe_bad(bad, data_dir, shown=3)}")
     missing = [c for i, c in enumerate(classes) if not (train_y == i).any()]
     if missing:
         raise UserError(f"{where / missing[0]} holds no readable images")

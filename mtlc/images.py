@@ -69,6 +69,8 @@ def open_as_seen(data, size):
     where the format allows it (JPEG: faster). Only the FORMATS are tried, whatever the file's name.
     BadImage for another format, or an image over PIL's decompression-bomb limit
     (Image.MAX_IMAGE_PIXELS), checked from the header before decoding."""
+    if not data:
+        raise BadImage("an empty file (0 bytes)")
     try:
         img = Image.open(io.BytesIO(data), formats=FORMATS)
     except UnidentifiedImageError:

@@ -43,9 +43,13 @@ def name_max(folder):
 
 def label_problem(label, labeled, longest, realpath=os.path.realpath):
     """Why a label cannot be a class folder's name under labeled/, or None."""
-    if (not label or label in (".", "..") or is_hidden(label) or any(c in label for c in "/\\\0")
+    if not label.strip():
+        return "the label is blank (give the image its class, or leave its row out of the file)"
+    if (label in (".", "..") or is_hidden(label) or any(c in label for c in "/\\\0")
             or any(ord(c) < 32 for c in label)):
         return f"{label!r} cannot be a class folder's name"
+    if label != label.strip() and not (labeled / label).is_dir():  # Excel's stray space, not a class of that name
+        return f"{label!r} starts or ends with a space (a class folder is named exactly as written)"
     if not is_text(label):
         return f"{label!r} is not text (save the CSV as UTF-8)"
     if len(label.encode()) > longest:

@@ -132,6 +132,17 @@ def test_refuses_to_overwrite(mt_run):
     assert (mt_run / "mt.pt").read_bytes() == before
 
 
+def test_a_new_stage_one_takes_the_old_stage_two_with_it(tmp_path):
+    """lc.pt beside the mt.pt it continued: a new stage 1 in the folder refuses without --overwrite,
+    and with it leaves no stage 2 of the replaced run for evaluate.py to report."""
+    (tmp_path / "lc.pt").write_bytes(b"an earlier stage 2")
+    result = invoke(train_mt, ["--dataset", "digits", *TINY, "--out", tmp_path])
+    assert result.exit_code == 2 and "already holds lc.pt of an earlier run" in result.output
+    result = invoke(train_mt, ["--dataset", "digits", *TINY, "--overwrite", "--out", tmp_path])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "mt.pt").exists() and not (tmp_path / "lc.pt").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--eps", "0"], "--eps must be finite and > 0"),
     (["--eps", "-1"], "--eps must be finite and > 0"),

@@ -45,7 +45,8 @@ def test_apply_moves_each_listed_image_into_its_class(folder, tmp_path):
     ([("mtlc-cache/0.png", "dog")], "not a file under"),
     ([("../elsewhere.png", "dog")], "not a file under"),
     ([("unlabeled/u0000.png", "cat"), ("unlabeled/u0000.png", "cat")], "listed twice"),
-    ([("unlabeled/u0000.png", "")], "cannot be a class folder's name"),
+    ([("unlabeled/u0000.png", "")], "the label is blank"),
+    ([("unlabeled/u0000.png", "cat ")], "'cat ' starts or ends with a space"),
     ([("unlabeled/u0000.png", ".hidden")], "cannot be a class folder's name"),
     ([("unlabeled/u0000.png", "a/b")], "cannot be a class folder's name"),
 ])
@@ -61,6 +62,9 @@ def test_every_refusal_exits_2_and_moves_nothing(folder, tmp_path, rows, message
 def test_bad_input(folder, tmp_path):
     assert "must have the columns path,label" in invoke(label, [
         "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [], ("file", "class"))]).output
+    predictions = invoke(label, ["--data-dir", folder, "--apply", write_labels(
+        tmp_path / "p.csv", [("unlabeled/u0000.png", "cat")], ("path", "prediction"))])
+    assert predictions.exit_code == 2 and "these are evaluate.py's predictions; --accepted applies" in predictions.output
     assert invoke(label, ["--data-dir", folder]).exit_code == 2
     assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "missing.csv"]).exit_code == 2
     assert invoke(label, ["--data-dir", tmp_path / "nowhere", "--undo"]).exit_code == 2
