@@ -48,8 +48,6 @@ def label_problem(label, labeled, longest, realpath=os.path.realpath):
     if (label in (".", "..") or is_hidden(label) or any(c in label for c in "/\\\0")
             or any(ord(c) < 32 for c in label)):
         return f"{label!r} cannot be a class folder's name"
-    if label != label.strip() and not (labeled / label).is_dir():  # Excel's stray space, not a class of that name
-        return f"{label!r} starts or ends with a space (a class folder is named exactly as written)"
     if not is_text(label):
         return f"{label!r} is not text (save the CSV as UTF-8)"
     if len(label.encode()) > longest:
