@@ -16,7 +16,9 @@ def decorated_by(options):
 def run_options(stage_name):
     """--overwrite and --resume, which both training stages take."""
     return decorated_by([
-        click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace the outputs of an earlier run in --out" + (
+                         " (a stage 2 there too: it continued the stage 1 replaced)." if stage_name == "mt" else ".")),
         click.option("--resume", is_flag=True,
                      help=f"Continue the interrupted run in --out from its {stage_name}_last.pt, with that run's "
                           "settings (the other options are ignored); it ends bitwise as an uninterrupted run would."),
