@@ -27,7 +27,7 @@ from mtlc.errors import UserError
 from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
 from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.curves import check_folder
-from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import preset, preset_help, stage_lengths
 from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
 from mtlc.epochs import run_stage
@@ -117,6 +117,7 @@ def main(**options):
     out = Path(o.out) if o.out is not None else Path(o.ckpt).parent
     with processes(o.device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
         if o.resume:
+            note_ignored_by_resume(("out", "device", "tensorboard", "ckpt", "data_dir"), procs.echo)
             state, path = resume_checkpoint(out, "lc", write=procs.main)
             data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
             procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")

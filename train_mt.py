@@ -29,7 +29,7 @@ from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
 from mtlc.label_log import LOG_NAME, relabeled_images
 from mtlc.model import check_image_size
 from mtlc.curves import check_folder
-from mtlc.options import resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.presets import (CONSISTENCY, DATASETS, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
                           preset_help, stage_lengths)
 from mtlc.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
@@ -139,6 +139,7 @@ def main(**options):
     out = Path(o.out or ".")
     with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if o.resume:
+            note_ignored_by_resume(("out", "device", "tensorboard"), procs.echo)
             state, path = resume_checkpoint(out, "mt", write=procs.main)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")

@@ -1,5 +1,6 @@
 """Command-line options that both training stages take, defined once."""
 import click
+from click.core import ParameterSource
 
 from .devices import PRECISIONS
 from .graphed import GUARD_EVERY, STEP_MODES
@@ -21,8 +22,19 @@ def run_options(stage_name):
                          " (a stage 2 there too: it continued the stage 1 replaced)." if stage_name == "mt" else ".")),
         click.option("--resume", is_flag=True,
                      help=f"Continue the interrupted run in --out from its {stage_name}_last.pt, with that run's "
-                          "settings (the other options are ignored); it ends bitwise as an uninterrupted run would."),
+                          "settings (the other options are ignored, and named if given); it ends bitwise as an uninterrupted run would."),
     ])
+
+
+def note_ignored_by_resume(kept, echo):
+    """Names the options on the command line that --resume ignores (the run keeps its own settings),
+    so that a changed --epochs or --lr is not believed applied; `kept` names the options it reads."""
+    context = click.get_current_context()
+    ignored = [param.opts[0] for param in context.command.params
+               if param.name not in {"resume", *kept}
+               and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE]
+    if ignored:
+        echo(f"--resume continues with the run's own settings; ignored: {', '.join(ignored)}")
 
 
 def tensorboard_option(stage_name):

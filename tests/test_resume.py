@@ -72,8 +72,11 @@ def test_mt_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     assert result.exit_code == 128 + signal.SIGTERM and "interrupted by SIGTERM" in result.output, result.output
     assert not list(tmp_path.glob(".*.tmp"))
     monkeypatch.undo()
-    result = invoke(train_mt, ["--resume", "--out", tmp_path])
+    result = invoke(train_mt, [*MT_ARGS, "--epochs", "5", "--resume", "--out", tmp_path])  # the line again
     assert result.exit_code == 0, result.output
+    ignored = next(line for line in result.output.splitlines() if "ignored:" in line)
+    assert set(ignored.split("ignored: ")[1].split(", ")) == {  # the run's 2 + 1 epochs, not 5
+        "--seed", "--image-size", "--width", "--unlabeled-batch", "--epochs", "--decay-epochs", "--precision"}
     assert_same_run(straight, tmp_path, MT_FILES)
 
 
@@ -85,7 +88,7 @@ def test_lc_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     assert result.exit_code == 128 + signal.SIGTERM, result.output
     monkeypatch.undo()
     result = invoke(finetune_lc, ["--ckpt", straight / "mt.pt", "--resume", "--out", tmp_path])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0 and "ignored:" not in result.output, result.output
     assert_same_run(straight / "lc", tmp_path, LC_FILES)
 
 
