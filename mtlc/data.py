@@ -3,6 +3,7 @@ from the decode cache for a folder; the labeled / unlabeled / validation splits;
 for measurements; and the check of a dataset against a checkpoint's split. The batch stream that
 reads them is batches.py.
 """
+import collections
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import cache_dir, content_fingerprint, load_images
-from .files import describe_bad, describe_hidden, is_hidden, is_image_name, scan_images
+from .files import describe_bad, describe_hidden, describe_others, is_hidden, is_image_name, scan_images
 from .presets import DATASETS
 from .errors import UserError
 
@@ -175,16 +176,16 @@ def load_digits(image_size=32):
 
 def class_images(root, required=True):
     """({class name: [(path relative to root's parent, size, modification time)]} of root/<class>/**
-    (images.scan_images: sorted, any nesting inside a class folder), the number of hidden files and
-    folders left out). A hidden folder is never a class. Exit 2 naming
+    (images.scan_images: sorted, any nesting inside a class folder), the counts of what was left out:
+    hidden files and folders, other files). A hidden folder is never a class. Exit 2 naming
     the folder for a missing root (when required), no class folders, a class folder without images,
     or images lying outside the class folders."""
     if not root.is_dir():
         if required:
             raise UserError(f"{root} is missing (expected {root}/<class>/<image>)")
-        return {}, 0
+        return {}, collections.Counter()
     entries = list(root.iterdir())
-    hidden = sum(is_hidden(p.name) for p in entries)
+    left_out = collections.Counter(hidden=sum(is_hidden(p.name) for p in entries))
     entries = [p for p in entries if not is_hidden(p.name)]
     classes = sorted(p.name for p in entries if p.is_dir())
     loose = [p.name for p in entries if p.is_file() and is_image_name(p.name)]
@@ -195,19 +196,21 @@ def class_images(root, required=True):
         raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
     groups = {}
     for c in classes:
-        groups[c], _, hidden_inside = in_part(root.name + "/" + c, scan_images(root / c))
-        hidden += hidden_inside
+        groups[c], counts = in_part(root.name + "/" + c, scan_images(root / c))
+        left_out.update(counts)
+        if not groups[c] and describe_others(counts, root / c):
+            raise UserError(f"{root / c} holds no images: {describe_others(counts, root / c)}")
     empty = [c for c, paths in groups.items() if not paths]
     if empty:
         raise UserError(f"{root / empty[0]} holds no images" + (f" (nor do {len(empty) - 1} other class folders)"
                                                                  if len(empty) > 1 else ""))
-    return groups, hidden
+    return groups, left_out
 
 
 def in_part(part, scanned):
     """scan_images of data_dir/part with the paths made relative to data_dir."""
-    entries, others, hidden = scanned
-    return [(f"{part}/{rel}", *stamp) for rel, *stamp in entries], others, hidden
+    entries, counts = scanned
+    return [(f"{part}/{rel}", *stamp) for rel, *stamp in entries], counts
 
 
 class Files(NamedTuple):
@@ -261,20 +264,23 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
         raise UserError(f"{data_dir} holds neither labeled/ (your own images: labeled/<class>/*, unlabeled/*, "
                         f"optionally test/<class>/*) nor train/<class>/* with test/<class>/*")
     if own:
-        train_groups, hidden = class_images(data_dir / "labeled")
-        unlabeled, _, hidden_unlabeled = (in_part("unlabeled", scan_images(data_dir / "unlabeled"))
-                                          if (data_dir / "unlabeled").is_dir() else ([], 0, 0))
-        hidden += hidden_unlabeled
+        train_groups, left_out = class_images(data_dir / "labeled")
+        unlabeled, counts = (in_part("unlabeled", scan_images(data_dir / "unlabeled"))
+                             if (data_dir / "unlabeled").is_dir() else ([], collections.Counter()))
+        left_out.update(counts)
         if not unlabeled:
             raise UserError(f"{data_dir / 'unlabeled'} holds no images (put the images without labels there, "
-                            f"any nesting)" if (data_dir / "unlabeled").is_dir() else
+                            f"any nesting){': ' * bool(counts) + describe_others(counts, data_dir / 'unlabeled')}"
+                            if (data_dir / "unlabeled").is_dir() else
                             f"{data_dir / 'unlabeled'} is missing (put the images without labels there, any nesting)")
-        test_groups, hidden_test = class_images(data_dir / "test", required=False)
+        test_groups, counts = class_images(data_dir / "test", required=False)
     else:
-        (train_groups, hidden), unlabeled = class_images(data_dir / "train"), []
-        test_groups, hidden_test = class_images(data_dir / "test")
-    if hidden + hidden_test:
-        echo(describe_hidden(hidden + hidden_test, data_dir))
+        (train_groups, left_out), unlabeled = class_images(data_dir / "train"), []
+        test_groups, counts = class_images(data_dir / "test")
+    left_out.update(counts)
+    for line in (describe_hidden(left_out["hidden"], data_dir), describe_others(left_out, data_dir)):
+        if line:
+            echo(line)
     classes = sorted(train_groups)
     where = data_dir / ("labeled" if own else "train")
     if len(classes) < 2:

@@ -20,6 +20,8 @@ FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 # The extensions of those formats, lower case: .jpg .jpeg .mpo .png .bmp .gif .tif .tiff .webp .ppm .pgm ...
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
 READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
+# walk_images counts the other files it leaves out under (OTHER, their extension) or (OTHER, NOT_REGULAR).
+OTHER, NOT_REGULAR = "other", "pipes, sockets or devices"
 
 
 # The bytes of the hash that names a file's content in the decode cache, in the content fingerprint
@@ -78,17 +80,18 @@ def scan_images(root):
     bytes, modification time in ns, change time in ns)]: what a decode cache is keyed by (the change
     time, which no program can set back, tells an image edited in place whose size and modification
     time were restored, `touch -r`). walk_images's entries, in its order, as a list. Returns (entries,
-    number of other files, number of hidden files and folders left out)."""
+    walk_images's counts of what it left out)."""
     counts = collections.Counter()
     found = list(walk_images(root, counts))
-    return found, counts["others"], counts["hidden"]
+    return found, counts
 
 
 def walk_images(root, counts=None):
     """Yield scan_images's entries one at a time, in the order sorted paths have (part by part),
     holding one folder's listing at a time, not the tree's: a million files cost no list of them.
-    Hidden files and folders (is_hidden) are left out and counted in counts["hidden"]; what is not a
-    regular file (a pipe, a socket, a device named like an image) counts among counts["others"];
+    Hidden files and folders (is_hidden) are left out and counted in counts["hidden"]; other files
+    (other extensions; a pipe, a socket, a device named like an image) in counts["others"], and by
+    kind (extension) in counts[OTHER, kind] (describe_others);
     symbolic links are followed, a folder reached twice (a link loop) is walked once, under its first
     name in that order; a file that cannot be stat-ed (a broken link) gets -1 for size and times. One
     os.scandir per folder and one stat per file, no Path objects: a second start-up on 60,000 files
@@ -120,7 +123,7 @@ def walk_images(root, counts=None):
             elif is_folder(entry):
                 children.append((name, (entry.path, f"{rel}{name}/", None)))
             elif not is_image_name(name):
-                counts["others"] += 1
+                count_other(counts, name.rpartition(".")[2].lower() if name.rfind(".") > 0 else "")
             else:
                 try:
                     st = entry.stat()
@@ -130,7 +133,7 @@ def walk_images(root, counts=None):
                 if stat.S_ISREG(st.st_mode):
                     children.append((name, (None, rel + name, (st.st_size, st.st_mtime_ns, st.st_ctime_ns))))
                 else:
-                    counts["others"] += 1
+                    count_other(counts, NOT_REGULAR)
         children.sort(reverse=True)
         stack += [child for _, child in children]
 
@@ -143,11 +146,31 @@ def is_folder(entry):
         return False
 
 
+def count_other(counts, kind):
+    counts["others"] += 1
+    counts[OTHER, kind] += 1
+
+
 def find_images(root):
-    """scan_images as paths: (sorted image paths under root, number of other files, number of hidden
-    files and folders left out)."""
-    entries, others, hidden = scan_images(root)
-    return [Path(root) / entry[0] for entry in entries], others, hidden
+    """scan_images as paths: (sorted image paths under root, the counts of what was left out)."""
+    entries, counts = scan_images(root)
+    return [Path(root) / entry[0] for entry in entries], counts
+
+
+def describe_others(counts, where, shown=5):
+    """The one line that names the kinds of other files walk_images left out (counts), or '' for none:
+    a folder of phone photos in HEIC, or of videos, is not silently taken for a smaller folder."""
+    kinds = collections.Counter({key[1]: n for key, n in counts.items() if isinstance(key, tuple) and key[0] == OTHER})
+    if not kinds:
+        return ""
+    total = sum(kinds.values())
+    named = ", ".join(f"{n:,} {f'.{kind}' if kind not in ('', NOT_REGULAR) else kind or 'without extension'}"
+                      for kind, n in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))[:shown])
+    more = f", {len(kinds) - shown} more kinds" if len(kinds) > shown else ""
+    heic = ("; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use them"
+            if kinds.keys() & {"heic", "heif"} else "")
+    return (f"left out {total:,} file{'s' * (total != 1)} in {where} that {'are' if total != 1 else 'is'} not "
+            f"images of the formats read ({', '.join(READ_AS)}): {named}{more}{heic}")
 
 
 def describe_hidden(count, where):

@@ -25,7 +25,7 @@ from .console import path_text, shown, stdout_rows
 from .checkpoints import restore_data
 from .errors import UserError
 from .figures import plot_coverage
-from .files import describe_hidden
+from .files import describe_hidden, describe_others
 from .mapped import identity
 from .prediction_store import PredictionStore
 from .predictions import ImageFiles, is_accepted, labeled_features, suggest_rows, write_rows
@@ -88,11 +88,14 @@ def predict(path, state, targets, device, options):
     count, listing = files.survey(dict(zip(("--csv", "--review", "--coverage", "--label-studio", "its labeling config"),
                                            (o.csv_path, o.review, o.coverage, o.label_studio,
                                             o.label_studio and label_studio.config_path(o.label_studio)))))
+    where = ", ".join(map(str, targets))
     if files.hidden:
-        say(describe_hidden(files.hidden, ", ".join(map(str, targets))))
+        say(describe_hidden(files.hidden, where))
     if not count:
-        raise UserError(f"--predict: no image files in {', '.join(map(str, targets))}"
-                        + (f" ({files.others} other files)" if files.others else ""))
+        raise UserError(f"--predict: no image files in {where}" + (f": {describe_others(files.left_out, where)}"
+                                                                 if files.others else ""))
+    if files.others:
+        say(describe_others(files.left_out, where))
     # before any work: the images must lie where Label Studio can serve them
     studio = label_studio.local_storage(files, o.label_studio_root) if o.label_studio else None
     classifier, cal, found, threshold = calibrated(path, state, device, o)

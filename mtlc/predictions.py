@@ -32,7 +32,7 @@ class ImageFiles:
     million files are never a list. Each image once: a path given twice, or a file or folder that a
     folder given also lists, is left to that folder (links resolved). A path that does not exist exits
     2 before any work. `others` and `hidden` count the other files and the hidden ones left out, once
-    a pass is over."""
+    a pass is over, and `left_out` holds walk_images's counts (files.describe_others)."""
 
     def __init__(self, targets):
         missing = [t for t in targets if not Path(t).exists()]
@@ -40,6 +40,7 @@ class ImageFiles:
             raise UserError(f"--predict: {', '.join(map(str, missing))} does not exist")
         self.targets = distinct_targets([Path(t) for t in targets])
         self.others = self.hidden = 0
+        self.left_out = collections.Counter()
 
     def entries(self):
         """(path, (size, modification and change time)) of each file, in order."""
@@ -54,7 +55,7 @@ class ImageFiles:
                     yield target, [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
                 except OSError:
                     yield target, [-1, -1, -1]
-        self.others, self.hidden = counts["others"], counts["hidden"]
+        self.others, self.hidden, self.left_out = counts["others"], counts["hidden"], counts
 
     def __iter__(self):
         return (path for path, _ in self.entries())

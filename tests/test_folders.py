@@ -205,6 +205,8 @@ def spoil(folder, names):
      "9 image files cannot be read"),
     (lambda d: (d / "unlabeled" / "u0002.png").write_bytes(b""), "u0002.png (an empty file (0 bytes))"),
     (lambda d: [p.unlink() for p in (d / "labeled" / "dog").iterdir()], "labeled/dog holds no images"),
+    (lambda d: [p.rename(p.with_suffix(".HEIC")) for p in (d / "labeled" / "dog").iterdir()],
+     "labeled/dog holds no images: left out 6 files in"),
     (lambda d: [p.unlink() for p in d.glob("unlabeled/**/*.png")], "unlabeled holds no images"),
     (lambda d: [subprocess.run(["rm", "-r", str(d / "labeled" / c)]) for c in ("dog", "owl")],
      "holds one class folder (cat)"),
@@ -417,10 +419,14 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     data = tmp_path / "d"
     write_own_folder(data)
     hidden = add_mac_and_notebook_leftovers(data)
+    for name in ("unlabeled/IMG_0001.HEIC", "unlabeled/a/IMG_0002.heic", "unlabeled/clip.MOV", "labeled/cat/notes"):
+        (data / name).write_bytes(b"a phone's or a person's file")
     out = tmp_path / "run"
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out)
     assert res.returncode == 0, res.stderr
     assert f"left out {hidden} hidden files and folders in {data}" in res.stdout
+    assert (f"left out 4 files in {data} that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
+            f"PPM/PGM/PBM): 2 .heic, 1 without extension, 1 .mov; HEIC/HEIF photos") in res.stdout
     assert "18 labeled / 30 unlabeled / 0 validation / 9 test" in res.stdout
     state = torch.load(out / "mt.pt", weights_only=True)
     assert state["config"]["classes"] == ["cat", "dog", "owl"]  # .ipynb_checkpoints is no class
@@ -428,6 +434,7 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     pred = run("evaluate.py", "--ckpt", out / "mt_final.pt", "--predict", data / "unlabeled")
     assert pred.returncode == 0, pred.stderr
     assert len(rows(pred.stdout)) == 30 and "left out 32 hidden files and folders" in pred.stderr  # 30 ._ + .DS_Store + __MACOSX
+    assert f"left out 3 files in {data / 'unlabeled'} that are not images" in pred.stderr
 
 
 def test_a_hidden_folder_alone_is_no_class(tmp_path):
