@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from .batches import ImageRows, normalization
 from .calibration import fitted_or_one
+from .chance import at_chance, chance_error
 from .checkpoints import restore_models
 from .console import csv_writer, path_text
 from .copies import exact_groups, near_pairs, thumbnail_vectors
@@ -89,6 +90,16 @@ class Names:
         i = int(i)
         k = int(np.searchsorted(self.starts, i, side="right")) - 1
         return self.parts[k][i - int(self.starts[k])]
+
+
+def warn_at_chance(logits, labels, steps, echo):
+    """A warning where the cross-fitted networks are no better than chance on the labels they never
+    saw: their ranking of doubtful labels would then say nothing about the labels."""
+    error = 100 * float(np.mean(logits.argmax(1).numpy() != labels))
+    if at_chance(error, labels):
+        echo(f"warning: audit: the cross-fitted networks are wrong on {error:.1f}% of the labeled images they never "
+             f"saw, chance level ({chance_error(labels):.1f}% always answers the most frequent class): their "
+             f"doubtful labels are a guess; give --audit-steps more than {steps:,}, or more labels")
 
 
 def label_findings(paths, labels, probabilities, classes, where):
@@ -217,6 +228,7 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
         echo(f"audit: the labels of labeled/ are not checked: {e.message}")
     else:
         labels = data.train_y[labeled_idx].numpy()
+        warn_at_chance(logits, labels, steps, echo)
         probabilities, _ = out_of_sample_probabilities(logits, labels)
         findings += label_findings([paths[i] for i in labeled_idx], labels, probabilities, classes,
                                    f"labeled/, {used}-fold cross-fitted")

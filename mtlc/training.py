@@ -3,7 +3,6 @@ step of the MT objective (Eq. 2), or of the pseudo-label objective (pseudo_label
 lambda2 * r2 * L_lc (Eq. 4-6) in stage 2, and its guards; the Trainer that holds what a step needs,
 and its eager steps (graphed.py: the same step without host work). The epoch loop is epochs.py's.
 """
-import math
 import time
 from dataclasses import asdict
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .batches import Batches
+from .chance import at_chance, chance_error
 from .devices import Processes, average_buffers, sync
 from .errors import TrainingFailed
 from .graphed import EPOCH_SUMS, GraphedSteps, resolve_step_mode
@@ -288,11 +288,11 @@ class Trainer:
         for key, what, idx in (("labeled_error", "labeled images", b.lab_idx), ("val_error", "validation hold-out", b.val_idx)):
             if not len(idx):
                 continue
-            p = torch.bincount(b.train_y[idx]).max().item() / len(idx)
-            chance = 100 * (1 - p)
+            labels = b.train_y[idx].cpu().numpy()
+            chance = chance_error(labels)
             for name in ("student", "teacher"):
                 error = record[f"{name}_{key}"]
-                if error >= chance - 200 * math.sqrt(p * (1 - p) / len(idx)):
+                if at_chance(error, labels):
                     warnings.append(f"the {name}'s error on its {what} ends at {error:.1f}%, chance level "
                                     f"({chance:.1f}% always answers the most frequent class): it learned nothing usable"
                                     + (f"; unless it was there when LC started, LC's eps={self.stage.lc_eps:g} or "

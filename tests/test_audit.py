@@ -72,6 +72,20 @@ def test_an_image_like_no_class_is_an_outlier():
     assert all(f.score > 1 for f in found)
 
 
+@pytest.mark.parametrize("right, warned", [(0.25, True), (0.35, True), (0.6, False), (0.9, False)])
+def test_cross_fitted_networks_at_chance_are_said(right, warned):
+    """Four classes, the first a third of the labels (chance level: 66.7% error). Networks right on
+    25% or 35% of the images they never saw (within two standard errors of always answering the most
+    frequent class, 120 images) make the audit warn that its doubtful labels are a guess; 60% or 90% do not."""
+    labels = np.repeat([0, 1, 2, 3], [40, 30, 30, 20])
+    rng = np.random.default_rng(0)
+    predicted = np.where(rng.random(len(labels)) < right, labels, (labels + rng.integers(1, 4, len(labels))) % 4)
+    logits = torch.nn.functional.one_hot(torch.from_numpy(predicted), 4).float()
+    said = []
+    audit_module.warn_at_chance(logits, labels, 600, said.append)
+    assert bool(said) == warned and all("give --audit-steps more than 600" in line for line in said), said
+
+
 @pytest.mark.parametrize("n_unlabeled", [100, 1_000_000])
 def test_the_fold_schedule_is_the_steps_asked_whatever_the_folder(n_unlabeled):
     """200 steps at 10 images a step: on 100 unlabeled images and on a million alike, the lr stays
