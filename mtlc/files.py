@@ -21,7 +21,8 @@ FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
 READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
 # walk_images counts the other files it leaves out under (OTHER, their extension) or (OTHER, NOT_REGULAR).
-OTHER, NOT_REGULAR = "other", "pipes, sockets or devices"
+OTHER, NOT_REGULAR, OTHER_KINDS = "other", "pipes, sockets or devices", "of other kinds"
+MOST_KINDS = 100
 
 
 # The bytes of the hash that names a file's content in the decode cache, in the content fingerprint
@@ -147,7 +148,11 @@ def is_folder(entry):
 
 
 def count_other(counts, kind):
+    """Count a file left out, by kind: at most MOST_KINDS kinds are told apart (a stranger's folder of a
+    million extensions costs no million counters)."""
     counts["others"] += 1
+    if (OTHER, kind) not in counts and len(counts) > MOST_KINDS:
+        kind = OTHER_KINDS
     counts[OTHER, kind] += 1
 
 
@@ -157,6 +162,17 @@ def find_images(root):
     return [Path(root) / entry[0] for entry in entries], counts
 
 
+def kind_name(kind, longest=12):
+    """A kind of other file as a message shows it; an extension from a stranger's file name with its
+    control characters escaped and cut short."""
+    if kind in (NOT_REGULAR, OTHER_KINDS):
+        return kind
+    if not kind:
+        return "without extension"
+    extension = escaped(kind)
+    return "." + (extension if len(extension) <= longest else extension[:longest - 3] + "...")
+
+
 def describe_others(counts, where, shown=5):
     """The one line that names the kinds of other files walk_images left out (counts), or '' for none:
     a folder of phone photos in HEIC, or of videos, is not silently taken for a smaller folder."""
@@ -164,7 +180,7 @@ def describe_others(counts, where, shown=5):
     if not kinds:
         return ""
     total = sum(kinds.values())
-    named = ", ".join(f"{n:,} {f'.{kind}' if kind not in ('', NOT_REGULAR) else kind or 'without extension'}"
+    named = ", ".join(f"{n:,} {kind_name(kind)}"
                       for kind, n in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))[:shown])
     more = f", {len(kinds) - shown} more kinds" if len(kinds) > shown else ""
     heic = ("; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use them"

@@ -1,5 +1,6 @@
 """Your own images: the labeled/ unlabeled/ test/ layout through all three stages, the decode cache,
 bad files and folders, --image-size."""
+import collections
 import json
 import os
 import subprocess
@@ -412,6 +413,24 @@ def add_mac_and_notebook_leftovers(root):
         (Path(root) / folder).mkdir(parents=True)
         Image.new("RGB", (8, 8)).save(Path(root) / folder / "copy.png")
     return added + 3
+
+
+def test_other_files_are_named_by_kind_safely_and_in_bounded_memory(tmp_path):
+    """A FIFO named like an image, an extension with a terminal escape, a long one, and a stranger's
+    folder of thousands of extensions: counted, shown escaped and cut short, at most MOST_KINDS kinds."""
+    os.mkfifo(tmp_path / "pipe.png")
+    for name in ("a.HEIC", "b.mo\x1b[31mv", "c." + "x" * 40, "notes"):
+        (tmp_path / name).write_bytes(b"not an image")
+    line = files.describe_others(files.scan_images(tmp_path)[1], tmp_path)
+    assert line.endswith("5 files in %s that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
+                         "PPM/PGM/PBM): 1 without extension, 1 .heic, 1 .mo\\x1b[31mv, 1 pipes, sockets or devices, "
+                         "1 .xxxxxxxxx...; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use "
+                         "them" % tmp_path), line
+    counts = collections.Counter()
+    for k in range(5000):
+        files.count_other(counts, f"x{k}")
+    assert len(counts) <= files.MOST_KINDS + 2 and counts["others"] == 5000
+    assert "4,9" in files.describe_others(counts, tmp_path).split(": ")[1].split(" of other kinds")[0]
 
 
 @pytest.mark.slow
