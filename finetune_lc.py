@@ -117,8 +117,11 @@ def main(**options):
     out = Path(o.out) if o.out is not None else Path(o.ckpt).parent
     with processes(o.device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
         if o.resume:
-            note_ignored_by_resume(("out", "device", "tensorboard", "ckpt", "data_dir"), procs.echo)
             state, path = resume_checkpoint(out, "lc", write=procs.main)
+            lc = state["config"]["lc"]
+            same_ckpt = Path(o.ckpt).resolve() == Path(lc["mt_checkpoint"])  # --ckpt only finds --out's default
+            note_ignored_by_resume({**state["config"], **lc, "ckpt": o.ckpt if same_ckpt else lc["mt_checkpoint"]},
+                                   ("out", "device", "tensorboard", "data_dir"), procs.echo)
             data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
             procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")
             trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,

@@ -139,8 +139,8 @@ def main(**options):
     out = Path(o.out or ".")
     with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if o.resume:
-            note_ignored_by_resume(("out", "device", "tensorboard"), procs.echo)
             state, path = resume_checkpoint(out, "mt", write=procs.main)
+            note_ignored_by_resume(state["config"], ("out", "device", "tensorboard"), procs.echo)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,

@@ -93,13 +93,20 @@ class Names:
 
 
 def warn_at_chance(logits, labels, steps, echo):
-    """A warning where the cross-fitted networks are no better than chance on the labels they never
-    saw: their ranking of doubtful labels would then say nothing about the labels."""
+    """A warning where the cross-fitted networks cannot be told from chance on the labels they never
+    saw: their ranking of doubtful labels would then say little about the labels."""
     error = 100 * float(np.mean(logits.argmax(1).numpy() != labels))
-    if at_chance(error, labels):
+    if not at_chance(error, labels):
+        return
+    chance = chance_error(labels)
+    if error >= chance:
         echo(f"warning: audit: the cross-fitted networks are wrong on {error:.1f}% of the labeled images they never "
-             f"saw, chance level ({chance_error(labels):.1f}% always answers the most frequent class): their "
-             f"doubtful labels are a guess; give --audit-steps more than {steps:,}, or more labels")
+             f"saw, no better than always answering the most frequent class ({chance:.1f}%): their doubtful labels "
+             f"are a guess; give --audit-steps more than {steps:,}, or more labels")
+    else:
+        echo(f"warning: audit: on {len(labels):,} labeled images the cross-fitted networks' error ({error:.1f}%) "
+             f"cannot be told from always answering the most frequent class ({chance:.1f}%, within two standard "
+             f"errors): their doubtful labels may be a guess; more labels would tell")
 
 
 def label_findings(paths, labels, probabilities, classes, where):

@@ -1,5 +1,5 @@
 """Chance level: the error of always answering the most frequent class, and whether a model's error
-is no better than that (a network that learned nothing usable)."""
+cannot be told from it (a network that learned nothing usable, or too few images to tell)."""
 import math
 
 import numpy as np
@@ -12,7 +12,9 @@ def chance_error(labels):
 
 
 def at_chance(error, labels):
-    """Whether an error (%) measured on images with these labels is within two standard errors (of
-    a proportion over as many images) of chance_error, or above it."""
-    p, n = 1 - chance_error(labels) / 100, len(labels)
-    return error >= chance_error(labels) - 200 * math.sqrt(p * (1 - p) / n)
+    """Whether a nonzero error (%) measured on images with these labels is within two standard errors
+    (of a proportion over as many images) of chance_error, or above it. Never where the labels are of
+    one class (chance is then no error) or the error is zero: nothing learned cannot be right on all."""
+    chance, n = chance_error(labels), len(labels)
+    p = 1 - chance / 100
+    return chance > 0 and error > 0 and error >= chance - 200 * math.sqrt(p * (1 - p) / n)

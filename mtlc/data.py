@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from .cache import cache_dir, content_fingerprint, load_images
-from .files import describe_bad, describe_hidden, describe_others, is_hidden, is_image_name, scan_images
+from .files import (count_other, describe_bad, describe_hidden, describe_others, is_hidden, is_image_name, other_kind,
+                    scan_images)
 from .presets import DATASETS
 from .errors import UserError
 
@@ -194,16 +195,19 @@ def class_images(root, required=True):
                         f"{', ...' if len(loose) > 3 else ''}): put each in {root}/<class>/")
     if not classes:
         raise UserError(f"no class folders in {root} (expected {root}/<class>/<image>)")
-    groups = {}
+    for p in entries:
+        if p.is_file() and not is_image_name(p.name):
+            count_other(left_out, other_kind(p.name))
+    groups, in_empty = {}, collections.Counter()
     for c in classes:
         groups[c], counts = in_part(root.name + "/" + c, scan_images(root / c))
         left_out.update(counts)
-        if not groups[c] and describe_others(counts, root / c):
-            raise UserError(f"{root / c} holds no images: {describe_others(counts, root / c)}")
+        in_empty.update(counts if not groups[c] else {})
     empty = [c for c, paths in groups.items() if not paths]
     if empty:
+        others = describe_others(in_empty, root / empty[0] if len(empty) == 1 else root)
         raise UserError(f"{root / empty[0]} holds no images" + (f" (nor do {len(empty) - 1} other class folders)"
-                                                                 if len(empty) > 1 else ""))
+                                                                 if len(empty) > 1 else "") + f": {others}" * bool(others))
     return groups, left_out
 
 
@@ -269,9 +273,9 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
                              if (data_dir / "unlabeled").is_dir() else ([], collections.Counter()))
         left_out.update(counts)
         if not unlabeled:
+            others = describe_others(counts, data_dir / "unlabeled")
             raise UserError(f"{data_dir / 'unlabeled'} holds no images (put the images without labels there, "
-                            f"any nesting){': ' * bool(counts) + describe_others(counts, data_dir / 'unlabeled')}"
-                            if (data_dir / "unlabeled").is_dir() else
+                            f"any nesting){f': {others}' * bool(others)}" if (data_dir / "unlabeled").is_dir() else
                             f"{data_dir / 'unlabeled'} is missing (put the images without labels there, any nesting)")
         test_groups, counts = class_images(data_dir / "test", required=False)
     else:

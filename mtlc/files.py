@@ -20,8 +20,9 @@ FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 # The extensions of those formats, lower case: .jpg .jpeg .mpo .png .bmp .gif .tif .tiff .webp .ppm .pgm ...
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
 READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
-# walk_images counts the other files it leaves out under (OTHER, their extension) or (OTHER, NOT_REGULAR).
-OTHER, NOT_REGULAR, OTHER_KINDS = "other", "pipes, sockets or devices", "of other kinds"
+# walk_images counts the other files it leaves out under (OTHER, their kind): other_kind of the name,
+# or NOT_REGULAR; past MOST_KINDS kinds, under MORE_KINDS.
+OTHER, NOT_REGULAR, MORE_KINDS = "other", "pipes, sockets or devices", "others of more kinds"
 MOST_KINDS = 100
 
 
@@ -124,7 +125,7 @@ def walk_images(root, counts=None):
             elif is_folder(entry):
                 children.append((name, (entry.path, f"{rel}{name}/", None)))
             elif not is_image_name(name):
-                count_other(counts, name.rpartition(".")[2].lower() if name.rfind(".") > 0 else "")
+                count_other(counts, other_kind(name))
             else:
                 try:
                     st = entry.stat()
@@ -147,13 +148,22 @@ def is_folder(entry):
         return False
 
 
+def other_kind(name, longest=12):
+    """The kind of a file that is no image, by its name: its extension in lower case, cut short (a
+    stranger's 200-character extension is one kind), or '' for none."""
+    dot = name.rfind(".")
+    extension = name[dot:].lower() if dot > 0 else ""
+    return extension if len(extension) <= longest else extension[:longest - 3] + "..."
+
+
 def count_other(counts, kind):
     """Count a file left out, by kind: at most MOST_KINDS kinds are told apart (a stranger's folder of a
     million extensions costs no million counters)."""
     counts["others"] += 1
-    if (OTHER, kind) not in counts and len(counts) > MOST_KINDS:
-        kind = OTHER_KINDS
-    counts[OTHER, kind] += 1
+    if (OTHER, kind) in counts or len(counts) <= MOST_KINDS:
+        counts[OTHER, kind] += 1
+    else:
+        counts[MORE_KINDS] += 1
 
 
 def find_images(root):
@@ -162,31 +172,21 @@ def find_images(root):
     return [Path(root) / entry[0] for entry in entries], counts
 
 
-def kind_name(kind, longest=12):
-    """A kind of other file as a message shows it; an extension from a stranger's file name with its
-    control characters escaped and cut short."""
-    if kind in (NOT_REGULAR, OTHER_KINDS):
-        return kind
-    if not kind:
-        return "without extension"
-    extension = escaped(kind)
-    return "." + (extension if len(extension) <= longest else extension[:longest - 3] + "...")
-
-
 def describe_others(counts, where, shown=5):
     """The one line that names the kinds of other files walk_images left out (counts), or '' for none:
     a folder of phone photos in HEIC, or of videos, is not silently taken for a smaller folder."""
-    kinds = collections.Counter({key[1]: n for key, n in counts.items() if isinstance(key, tuple) and key[0] == OTHER})
-    if not kinds:
+    kinds = sorted(((n, key[1]) for key, n in counts.items() if isinstance(key, tuple) and key[0] == OTHER),
+                   key=lambda item: (-item[0], item[1]))
+    total = sum(n for n, _ in kinds) + counts.get(MORE_KINDS, 0)
+    if not total:
         return ""
-    total = sum(kinds.values())
-    named = ", ".join(f"{n:,} {kind_name(kind)}"
-                      for kind, n in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))[:shown])
-    more = f", {len(kinds) - shown} more kinds" if len(kinds) > shown else ""
+    named = [f"{n:,} {escaped(kind) if kind else 'without extension'}" for n, kind in kinds[:shown]]
+    rest = total - sum(n for n, _ in kinds[:shown])
     heic = ("; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use them"
-            if kinds.keys() & {"heic", "heif"} else "")
-    return (f"left out {total:,} file{'s' * (total != 1)} in {where} that {'are' if total != 1 else 'is'} not "
-            f"images of the formats read ({', '.join(READ_AS)}): {named}{more}{heic}")
+            if {kind for _, kind in kinds} & {".heic", ".heif"} else "")
+    return (f"left out {total:,} file{'s' * (total != 1)} in {where} that "
+            f"{'are not images' if total != 1 else 'is not an image'} of the formats read ({', '.join(READ_AS)}): "
+            f"{', '.join(named)}{f', {rest:,} of other kinds' if rest else ''}{heic}")
 
 
 def describe_hidden(count, where):

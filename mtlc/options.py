@@ -22,17 +22,27 @@ def run_options(stage_name):
                          " (a stage 2 there too: it continued the stage 1 replaced)." if stage_name == "mt" else ".")),
         click.option("--resume", is_flag=True,
                      help=f"Continue the interrupted run in --out from its {stage_name}_last.pt, with that run's "
-                          "settings (the other options are ignored, and named if given); it ends bitwise as an uninterrupted run would."),
+                          "settings: --device and --tensorboard are read" + (", and --data-dir (the folder, if it moved)"
+                                                                               if stage_name == "lc" else "")
+                          + "; other options given are named as ignored where they differ from the run's. It ends "
+                          "bitwise as an uninterrupted run would."),
     ])
 
 
-def note_ignored_by_resume(kept, echo):
-    """Names the options on the command line that --resume ignores (the run keeps its own settings),
-    so that a changed --epochs or --lr is not believed applied; `kept` names the options it reads."""
+def note_ignored_by_resume(settings, read, echo):
+    """Names the options on the command line that --resume ignores, where they may differ from the
+    run's own `settings` (by option name; one equal to the run's goes unsaid), so that a changed
+    --epochs is not believed applied; `read` names the options a resumed run reads."""
     context = click.get_current_context()
-    ignored = [param.opts[0] for param in context.command.params
-               if param.name not in {"resume", *kept}
-               and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE]
+    ignored = []
+    for param in context.command.params:
+        if param.name in {"resume", *read} or context.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = context.params[param.name]
+        if param.name not in settings:
+            ignored.append(param.opts[0])
+        elif settings[param.name] != value:
+            ignored.append(f"{param.opts[0]} {value} (the run's: {settings[param.name]})")
     if ignored:
         echo(f"--resume continues with the run's own settings; ignored: {', '.join(ignored)}")
 

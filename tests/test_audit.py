@@ -21,6 +21,7 @@ from mtlc import audit as audit_module, nearest
 from mtlc.copies import copies_in, leaked_test, near_pairs
 from mtlc.data import ImageData
 from mtlc.files import file_digest
+from mtlc.chance import at_chance
 from mtlc.crossfit import fold_config
 from mtlc.schedule import learning_rate
 from mtlc.images import decode
@@ -72,18 +73,30 @@ def test_an_image_like_no_class_is_an_outlier():
     assert all(f.score > 1 for f in found)
 
 
-@pytest.mark.parametrize("right, warned", [(0.25, True), (0.35, True), (0.6, False), (0.9, False)])
-def test_cross_fitted_networks_at_chance_are_said(right, warned):
-    """Four classes, the first a third of the labels (chance level: 66.7% error). Networks right on
-    25% or 35% of the images they never saw (within two standard errors of always answering the most
-    frequent class, 120 images) make the audit warn that its doubtful labels are a guess; 60% or 90% do not."""
+@pytest.mark.parametrize("right, said", [(0.25, "no better than"), (0.45, "cannot be told"), (0.6, None),
+                                         (0.9, None)])
+def test_cross_fitted_networks_at_chance_are_said(right, said):
+    """Four classes, the first a third of the labels (chance level: 66.7% error), 120 images. Networks
+    right on 25% make the audit say they are no better than chance (more steps); on 45%, within two
+    standard errors of it, that chance cannot be ruled out (more labels); on 60% or 90% nothing."""
     labels = np.repeat([0, 1, 2, 3], [40, 30, 30, 20])
     rng = np.random.default_rng(0)
     predicted = np.where(rng.random(len(labels)) < right, labels, (labels + rng.integers(1, 4, len(labels))) % 4)
     logits = torch.nn.functional.one_hot(torch.from_numpy(predicted), 4).float()
-    said = []
-    audit_module.warn_at_chance(logits, labels, 600, said.append)
-    assert bool(said) == warned and all("give --audit-steps more than 600" in line for line in said), said
+    lines = []
+    audit_module.warn_at_chance(logits, labels, 600, lines.append)
+    assert len(lines) == (said is not None) and all(said in line for line in lines), lines
+    assert all(("--audit-steps more than 600" in line) == (said == "no better than") for line in lines), lines
+
+
+def test_few_labels_right_on_all_are_not_at_chance():
+    """Two labels a class, all right: no warning (two standard errors of chance reach 0% here); a
+    hold-out of one class (`--val 1`) has no chance level to be at."""
+    lines = []
+    audit_module.warn_at_chance(torch.eye(2).repeat(2, 1), np.array([0, 1, 0, 1]), 600, lines.append)
+    assert lines == []
+    assert at_chance(25.0, [0, 1, 0, 1]) and not at_chance(0.0, [0, 1, 0, 1])
+    assert not at_chance(100.0, [2]) and not at_chance(100.0, [2, 2, 2])
 
 
 @pytest.mark.parametrize("n_unlabeled", [100, 1_000_000])

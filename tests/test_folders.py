@@ -208,6 +208,10 @@ def spoil(folder, names):
     (lambda d: [p.unlink() for p in (d / "labeled" / "dog").iterdir()], "labeled/dog holds no images"),
     (lambda d: [p.rename(p.with_suffix(".HEIC")) for p in (d / "labeled" / "dog").iterdir()],
      "labeled/dog holds no images: left out 6 files in"),
+    (lambda d: [p.rename(p.with_suffix(".HEIC")) for c in ("dog", "owl") for p in (d / "labeled" / c).iterdir()],
+     "holds no images (nor do 1 other class folders): left out 12 files in"),
+    (lambda d: [p.unlink() for p in d.glob("unlabeled/**/*.png")] and (d / "unlabeled" / ".DS_Store").write_bytes(b""),
+     "unlabeled holds no images (put the images without labels there, any nesting)\n"),
     (lambda d: [p.unlink() for p in d.glob("unlabeled/**/*.png")], "unlabeled holds no images"),
     (lambda d: [subprocess.run(["rm", "-r", str(d / "labeled" / c)]) for c in ("dog", "owl")],
      "holds one class folder (cat)"),
@@ -423,14 +427,15 @@ def test_other_files_are_named_by_kind_safely_and_in_bounded_memory(tmp_path):
         (tmp_path / name).write_bytes(b"not an image")
     line = files.describe_others(files.scan_images(tmp_path)[1], tmp_path)
     assert line.endswith("5 files in %s that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
-                         "PPM/PGM/PBM): 1 without extension, 1 .heic, 1 .mo\\x1b[31mv, 1 pipes, sockets or devices, "
-                         "1 .xxxxxxxxx...; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use "
+                         "PPM/PGM/PBM): 1 without extension, 1 .heic, 1 .mo\\x1b[31mv, 1 .xxxxxxxx..., "
+                         "1 pipes, sockets or devices; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use "
                          "them" % tmp_path), line
     counts = collections.Counter()
     for k in range(5000):
-        files.count_other(counts, f"x{k}")
+        files.count_other(counts, files.other_kind(f"f.x{k}"))
     assert len(counts) <= files.MOST_KINDS + 2 and counts["others"] == 5000
-    assert "4,9" in files.describe_others(counts, tmp_path).split(": ")[1].split(" of other kinds")[0]
+    assert files.describe_others(counts, tmp_path).endswith(": 1 .x0, 1 .x1, 1 .x10, 1 .x11, 1 .x12, 4,995 of other kinds")
+    assert "1 file in %s that is not an image of" % tmp_path in files.describe_others({("other", ".mov"): 1}, tmp_path)
 
 
 @pytest.mark.slow
@@ -438,7 +443,7 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     data = tmp_path / "d"
     write_own_folder(data)
     hidden = add_mac_and_notebook_leftovers(data)
-    for name in ("unlabeled/IMG_0001.HEIC", "unlabeled/a/IMG_0002.heic", "unlabeled/clip.MOV", "labeled/cat/notes"):
+    for name in ("unlabeled/IMG_0001.HEIC", "unlabeled/a/IMG_0002.heic", "unlabeled/clip.MOV", "labeled/notes"):
         (data / name).write_bytes(b"a phone's or a person's file")
     out = tmp_path / "run"
     res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out)

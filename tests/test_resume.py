@@ -74,9 +74,8 @@ def test_mt_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     monkeypatch.undo()
     result = invoke(train_mt, [*MT_ARGS, "--epochs", "5", "--resume", "--out", tmp_path])  # the line again
     assert result.exit_code == 0, result.output
-    ignored = next(line for line in result.output.splitlines() if "ignored:" in line)
-    assert set(ignored.split("ignored: ")[1].split(", ")) == {  # the run's 2 + 1 epochs, not 5
-        "--seed", "--image-size", "--width", "--unlabeled-batch", "--epochs", "--decay-epochs", "--precision"}
+    # the options equal to the run's go unsaid; the run's 2 + 1 epochs, not 5
+    assert "--resume continues with the run's own settings; ignored: --epochs 5 (the run's: 2)\n" in result.output
     assert_same_run(straight, tmp_path, MT_FILES)
 
 
@@ -87,8 +86,12 @@ def test_lc_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     result = invoke(finetune_lc, ["--ckpt", straight / "mt.pt", *LC_ARGS, "--out", tmp_path])
     assert result.exit_code == 128 + signal.SIGTERM, result.output
     monkeypatch.undo()
-    result = invoke(finetune_lc, ["--ckpt", straight / "mt.pt", "--resume", "--out", tmp_path])
-    assert result.exit_code == 0 and "ignored:" not in result.output, result.output
+    # the line again with another stage 1 and lambda2: both said, neither used (--out given: --ckpt is not read)
+    result = invoke(finetune_lc, ["--ckpt", straight / "mt_final.pt", *LC_ARGS, "--lam", "3", "--resume",
+                                  "--out", tmp_path])
+    assert result.exit_code == 0, result.output
+    assert (f"ignored: --ckpt {straight / 'mt_final.pt'} (the run's: {(straight / 'mt.pt').resolve()}), --lam 3.0 "
+            f"(the run's: ") in result.output, result.output
     assert_same_run(straight / "lc", tmp_path, LC_FILES)
 
 
