@@ -106,7 +106,8 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
 @click.option("--compress", type=click.FloatRange(min=0.01, max=1e6), default=1.0,
               help="Train the dataset's schedule this many times shorter: the paper's shape on a budget. Its "
                    "constant-lr and decay epochs, consistency ramp-up, LC's start (--lc-start-epoch) and evaluation "
-                   f"interval are divided by it (whole epochs, at least 1; ramps at least {MIN_RAMP_STEPS} steps), and "
+                   f"interval are divided by it (whole epochs, at least 1; a ramp keeps at least {MIN_RAMP_STEPS} steps, or "
+                   "its own length if shorter, and never outlasts its stage), and "
                    "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule; "
                    "under 1, longer (0.25: four times as long); a step that costs F times another's trains for the "
                    "same time with --compress F. Not tuned: no value was chosen on a test set.")
@@ -184,7 +185,8 @@ def split_of(o, data, own, echo):
         labels = len(labeled_idx)
     else:
         labels = o.labels if o.labels is not None else preset(o.dataset, None)["labels"]
-        labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, o.split_seed)
+        labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, o.split_seed,
+                                                     class_names=data.classes)
         unlabeled_idx, val_idx = hold_out(unlabeled_idx, o.val, o.split_seed)
     if len(data.test_y) == 0:
         echo(f"train_mt: {Path(o.data_dir) / 'test'} is missing, so there is no test error"

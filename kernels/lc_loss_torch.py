@@ -30,6 +30,9 @@ def combine_row_sums(row_num, row_cnt, n_labeled):
 def finish_forward(ctx, z, sq_norm, classes, row_num, row_cnt, n_labeled, eps):
     """The loss and neighbour fraction from the per-row sums; saves what the backward recomputes from."""
     loss, fraction, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
+    # A NaN or infinite feature compares false with eps, so its pairs would drop out and the loss
+    # merely shrink: the norms (NaN or infinite then) make it NaN instead, for a training guard to see.
+    loss = loss + sq_norm.sum().to(loss.dtype) * 0
     ctx.save_for_backward(z, sq_norm, classes, inv_count)
     ctx.mark_non_differentiable(fraction)
     ctx.n_labeled, ctx.eps = n_labeled, eps

@@ -61,6 +61,11 @@ def lc_loss_reference(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: f
     if its two classes are equal as well.
     """
     eps = check_lc_inputs(z_labeled, z_unlabeled, eps, classes)
+    # fp16/bf16 features are computed in fp32 (a ground truth rounds no intermediate, and the CPU's
+    # cdist has no half-precision kernel); the loss comes back in the features' dtype.
+    out_dtype = torch.promote_types(z_labeled.dtype, z_unlabeled.dtype)
+    work_dtype = torch.promote_types(out_dtype, torch.float32)
+    z_labeled, z_unlabeled = z_labeled.to(work_dtype), z_unlabeled.to(work_dtype)
     dim = z_labeled.shape[1]
     n_labeled = z_labeled.shape[0]
     if classes is None:
@@ -76,4 +81,4 @@ def lc_loss_reference(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: f
 
     unlabeled_classes = classes[n_labeled:]
     return (term(z_labeled, z_unlabeled, classes[:n_labeled], unlabeled_classes)
-            + term(z_unlabeled, z_unlabeled, unlabeled_classes, unlabeled_classes))
+            + term(z_unlabeled, z_unlabeled, unlabeled_classes, unlabeled_classes)).to(out_dtype)

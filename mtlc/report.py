@@ -68,6 +68,11 @@ def lc_diagnostics(state):
     return result
 
 
+def change(start, end):
+    """'2.5x smaller' or '1.6x larger': how a positive quantity changed, said the way it went."""
+    return f"{start / end:.1f}x smaller" if end <= start else f"{end / start:.1f}x larger"
+
+
 def describe_lc(d):
     """One line of lc_diagnostics for people."""
     fraction = d["max_neighbour_fraction_after_ramp"]
@@ -75,7 +80,7 @@ def describe_lc(d):
             + (f"after the ramp at most {fraction:.3f}" if fraction is not None else "not measured after the ramp "
                "(it lasted the whole run)") + "; median d2 same/different class "
             f"{d['d2_ratio_start']:.3f} -> {d['d2_ratio_end']:.3f}, mean d2 {d['d2_mean_start']:.3g} -> "
-            f"{d['d2_mean_end']:.3g} ({d['d2_mean_start'] / d['d2_mean_end']:.1f}x smaller)")
+            f"{d['d2_mean_end']:.3g} ({change(d['d2_mean_start'], d['d2_mean_end'])})")
     if "teacher_error_at_lc_start" in d:
         line += (f"; test error at LC's start student {d['student_error_at_lc_start']:.2f}% teacher "
                  f"{d['teacher_error_at_lc_start']:.2f}%, highest after it {d['student_max_rise_after_lc_start']:+.2f} "

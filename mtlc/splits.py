@@ -24,10 +24,11 @@ def own_split(labels, n_val, seed):
     return torch.from_numpy(np.sort(train)), unlabeled, torch.from_numpy(np.sort(val))
 
 
-def balanced_split(labels, n_labeled, num_classes, seed):
+def balanced_split(labels, n_labeled, num_classes, seed, *, class_names=None):
     """Indices of n_labeled training images, n_labeled / num_classes per class, and of the rest.
 
-    Drawn with its own generator, so the split depends on `seed` alone.
+    Drawn with its own generator, so the split depends on `seed` alone. class_names: how a refusal
+    names a class (its index without them).
     """
     if n_labeled < num_classes or n_labeled % num_classes:
         raise UserError(f"--labels {n_labeled} must be a positive multiple of the {num_classes} classes")
@@ -37,7 +38,8 @@ def balanced_split(labels, n_labeled, num_classes, seed):
     for c in range(num_classes):
         members = (labels == c).nonzero().flatten()
         if len(members) < per_class:
-            raise UserError(f"--labels {n_labeled} needs {per_class} images of class {c}, "
+            name = class_names[c] if class_names else c
+            raise UserError(f"--labels {n_labeled} needs {per_class} images of class {name}, "
                             f"the training set has {len(members)}")
         chosen.append(members[torch.randperm(len(members), generator=gen)[:per_class]])
     labeled = torch.cat(chosen).sort().values

@@ -103,7 +103,7 @@ def test_a_dataset_without_file_names_records_its_test_set_as_not_checked(mt_run
 
 @pytest.mark.parametrize("args, message", [
     (["--labels", "15"], "multiple of the 10 classes"),
-    (["--labels", "5000"], "needs 500 images of class"),
+    (["--labels", "5000"], "needs 500 images of class 0,"),
     (["--dataset", "folder"], "--labels is required"),
     (["--dataset", "imagenet"], "Invalid value for '--dataset'"),
     (["--labeled-batch", "0"], "Invalid value for '--labeled-batch'"),

@@ -99,6 +99,34 @@ def test_matches_reference_half(shape, dtype, impl):
     assert_matches_reference(zl, zu, 2.0, impl, RTOL[dtype])
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("where", ["labeled", "unlabeled"])
+def test_a_non_finite_feature_makes_the_loss_nan(impl, where):
+    """As lc_loss's docstring says: the fast paths never hide a NaN or an infinity (a training guard
+    must see it), unlike the reference, which leaves that point's pairs out."""
+    for bad in (float("nan"), float("inf")):
+        zl, zu = clustered(5, 9, 16, n_clusters=2)
+        (zl if where == "labeled" else zu)[1, 3] = bad
+        assert torch.isnan(lc_loss(zl, zu, 2.0, impl=impl))
+        assert torch.isfinite(lc_loss_reference(zl, zu, 2.0)) or bad == float("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_the_reference_takes_half_precision_features_on_any_device(dtype):
+    """What people compare their own loop against: fp16/bf16 features (whose cdist a CPU lacks) give
+    the loss and gradients in their dtype, the fp64 reference's within the dtype's tolerance."""
+    zl, zu = clustered(16, 64, 64, n_clusters=3, dtype=dtype)
+    zl, zu = zl.detach().requires_grad_(), zu.detach().requires_grad_()
+    loss = lc_loss_reference(zl, zu, 2.0)
+    loss.backward()
+    assert loss.dtype == zl.grad.dtype == zu.grad.dtype == dtype
+    ref, ref_gl, ref_gu = reference_and_grads(zl, zu, 2.0, 1.0)
+    torch.testing.assert_close(loss.double(), ref, rtol=RTOL[dtype], atol=RTOL[dtype] * 1e-3)
+    for got, want in ((zl.grad, ref_gl), (zu.grad, ref_gu)):
+        torch.testing.assert_close(got.double(), want, rtol=RTOL[dtype], atol=RTOL[dtype] * want.abs().max().item())
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(0, 7, 3), (3, 5, 7), (30, 100, 2), (16, 64, 64), (1, 130, 65), (33, 65, 129)],

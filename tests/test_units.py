@@ -59,6 +59,8 @@ def test_balanced_split_rejects(n, match):
     labels = torch.arange(10).repeat_interleave(30)
     with pytest.raises(UserError, match=match):
         balanced_split(labels, n, 10, seed=0)
+    with pytest.raises(UserError, match="needs 31 images of class airplane, the training set has 30"):
+        balanced_split(labels, 310, 10, seed=0, class_names=["airplane", *"bcdefghij"])
 
 
 def test_batch_stream_is_a_function_of_the_step():
