@@ -58,9 +58,15 @@ def _ensure_files(data_dir, files, download, what, or_else=""):
     if download is None:
         raise UserError(f"{what} files missing in {data_dir} ({', '.join(missing)}): only train_mt.py downloads a "
                         f"dataset (--dataset with --data-dir); give this command --data-dir where the files are")
+    made = [p for p in (data_dir, *data_dir.parents) if not p.exists()]  # the folders a download would make
     try:
         download()
     except Exception as exc:  # offline, a proxy, a full disk: all end the same way for the user
+        for folder in made:  # a failed download leaves no empty --data-dir behind (innermost first)
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (a partial archive, another run's files): left as it is
+                break
         raise UserError(f"{what} files missing in {data_dir} and the download failed "
                         f"({type(exc).__name__}); place {', '.join(missing)} there{or_else}") from None
     still = [f for f in files if not (data_dir / f).is_file()]

@@ -264,3 +264,29 @@ def test_compressed_schedule_is_the_papers_shape_shorter():
     digits, longer = preset("digits", 100, 10), preset("digits", 100, 10, compress=0.25)  # under 1: four times as long
     assert {k: longer[k] for k in ("epochs", "decay_epochs", "lc_epochs", "lc_decay_epochs", "cons_rampup", "lc_rampup")} \
         == {k: 4 * digits[k] for k in ("epochs", "decay_epochs", "lc_epochs", "lc_decay_epochs", "cons_rampup", "lc_rampup")}
+
+
+def test_a_failed_download_leaves_no_folder_it_made(tmp_path):
+    """Offline, a download makes --data-dir and fails: the folders it made go again (none of them was
+    there before); a folder that was there, or one holding a partial file, stays."""
+    from mtlc.data import _ensure_files
+
+    def failing(folder, partial=False):
+        def download():
+            folder.mkdir(parents=True, exist_ok=True)
+            if partial:
+                (folder / "cifar-10-python.tar.gz").write_bytes(b"half")
+            raise OSError("network unreachable")
+        return download
+
+    data_dir = tmp_path / "data" / "cifar10"
+    with pytest.raises(UserError, match="the download failed"):
+        _ensure_files(data_dir, ["data_batch_1"], failing(data_dir), "CIFAR-10")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(UserError):
+        _ensure_files(tmp_path / "mine", ["data_batch_1"], failing(tmp_path / "mine"), "CIFAR-10")
+    assert (tmp_path / "mine").is_dir()
+    with pytest.raises(UserError):
+        _ensure_files(data_dir, ["data_batch_1"], failing(data_dir, partial=True), "CIFAR-10")
+    assert (data_dir / "cifar-10-python.tar.gz").exists()
