@@ -225,7 +225,8 @@ def check_outputs_of(o, states):
                        "of the true class)."),
     cloup.option("--table", type=click.Path(dir_okay=False), default=None,
                   help="Write the results as the paper's Table 1 (methods x settings, mean +- std over the "
-                       "checkpoints) to this .md or .csv file."),
+                       "checkpoints) to this .md or .csv file. A setting run on other images than the published "
+                       "SVHN or CIFAR-10 (a subset, or image files such as the JPEG copy) says so."),
     cloup.option("--curves", type=click.Path(dir_okay=False, exists=True), multiple=True,
                   help="A *_metrics.jsonl file to draw with --plot (repeat: mt_metrics.jsonl and lc_metrics.jsonl)."),
     cloup.option("--plot", type=click.Path(dir_okay=False), default=None,

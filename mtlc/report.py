@@ -92,11 +92,25 @@ def mean_std(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+# The training and test images of the datasets as published: a run on others is marked in the tables.
+PUBLISHED_SIZES = dict(svhn=(73257, 26032), cifar10=(50000, 10000))
+
+
+def setting_of(result):
+    """'cifar10, 4000 labels', marked where the run saw other images than the published dataset's
+    (a subset, or CIFAR-10 read from image files such as the JPEG copy)."""
+    marks = ["from image files"] if result.get("image_files") and result["dataset"] in PUBLISHED_SIZES else []
+    sizes = PUBLISHED_SIZES.get(result["dataset"])
+    if sizes and "n_train" in result and (result["n_train"], result["n_test"]) != sizes:
+        marks.append(f"{result['n_train']:,} training and {result['n_test']:,} test images")
+    return f"{result['dataset']}, {result['labels']} labels" + (f" ({'; '.join(marks)})" if marks else "")
+
+
 def results_table(results):
     """Rows: method; columns: dataset and labels; cells: mean +- std of the test error over seeds."""
     groups = {}
     for r in results:
-        groups.setdefault((r["method"], f"{r['dataset']}, {r['labels']} labels"), []).append(r)
+        groups.setdefault((r["method"], setting_of(r)), []).append(r)
     methods = list(dict.fromkeys(m for m, _ in groups))
     settings = list(dict.fromkeys(s for _, s in groups))
     rows = []
@@ -120,7 +134,7 @@ def paired_differences(results):
     for r in results:
         control = controls.get(r.get("mt_checkpoint"))
         if r["stage"] == "lc" and not r["method"].endswith(CONTROL) and control is not None:
-            groups.setdefault((r["method"], f"{r['dataset']}, {r['labels']} labels"), []).append((r, control))
+            groups.setdefault((r["method"], setting_of(r)), []).append((r, control))
     rows = []
     for (method, setting), pairs in groups.items():
         row = dict(paired=f"{method} minus {pairs[0][1]['method']}", method=method, setting=setting, pairs=len(pairs))
@@ -175,8 +189,7 @@ def write_table(path, results):
             text += f"Test error (%) of the {model}, mean +- std over runs (runs in brackets)\n\n"
             text += "| method | " + " | ".join(settings) + " |\n| --- |" + " --- |" * len(settings) + "\n"
             for m in methods:
-                cells = [f"{cell[m, s][model + '_mean']:.2f} +- {cell[m, s][model + '_std']:.2f} ({cell[m, s]['runs']})"
-                         if (m, s) in cell else "-" for s in settings]
+                cells = [mean_cell(cell[m, s], model) if (m, s) in cell else "-" for s in settings]
                 text += f"| {m} | " + " | ".join(cells) + " |\n"
             text += "\n"
         paired = paired_differences(results)
@@ -191,6 +204,12 @@ def write_table(path, results):
             text += "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
     return text
+
+
+def mean_cell(row, model):
+    """'3.52 +- 0.98 (3)', or '87.10 (1)' for one run, which has no spread to show."""
+    spread = f" +- {row[model + '_std']:.2f}" if row["runs"] > 1 else ""
+    return f"{row[model + '_mean']:.2f}{spread} ({row['runs']})"
 
 
 def per_class_errors(y, predicted, classes):
@@ -212,7 +231,8 @@ def evaluate_checkpoint(path, state, data, models, device, *, pool_y=None, model
     mean, std = normalization(config, device)
     x, y = data.test_x, data.test_y
     result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"], method=method_name(state),
-                  stage=state["stage"], epoch=state["epoch"], n_test=len(y))
+                  stage=state["stage"], epoch=state["epoch"], n_test=len(y), n_train=len(data.train_y),
+                  image_files=data.files is not None)
     if state["stage"] == "lc":
         result["mt_checkpoint"] = config["lc"]["mt_checkpoint"]  # what pairs a run with its control
     per_class, predictions = {}, {}
@@ -235,8 +255,7 @@ def evaluate_checkpoint(path, state, data, models, device, *, pool_y=None, model
 
 def describe_result(result, state):
     """The text lines of one checkpoint's result."""
-    config = state["config"]
-    head = (f"{result['checkpoint']}: {config['dataset']}, {config['labels']} labels, {result['method']} "
+    head = (f"{result['checkpoint']}: {setting_of(result)}, {result['method']} "
             f"({state['stage']} epoch {state['epoch']}): ")
     if not result["n_test"]:
         lines = [head + "no test images (the folder has no test/)"]
