@@ -231,8 +231,9 @@ def lc_loss(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: float, *, i
     z_labeled: (N_l, D), N_l >= 0; z_unlabeled: (N_u, D), N_u >= 1; eps: the cut-off on the MEAN
     squared feature distance (the authors' units; Eq. 4 writes the sum). Semantics are those of
     `lc_loss_reference` on finite features; a NaN or infinite feature makes the loss NaN, where
-    the reference leaves that point's pairs out: a training guard sees it. Memory is O((N_l + N_u) D) in forward and backward. The loss and the gradients
-    come back in the inputs' dtype.
+    the reference leaves that point's pairs out: a training guard sees it. Memory is
+    O((N_l + N_u) D) in forward and backward. The loss and the gradients come back in the inputs'
+    dtype.
     impl: "auto" (Triton for CUDA tensors, the torch path otherwise), "triton" (CUDA tensors, or
     CPU tensors under TRITON_INTERPRET=1) or "torch" (row-chunked, any device).
     return_fraction: also return the fraction of the N_l N_u + N_u^2 ordered pairs that are

@@ -32,7 +32,8 @@ def finish_forward(ctx, z, sq_norm, classes, row_num, row_cnt, n_labeled, eps):
     loss, fraction, inv_count = combine_row_sums(row_num, row_cnt, n_labeled)
     # A NaN or infinite feature compares false with eps, so its pairs would drop out and the loss
     # merely shrink: the norms (NaN or infinite then) make it NaN instead, for a training guard to see.
-    loss = loss + sq_norm.sum().to(loss.dtype) * 0
+    # Two small launches (a sum, an add times 0); finite norms leave the loss bitwise as it was.
+    loss = torch.add(loss, sq_norm.sum(dtype=loss.dtype), alpha=0)
     ctx.save_for_backward(z, sq_norm, classes, inv_count)
     ctx.mark_non_differentiable(fraction)
     ctx.n_labeled, ctx.eps = n_labeled, eps

@@ -20,9 +20,9 @@ FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 # The extensions of those formats, lower case: .jpg .jpeg .mpo .png .bmp .gif .tif .tiff .webp .ppm .pgm ...
 IMAGE_EXTENSIONS = frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in FORMATS + ("MPO",))
 READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMATS, as people name them
-# walk_images counts the other files it leaves out under (OTHER, their kind): other_kind of the name,
-# or NOT_REGULAR; past MOST_KINDS kinds, under MORE_KINDS.
-OTHER, NOT_REGULAR, MORE_KINDS = "other", "pipes, sockets or devices", "others of more kinds"
+# walk_images counts the other files it leaves out in "others", and by kind under (OTHER, kind): the
+# name's other_kind, or NOT_REGULAR; MOST_KINDS kinds at most.
+OTHER, NOT_REGULAR = "other", "pipes, sockets or devices"
 MOST_KINDS = 100
 
 
@@ -157,13 +157,11 @@ def other_kind(name, longest=12):
 
 
 def count_other(counts, kind):
-    """Count a file left out, by kind: at most MOST_KINDS kinds are told apart (a stranger's folder of a
+    """Count a file left out, and its kind among the first MOST_KINDS (a stranger's folder of a
     million extensions costs no million counters)."""
     counts["others"] += 1
     if (OTHER, kind) in counts or len(counts) <= MOST_KINDS:
         counts[OTHER, kind] += 1
-    else:
-        counts[MORE_KINDS] += 1
 
 
 def find_images(root):
@@ -175,11 +173,11 @@ def find_images(root):
 def describe_others(counts, where, shown=5):
     """The one line that names the kinds of other files walk_images left out (counts), or '' for none:
     a folder of phone photos in HEIC, or of videos, is not silently taken for a smaller folder."""
-    kinds = sorted(((n, key[1]) for key, n in counts.items() if isinstance(key, tuple) and key[0] == OTHER),
-                   key=lambda item: (-item[0], item[1]))
-    total = sum(n for n, _ in kinds) + counts.get(MORE_KINDS, 0)
+    total = counts.get("others", 0)
     if not total:
         return ""
+    kinds = sorted(((n, key[1]) for key, n in counts.items() if isinstance(key, tuple) and key[0] == OTHER),
+                   key=lambda item: (-item[0], item[1]))
     named = [f"{n:,} {escaped(kind) if kind else 'without extension'}" for n, kind in kinds[:shown]]
     rest = total - sum(n for n, _ in kinds[:shown])
     heic = ("; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use them"

@@ -99,8 +99,9 @@ PUBLISHED_SIZES = dict(svhn=(73257, 26032), cifar10=(50000, 10000))
 def setting_of(result):
     """'cifar10, 4000 labels', marked where the run saw other images than the published dataset's
     (a subset, or CIFAR-10 read from image files such as the JPEG copy)."""
-    marks = ["from image files"] if result.get("image_files") and result["dataset"] in PUBLISHED_SIZES else []
-    sizes = PUBLISHED_SIZES.get(result["dataset"])
+    sizes, marks = PUBLISHED_SIZES.get(result["dataset"]), []
+    if sizes and result.get("image_files"):
+        marks.append("from image files")
     if sizes and "n_train" in result and (result["n_train"], result["n_test"]) != sizes:
         marks.append(f"{result['n_train']:,} training and {result['n_test']:,} test images")
     return f"{result['dataset']}, {result['labels']} labels" + (f" ({'; '.join(marks)})" if marks else "")

@@ -435,7 +435,7 @@ def test_other_files_are_named_by_kind_safely_and_in_bounded_memory(tmp_path):
         files.count_other(counts, files.other_kind(f"f.x{k}"))
     assert len(counts) <= files.MOST_KINDS + 2 and counts["others"] == 5000
     assert files.describe_others(counts, tmp_path).endswith(": 1 .x0, 1 .x1, 1 .x10, 1 .x11, 1 .x12, 4,995 of other kinds")
-    assert "1 file in %s that is not an image of" % tmp_path in files.describe_others({("other", ".mov"): 1}, tmp_path)
+    assert "1 file in %s that is not an image of" % tmp_path in files.describe_others({"others": 1, ("other", ".mov"): 1}, tmp_path)
 
 
 @pytest.mark.slow
