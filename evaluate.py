@@ -24,22 +24,22 @@ import click
 import cloup
 import torch
 
-from mtlc.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
-from mtlc.console import robust_streams
-from mtlc.splits import true_classes
-from mtlc.devices import pick_device
+from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
+from mtlc.disk.console import robust_streams
+from mtlc.data.splits import true_classes
+from mtlc.train.devices import pick_device
 from mtlc.errors import UserError
-from mtlc.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
-from mtlc.neighbours import DISTANCE_IMAGES, checkpoint_distances
-from mtlc.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
-from mtlc.label_studio import config_path as studio_config_path
-from mtlc.predicting import PredictOptions, export, predict, run_audit
-from mtlc.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
+from mtlc.use.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
+from mtlc.train.lc import DISTANCE_IMAGES, checkpoint_distances
+from mtlc.use.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
+from mtlc.use.label_studio import config_path as studio_config_path
+from mtlc.use.predict import PredictOptions, export, predict, run_audit
+from mtlc.use.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
-from mtlc.review import DEFAULT_MOST, DEFAULT_PER_CLASS
-from mtlc.kept_files import check_not_kept
-from mtlc.replaced import check_replaces_own_kind
-from mtlc.runs import check_not_among, check_outputs
+from mtlc.use.review import DEFAULT_MOST, DEFAULT_PER_CLASS
+from mtlc.disk.kept_files import check_not_kept
+from mtlc.disk.replaced import check_replaces_own_kind
+from mtlc.disk.runs import check_not_among, check_outputs
 
 
 # Options that belong to a job: given without it (on the command line), refused in one line.

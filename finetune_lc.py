@@ -16,21 +16,21 @@ from types import SimpleNamespace
 
 import click
 
-from mtlc.batches import Batches
-from mtlc.benchmark import report_benchmark
-from mtlc.checkpoints import (checkpoint_split, load_checkpoint, make_trainer, restore_data, restore_training,
+from mtlc.data.batches import Batches
+from mtlc.train.benchmark import report_benchmark
+from mtlc.train.checkpoints import (checkpoint_split, load_checkpoint, make_trainer, restore_data, restore_training,
                               resume_checkpoint)
-from mtlc.console import robust_streams
-from mtlc.splits import true_classes
-from mtlc.devices import processes, resolve_precision
+from mtlc.disk.console import robust_streams
+from mtlc.data.splits import true_classes
+from mtlc.train.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
-from mtlc.neighbours import MIN_LOSS_UNIT, neighbourhood_at_start
-from mtlc.curves import check_folder
-from mtlc.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.presets import preset, preset_help, stage_lengths
-from mtlc.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
-from mtlc.epochs import run_stage
+from mtlc.disk.kept_files import STAGE_OUTPUTS, check_not_kept_folder
+from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
+from mtlc.train.curves import check_folder
+from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.train.presets import preset, preset_help, stage_lengths
+from mtlc.disk.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
+from mtlc.train.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["lc"]
 

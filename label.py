@@ -32,12 +32,12 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from mtlc.console import robust_streams, shown
+from mtlc.disk.console import robust_streams, shown
 from mtlc.errors import UserError
-from mtlc.label_files import ASIDE, ASIDE_KINDS, SOURCES, read_labels
-from mtlc.label_log import LOG_NAME
-from mtlc.label_plan import plan
-from mtlc.labeling import apply, locked, undo
+from mtlc.label.inputs import ASIDE, ASIDE_KINDS, SOURCES, read_labels
+from mtlc.label.log import LOG_NAME
+from mtlc.label.plan import plan
+from mtlc.label.apply import apply, locked, undo
 
 
 def aside_kinds(ctx, param, value):

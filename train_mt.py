@@ -16,27 +16,27 @@ from types import SimpleNamespace
 
 import click
 
-from mtlc.batches import channel_stats
-from mtlc.benchmark import report_benchmark
-from mtlc.checkpoints import (checkpoint_split, fresh_training, make_trainer, restore_data, restore_training,
+from mtlc.data.batches import channel_stats
+from mtlc.train.benchmark import report_benchmark
+from mtlc.train.checkpoints import (checkpoint_split, fresh_training, make_trainer, restore_data, restore_training,
                               resume_checkpoint)
-from mtlc.console import robust_streams
-from mtlc.copies import leaked_test
-from mtlc.data import is_own_layout, load_dataset
-from mtlc.devices import processes, resolve_precision
+from mtlc.disk.console import robust_streams
+from mtlc.data.copies import leaked_test
+from mtlc.data.datasets import is_own_layout, load_dataset
+from mtlc.train.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.kept_files import STAGE_OUTPUTS, check_not_kept_folder
-from mtlc.label_log import LOG_NAME, relabeled_images
-from mtlc.model import check_image_size
-from mtlc.curves import check_folder
-from mtlc.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.presets import (CONSISTENCY, DATASETS, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
+from mtlc.disk.kept_files import STAGE_OUTPUTS, check_not_kept_folder
+from mtlc.label.log import LOG_NAME, relabeled_images
+from mtlc.train.model import check_image_size
+from mtlc.train.curves import check_folder
+from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.train.presets import (CONSISTENCY, DATASETS, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
                           preset_help, stage_lengths)
-from mtlc.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
-from mtlc.report import objective_name
-from mtlc.runs import check_resume_flags, existing_outputs, run_folder
-from mtlc.splits import balanced_split, hold_out, own_split
-from mtlc.epochs import run_stage
+from mtlc.train.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
+from mtlc.use.report import objective_name
+from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
+from mtlc.data.splits import balanced_split, hold_out, own_split
+from mtlc.train.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["mt"]
 # A stage 2 in --out continued the stage 1 a new run there replaces: its outputs are replaced with it.

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc
-from mtlc.batches import Batches  # noqa: E402
-from mtlc.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models  # noqa: E402
-from mtlc.neighbours import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2  # noqa: E402
-from mtlc.presets import preset  # noqa: E402
-from mtlc.splits import true_classes  # noqa: E402
+from mtlc.data.batches import Batches  # noqa: E402
+from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models  # noqa: E402
+from mtlc.train.lc import PairDistances, distance_steps, lc_features, lc_term, mean_pair_d2  # noqa: E402
+from mtlc.train.presets import preset  # noqa: E402
+from mtlc.data.splits import true_classes  # noqa: E402
 
 
 def pair_classes(batches, truth):

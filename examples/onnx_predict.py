@@ -6,7 +6,7 @@ alone (no torch, no mtlc): what an app or a service that receives the .onnx file
 Prints path,prediction,confidence (the calibrated probability of the predicted class); a file that
 cannot be read (or is none of the formats the project reads: JPEG, PNG, BMP, GIF, TIFF, WebP, PPM/PGM,
 whatever its name) gets an empty prediction, a message on stderr and exit code 1 at the end. The images
-are prepared as the project's training read them (mtlc.images.decode_bytes): EXIF orientation
+are prepared as the project's training read them (mtlc.data.images.decode_bytes): EXIF orientation
 applied, 16-bit and float images scaled to 8 bits by their range, RGB (transparency on white), JPEGs
 decoded at a reduced scale still at least the model's size, then resized bilinearly to it; the
 model's metadata says that size and the class names.
@@ -21,14 +21,14 @@ import numpy as np
 import onnxruntime
 from PIL import Image, ImageOps
 
-# The formats a file is opened as, whatever its name, as the project reads images (mtlc.files.FORMATS):
+# The formats a file is opened as, whatever its name, as the project reads images (mtlc.data.files.FORMATS):
 # PIL would otherwise pick any decoder it has by the file's first bytes (a .png holding PostScript is
 # handed to Ghostscript).
 FORMATS = ("JPEG", "PNG", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM")
 
 
 def eight_bit(img):
-    """A 16/32-bit integer or float image as 8-bit grayscale, scaled as mtlc.images.eight_bit does:
+    """A 16/32-bit integer or float image as 8-bit grayscale, scaled as mtlc.data.images.eight_bit does:
     integers by 0-255 or 0-65535 where they fit, floats in [0, 1] by 255, else from min to max."""
     x = np.asarray(img, dtype=np.float64)
     low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)

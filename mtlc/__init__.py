@@ -6,13 +6,13 @@
 
 The LC loss alone, for your own training loop: `from mtlc.kernels import lc_loss` once the package is
 installed (`pip install .`), `from kernels import lc_loss` in a checkout. Attributes are imported
-when first used, so that `import mtlc.labeling` (label.py) does not import torch.
+when first used, so that `import mtlc.label.apply` (label.py) does not import torch.
 """
 __all__ = ["Classifier", "Prediction", "load"]
 
 
 def __getattr__(name):
     if name in __all__:
-        from . import classifier
+        from .use import classifier
         return getattr(classifier, name)
     raise AttributeError(f"module 'mtlc' has no attribute {name!r}")

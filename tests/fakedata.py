@@ -58,10 +58,10 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None, 
     trainer_options go to Trainer."""
     import torch
 
-    from mtlc.batches import augment
-    from mtlc.checkpoints import LC_DEFAULTS, RUN_DEFAULTS
-    from mtlc.model import ModelConfig, build_models
-    from mtlc.training import Trainer, make_optimizer
+    from mtlc.data.batches import augment
+    from mtlc.train.checkpoints import LC_DEFAULTS, RUN_DEFAULTS
+    from mtlc.train.model import ModelConfig, build_models
+    from mtlc.train.trainer import Trainer, make_optimizer
     config = {**RUN_DEFAULTS, "image_size": data.train_x.shape[-1], **config}
     if stage.name == "lc":
         config["lc"] = dict(LC_DEFAULTS, **config.get("lc", {}))

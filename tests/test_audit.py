@@ -16,15 +16,16 @@ import evaluate
 import label
 from conftest import invoke, run, save_labels, snapshot, write_labels
 from fakedata import write_own_folder
-from mtlc.audit import AUDIT_HEADER, KINDS, outlier_findings
-from mtlc import audit as audit_module, nearest
-from mtlc.copies import copies_in, leaked_test, near_pairs
-from mtlc.data import ImageData
-from mtlc.files import file_digest
-from mtlc.chance import at_chance
-from mtlc.crossfit import fold_config
-from mtlc.schedule import learning_rate
-from mtlc.images import decode
+from mtlc.use.audit import AUDIT_HEADER, KINDS, outlier_findings
+from mtlc.use import audit as audit_module
+from mtlc.data import nearest
+from mtlc.data.copies import copies_in, leaked_test, near_pairs
+from mtlc.data.datasets import ImageData
+from mtlc.data.files import file_digest
+from mtlc.train.chance import at_chance
+from mtlc.use.crossfit import fold_config
+from mtlc.train.schedule import learning_rate
+from mtlc.data.images import decode
 
 
 def photo(seed, size=(48, 40)):

@@ -18,15 +18,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
 
-from mtlc import cache, images, seal
-from mtlc import batches
-from mtlc.batches import channel_stats
-from mtlc.data import load_dataset
-from mtlc.devices import Processes
+from mtlc.data import cache
+
+from mtlc.data import images
+
+from mtlc.disk import seal
+from mtlc.data import batches
+from mtlc.data.batches import channel_stats
+from mtlc.data.datasets import load_dataset
+from mtlc.train.devices import Processes
 from conftest import ROOT, run
 from fakedata import tiny_trainer, write_own_folder
 from mtlc.errors import UserError
-from mtlc.schedule import Stage
+from mtlc.train.schedule import Stage
 
 
 
@@ -48,7 +52,9 @@ def write_tiny_pngs(folder, n, seed=0):
 BOUNDED_DECODE = """
 import resource, sys, torch
 from pathlib import Path
-from mtlc import cache, files, images
+from mtlc.data import cache
+from mtlc.data import files
+from mtlc.data import images
 root, n, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 entries = files.scan_images(root)[0]
 cache.DECODE_BATCH = 64
@@ -79,8 +85,10 @@ def test_the_first_decode_holds_one_batch_not_every_image(tmp_path):
 # Decodes a folder slowly (each image waits 50 ms: 10 s in all, two manifests of kept work) until killed.
 SLOW_DECODE = """
 import sys, time
-from mtlc import cache, files, images
-from mtlc.data import load_dataset
+from mtlc.data import cache
+from mtlc.data import files
+from mtlc.data import images
+from mtlc.data.datasets import load_dataset
 cache.DECODE_BATCH = 8
 original = images.decode_bytes
 images.decode_bytes = lambda data, size: time.sleep(0.05) or original(data, size)
@@ -365,7 +373,7 @@ def test_a_pipe_in_the_cache_never_hangs(tmp_path, monkeypatch):
     (meta,) = [p for p in (tmp_path / "d" / "mtlc-cache").glob("train-*.json") if not p.name.endswith(".files.json")]
     meta.unlink()
     os.mkfifo(meta)
-    res = run("-c", "import sys; from mtlc.data import load_dataset; load_dataset('folder', sys.argv[1])", tmp_path / "d",
+    res = run("-c", "import sys; from mtlc.data.datasets import load_dataset; load_dataset('folder', sys.argv[1])", tmp_path / "d",
               env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")), timeout=120)
     assert res.returncode == 0 and "a link or a pipe" in res.stdout, res.stdout + res.stderr
 
@@ -379,7 +387,7 @@ def test_a_folder_at_a_cache_file_name_leaves_the_images_decoded_and_says_so(tmp
     (meta,) = [p for p in (tmp_path / "d" / "mtlc-cache").glob("train-*.json") if not p.name.endswith(".files.json")]
     meta.unlink()
     meta.mkdir()
-    res = run("-c", "import sys; from mtlc.data import load_dataset; d = load_dataset('folder', sys.argv[1]); "
+    res = run("-c", "import sys; from mtlc.data.datasets import load_dataset; d = load_dataset('folder', sys.argv[1]); "
               "print(len(d.train_y))", tmp_path / "d", env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")), timeout=120)
     assert res.returncode == 0 and "cannot write the decode cache" in res.stdout + res.stderr, res.stdout + res.stderr
     assert meta.is_dir()

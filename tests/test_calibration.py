@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from mtlc.calibration import Calibration, MIN_CALIBRATION_IMAGES, NoTemperature, acceptance_threshold, confidences, cross_fitted_ece, error_upper_bound, errors_at_coverage, expected_calibration_error, fit_temperature
+from mtlc.use.calibration import Calibration, MIN_CALIBRATION_IMAGES, NoTemperature, acceptance_threshold, confidences, cross_fitted_ece, error_upper_bound, errors_at_coverage, expected_calibration_error, fit_temperature
 
 
 def calibrated_logits(n, classes=10, seed=0):

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtlc.data import load_digits
-from mtlc.splits import balanced_split, hold_out
-from mtlc.neighbours import MIN_LOSS_UNIT
-from mtlc.checkpoints import CHECKPOINT_KEYS
-from mtlc.figures import stage_label
-from mtlc.epochs import fit
-from mtlc.schedule import Stage
+from mtlc.data.datasets import load_digits
+from mtlc.data.splits import balanced_split, hold_out
+from mtlc.train.lc import MIN_LOSS_UNIT
+from mtlc.train.checkpoints import CHECKPOINT_KEYS
+from mtlc.use.figures import stage_label
+from mtlc.train.epochs import fit
+from mtlc.train.schedule import Stage
 import evaluate
 import finetune_lc
 import train_mt

@@ -4,8 +4,8 @@ import pytest
 
 import finetune_lc
 import train_mt
-from mtlc.curves import scalars, tag
-from mtlc.runs import read_metrics
+from mtlc.train.curves import scalars, tag
+from mtlc.disk.runs import read_metrics
 from conftest import invoke
 from test_resume import LC_ARGS, MT_ARGS, interrupt_write
 
@@ -104,7 +104,7 @@ def test_a_tensorboard_folder_that_is_a_link_or_a_pipe_is_refused_before_any_wor
 
 
 def test_a_damaged_record_to_resume_from_is_one_line(tmp_path):
-    from mtlc.curves import TensorBoardCurves
+    from mtlc.train.curves import TensorBoardCurves
     from mtlc.errors import UserError
     for step in ("abc", float("nan"), 10 ** 30, True):
         with pytest.raises(UserError, match="damaged"):

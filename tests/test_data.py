@@ -4,8 +4,8 @@ import pytest
 import torch
 import torchvision
 
-from mtlc.batches import channel_stats
-from mtlc.data import CIFAR10_CLASSES, load_dataset, load_digits
+from mtlc.data.batches import channel_stats
+from mtlc.data.datasets import CIFAR10_CLASSES, load_dataset, load_digits
 from mtlc.errors import UserError
 from fakedata import write_cifar10, write_folder, write_svhn
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mtlc.images import BACKGROUND, decode
+from mtlc.data.images import BACKGROUND, decode
 
 SIZE = 32
 
@@ -109,7 +109,7 @@ def test_animations_and_multi_page_files_give_their_first_frame(tmp_path, suffix
 def test_large_jpeg_keeps_the_reduced_size_decode(tmp_path, monkeypatch):
     """A big JPEG, progressive or not, reaches the conversion already decoded at a reduced scale (PIL's
     draft): 1/8 of 2560 x 1920 is still over 32 pixels."""
-    from mtlc import images
+    from mtlc.data import images
     big = Image.fromarray(np.tile(picture(), (40, 40, 1)), "RGB")  # 2560 x 1920
     sizes = []
     as_seen = images.as_seen
@@ -122,7 +122,7 @@ def test_large_jpeg_keeps_the_reduced_size_decode(tmp_path, monkeypatch):
 
 def test_same_decode_for_training_and_predictions(tmp_path):
     """--predict reads a file exactly as training does: one decode."""
-    from mtlc import images
+    from mtlc.data import images
     rgb = picture()
     Image.fromarray(rgb, "RGB").save(tmp_path / "x.png")
     ((_, batch, failed, _),) = images.decode_batches([tmp_path / "x.png"], SIZE, 4)

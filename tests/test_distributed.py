@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.multiprocessing as mp
 
-from mtlc.data import load_digits
-from mtlc.splits import balanced_split
-from mtlc.devices import Processes
-from mtlc import neighbours
-from mtlc.epochs import fit
-from mtlc.schedule import Stage
+from mtlc.data.datasets import load_digits
+from mtlc.data.splits import balanced_split
+from mtlc.train.devices import Processes
+from mtlc.train import lc as neighbours
+from mtlc.train.epochs import fit
+from mtlc.train.schedule import Stage
 from conftest import ROOT, TINY_RUN
 from fakedata import tiny_trainer
 from kernels import lc_loss

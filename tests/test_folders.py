@@ -10,11 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from mtlc import files, images
+from mtlc.data import files
+
+from mtlc.data import images
 import train_mt
-from mtlc.data import load_dataset
-from mtlc.cache import DecodeCache, cache_dir
-from mtlc.files import find_images
+from mtlc.data.datasets import load_dataset
+from mtlc.data.cache import DecodeCache, cache_dir
+from mtlc.data.files import find_images
 from mtlc.errors import UserError
 from conftest import invoke, run
 from fakedata import write_own_folder
@@ -341,7 +343,7 @@ def test_image_size_is_refused_where_it_cannot_apply(tmp_path):
 
 
 def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
-    from mtlc.presets import MIN_RAMP_STEPS, ramp_epochs
+    from mtlc.train.presets import MIN_RAMP_STEPS, ramp_epochs
     assert ramp_epochs("cons_rampup", 100, 100) * 100 == pytest.approx(0.2 * 100 * 100)  # 20% of 10,000 steps
     assert ramp_epochs("lc_rampup", 40, 100) * 100 == pytest.approx(0.25 * 40 * 100)
     assert ramp_epochs("cons_rampup", 50, 10) * 10 == MIN_RAMP_STEPS  # 20% of 500 steps is under the floor
@@ -349,7 +351,7 @@ def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
 
 
 def test_augmentation_shift_scales_with_image_size():
-    from mtlc.batches import max_shift
+    from mtlc.data.batches import max_shift
     assert (max_shift(32), max_shift(64), max_shift(96), max_shift(16)) == (2, 4, 6, 1)
 
 
@@ -361,7 +363,7 @@ def write_truth(path, classes=("cat", "dog", "owl"), n_unlabeled=30, dirs=("", "
 
 
 def test_true_classes_of_a_folder_come_from_the_truth_file(tmp_path):
-    from mtlc.splits import true_classes
+    from mtlc.data.splits import true_classes
     write_own_folder(tmp_path / "d")
     data = load_dataset("folder", tmp_path / "d", echo=lambda *a, **k: None)
     with pytest.raises(UserError, match="30 unlabeled images of this folder have no known classes"):

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from mtlc.data import CIFAR10_CLASSES
+from mtlc.data.datasets import CIFAR10_CLASSES
 from conftest import ROOT, python_for_scripts, run
 from fakedata import write_folder
 

@@ -8,12 +8,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import train_mt
-from mtlc.data import load_digits
+from mtlc.data.datasets import load_digits
 from mtlc.errors import TrainingFailed, UserError
-from mtlc.graphed import DeviceGuards, GraphedSteps, ema_step, resolve_step_mode, sgd_step
-from mtlc.splits import balanced_split
-from mtlc.schedule import Stage
-from mtlc.training import EagerSteps, ema_update, make_optimizer
+from mtlc.train.graphed import DeviceGuards, GraphedSteps, ema_step, resolve_step_mode, sgd_step
+from mtlc.data.splits import balanced_split
+from mtlc.train.schedule import Stage
+from mtlc.train.trainer import EagerSteps, ema_update, make_optimizer
 from conftest import TINY_RUN, invoke, run
 from fakedata import tiny_trainer
 from tools.step_equivalence import compare_steps
@@ -267,7 +267,7 @@ def test_graphed_step_reads_nothing_back(digits, name):
 def test_a_failed_capture_warns_once_and_trains_on_uncaptured(digits, monkeypatch, capsys):
     """Where the GPU cannot record the step (a call that cannot be captured), the run says so once
     and goes on with the same step, uncaptured."""
-    from mtlc import graphed
+    from mtlc.train import graphed
     data, labeled, unlabeled = digits
     trainer = tiny_trainer(data, labeled, unlabeled, config("graphed"), MT)
     attempts = []

@@ -18,8 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mtlc import data as data_module
-from mtlc import runs
+from mtlc.data import datasets as data_module
+from mtlc.disk import runs
 import evaluate
 import train_mt
 from conftest import ROOT, invoke, run

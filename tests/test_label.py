@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 import label
-from mtlc import label_log, label_plan, labeling, spill
+from mtlc.label import log as label_log
+from mtlc.label import plan as label_plan
+from mtlc.label import apply as labeling
+from mtlc.disk import spill
 from conftest import ROOT, invoke, snapshot, write_labels
 from fakedata import write_own_folder
 

@@ -10,7 +10,7 @@ import pytest
 import label
 from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
-from mtlc import spill
+from mtlc.disk import spill
 from mtlc.errors import UserError, WriteFailed
 
 STRANGE = "tab\tesc\x1b[31m\nfake line.png"  # a TAB, an ANSI colour and a newline in one name

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import run, snapshot, write_labels
 from fakedata import write_own_folder
-from mtlc import label_log
-from mtlc.files import file_digest
+from mtlc.label import log as label_log
+from mtlc.data.files import file_digest
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 import label
 from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
-from mtlc.files import file_digest
+from mtlc.data.files import file_digest
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_a_full_disk_before_the_logs_first_row_leaves_no_log(folder, tmp_path, m
     """label.py --apply where the disk is full and there is no log yet: one line, nothing moved, no
     empty label-log.csv left; and where not even a temporary file can be written (a file-size limit of
     0), one line too."""
-    from mtlc import label_log
+    from mtlc.label import log as label_log
     labels = write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "red")])
     before = snapshot(folder)
     res = run("label.py", "--data-dir", folder, "--apply", labels, limit_kb=0)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from mtlc.errors import UserError
-from mtlc.label_studio import (FROM_NAME, TO_NAME, is_export, labeling_config, local_files_url, local_storage,
+from mtlc.use.label_studio import (FROM_NAME, TO_NAME, is_export, labeling_config, local_files_url, local_storage,
                                read_export, task, write_tasks)
 
 sdk = pytest.importorskip("label_studio_sdk")
@@ -259,7 +259,7 @@ def test_names_that_are_not_utf8_and_links_in_the_folder(tmp_path):
 
 def test_setup_lines_quote_paths_for_the_shell(tmp_path):
     import shlex
-    from mtlc.label_studio import setup_lines
+    from mtlc.use.label_studio import setup_lines
     root = tmp_path / "My Photos$(touch PWNED)"
     lines = setup_lines(root, root / "unlabeled", "tasks.json", root)
     assert f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={shlex.quote(str(root))} label-studio start" in lines[1]
@@ -268,7 +268,7 @@ def test_setup_lines_quote_paths_for_the_shell(tmp_path):
 
 
 def test_the_config_beside_the_tasks_replaces_only_a_labeling_config(tmp_path):
-    from mtlc.label_studio import write_project
+    from mtlc.use.label_studio import write_project
     (tmp_path / "t.label-config.xml").write_bytes(b"PK\x03\x04 someone's file")
     with pytest.raises(UserError, match="is no labeling config"):
         write_project(tmp_path / "t.json", [], ["cat"], tmp_path, "m")
@@ -293,7 +293,7 @@ def test_a_json_export_is_read_a_task_at_a_time():
     """The export's tasks come one at a time from a stream read a block at a time (an export of
     200,000 tasks is never in memory whole), each exactly what json.loads gives (a lone surrogate kept,
     numbers, nesting); bad JSON anywhere is one line for label.py."""
-    from mtlc.json_arrays import json_array_items
+    from mtlc.disk.json_arrays import json_array_items
 
     class Counted(io.StringIO):
         taken = 0

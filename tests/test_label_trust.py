@@ -11,7 +11,8 @@ import os
 import pytest
 
 import label
-from mtlc import label_log, labeling
+from mtlc.label import log as label_log
+from mtlc.label import apply as labeling
 from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
 

@@ -6,9 +6,9 @@ import subprocess
 import pytest
 import torch
 
-from mtlc.checkpoints import restore_data
-from mtlc.checkpoints import load_checkpoint, restore_models
-from mtlc import inference
+from mtlc.train.checkpoints import restore_data
+from mtlc.train.checkpoints import load_checkpoint, restore_models
+from mtlc.train import inference
 from conftest import ROOT, python_for_scripts
 # Digits, 100 labels, width 0.125, split and seed 1, at 16 x 16 pixels (the digits are 8 x 8; 32 x 32
 # costs 4x the time and MT gained less there), in 1,500 steps of 32 labeled + 64 unlabeled images

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from sklearn.neighbors import NearestNeighbors
 
-from mtlc import nearest
-from mtlc.nearest import in_memory
+from mtlc.data import nearest
+from mtlc.data.nearest import in_memory
 
 
 def reference(base, queries, k):

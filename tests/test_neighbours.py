@@ -6,15 +6,15 @@ import math
 import pytest
 import torch
 
-from mtlc.data import load_digits
-from mtlc.splits import balanced_split
+from mtlc.data.datasets import load_digits
+from mtlc.data.splits import balanced_split
 from fakedata import tiny_trainer
 from kernels import lc_loss
-from mtlc.model import Dropout, WeightNormMeanOnlyBN
-from mtlc.neighbours import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
-from mtlc import training
-from mtlc.epochs import fit
-from mtlc.schedule import Stage
+from mtlc.train.model import Dropout, WeightNormMeanOnlyBN
+from mtlc.train.lc import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
+from mtlc.train import trainer as training
+from mtlc.train.epochs import fit
+from mtlc.train.schedule import Stage
 
 
 def digits_config(**changes):
@@ -242,7 +242,7 @@ def test_stage_2_clips_the_gradient_norm_and_only_where_it_is_large(monkeypatch)
 def test_trainer_hands_the_loss_the_classes_of_its_pairs(pairs, monkeypatch):
     """all: no class ids; same-prediction: the labels, then the teacher's predicted classes; true-class:
     the true classes of the step's images in batch order."""
-    from mtlc import neighbours
+    from mtlc.train import lc as neighbours
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,

@@ -10,9 +10,9 @@ import torch
 import evaluate
 import mtlc
 from conftest import invoke
-from mtlc.calibration import DECIMALS
-from mtlc.images import decode
-from mtlc.onnx_export import INPUT, export_onnx
+from mtlc.use.calibration import DECIMALS
+from mtlc.data.images import decode
+from mtlc.use.onnx_export import INPUT, export_onnx
 
 pytestmark = pytest.mark.slow  # each export traces the network (torch.export): about 10 s
 

@@ -15,15 +15,15 @@ USE = """
 import pathlib, sys, torch
 import mtlc
 from mtlc.kernels import lc_loss, lc_loss_reference
-import mtlc.neighbours
-assert mtlc.neighbours.lc_loss is lc_loss
+import mtlc.train.lc
+assert mtlc.train.lc.lc_loss is lc_loss
 for module in (mtlc, mtlc.kernels):
     assert pathlib.Path(sys.argv[1]) in pathlib.Path(module.__file__).parents, module.__file__
 a, b = torch.randn(6, 16, requires_grad=True), torch.randn(24, 16, requires_grad=True)
 loss = lc_loss(a, b, 2.0, impl="torch")
 loss.backward()
 torch.testing.assert_close(loss, lc_loss_reference(a.detach(), b.detach(), 2.0))
-from mtlc.review import ASSETS
+from mtlc.use.review import ASSETS
 assert (ASSETS / "page.html").is_file() and callable(mtlc.load)
 print("ok")
 """

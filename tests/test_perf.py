@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mtlc.model import Dropout, ModelConfig, build_models
-from mtlc.devices import resolve_precision
-from mtlc.training import consistency_loss, ema_update
+from mtlc.train.model import Dropout, ModelConfig, build_models
+from mtlc.train.devices import resolve_precision
+from mtlc.train.trainer import consistency_loss, ema_update
 import conftest
 from conftest import ROOT, TINY_RUN
 

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 import evaluate
-from mtlc import images
-from mtlc import inference, predictions, seal
-from mtlc.calibration import fit_temperature, fitted_or_one
-from mtlc.images import decode
-from mtlc.checkpoints import load_checkpoint, restore_models
+from mtlc.data import images
+from mtlc.train import inference
+from mtlc.use import predictions
+from mtlc.disk import seal
+from mtlc.use.calibration import fit_temperature, fitted_or_one
+from mtlc.data.images import decode
+from mtlc.train.checkpoints import load_checkpoint, restore_models
 from conftest import ROOT, invoke, python_for_scripts, read_rows, run
 from fakedata import write_own_folder
 
@@ -143,7 +145,7 @@ def interrupted(trained, tmp_path, monkeypatch):
 
     def dies_on_the_second_batch(model, x, mean, std):
         calls.append(len(x))
-        if calls == [5, 5]:  # the files' batches (the held-out images pass through mtlc.inference)
+        if calls == [5, 5]:  # the files' batches (the held-out images pass through mtlc.train.inference)
             raise RuntimeError("killed")
         return real_classify(model, x, mean, std)
     monkeypatch.setattr(predictions, "model_outputs", dies_on_the_second_batch)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from mtlc.presets import CONSISTENCY
-from mtlc.pseudo_labels import ADAPTIVE_MOMENTUM, PseudoLabels, is_threshold
-from mtlc.strong_augment import CUTOUT_FILL, StrongAugment
+from mtlc.train.presets import CONSISTENCY
+from mtlc.train.pseudo_labels import ADAPTIVE_MOMENTUM, PseudoLabels, is_threshold
+from mtlc.data.strong_augment import CUTOUT_FILL, StrongAugment
 
 # RandAugment's ops at torchvision's magnitude 9 of 31 bins (0 .. 30), written out independently:
 # the op, its magnitude at bin 9, and the functional call it stands for.

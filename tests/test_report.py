@@ -1,5 +1,5 @@
-"""The lines evaluate.py writes for people (mtlc/report.py)."""
-from mtlc.report import describe_lc, setting_of, write_table
+"""The lines evaluate.py writes for people (mtlc/use/report.py)."""
+from mtlc.use.report import describe_lc, setting_of, write_table
 
 LC_DIAGNOSTICS = dict(eps=2.0, eps_auto=True, eps_scale="relative", max_neighbour_fraction_after_ramp=0.1,
                       d2_ratio_start=0.5, d2_ratio_end=0.4)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import finetune_lc
-from mtlc import runs
+from mtlc.disk import runs
 import train_mt
 from mtlc.errors import WriteFailed
-from mtlc.runs import Interrupted, atomic_write, read_metrics
+from mtlc.disk.runs import Interrupted, atomic_write, read_metrics
 from conftest import TINY_RUN, invoke
 
 TINY = [*TINY_RUN, "--unlabeled-batch", "512", "--seed", "2", "--precision", "fp32"]

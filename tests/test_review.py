@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlc.predictions import Prediction
-from mtlc.review import least_confident, write_review
+from mtlc.use.predictions import Prediction
+from mtlc.use.review import least_confident, write_review
 from conftest import ROOT, read_rows, save_labels
 
 def page_data(page):

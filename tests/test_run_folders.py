@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, TINY_RUN, run
 from fakedata import write_own_folder
-from mtlc.runs import LOCK_NAME
+from mtlc.disk.runs import LOCK_NAME
 
 TINY = [*TINY_RUN, "--unlabeled-batch", "256", "--seed", "5"]
 
@@ -96,7 +96,7 @@ def test_checkpoint_write_refused_then_the_rerun_completes(tmp_path):
 
 def test_metrics_write_refused_leaves_the_previous_file(tmp_path):
     """The metrics file is rewritten whole after every epoch; a refused rewrite leaves the last good one."""
-    code = ("import sys; from mtlc.runs import write_metrics; "
+    code = ("import sys; from mtlc.disk.runs import write_metrics; "
             "write_metrics(sys.argv[1], [{'epoch': i, 'pad': 'x' * 100} for i in range(2000)])")
     path = tmp_path / "mt_metrics.jsonl"
     path.write_text('{"epoch": 1}\n')

@@ -81,11 +81,11 @@ def test_non_finite_loss_stops_and_keeps_checkpoints(straight, tmp_path):
 def test_distribution_collapse_stops():
     """Features whose spread fell under 1% of its value when LC started stop the run (exit 3),
     naming eps and lambda2."""
-    from mtlc.data import load_digits
-    from mtlc.splits import balanced_split
+    from mtlc.data.datasets import load_digits
+    from mtlc.data.splits import balanced_split
     from fakedata import tiny_trainer
     from mtlc.errors import TrainingFailed
-    from mtlc.schedule import Stage
+    from mtlc.train.schedule import Stage
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,

@@ -1,8 +1,8 @@
 """--suggest's choice (TypiClust) on synthetic features where the answer is known."""
 import numpy as np
 
-from mtlc import selection
-from mtlc.selection import suggest
+from mtlc.use import selection
+from mtlc.use.selection import suggest
 
 CENTRES = [(1, 0, 0), (0, 1, 0), (0, 0, 1), (-1, 0, 0), (0, -1, 0), (0, 0, -1)]
 

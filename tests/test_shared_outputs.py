@@ -18,14 +18,14 @@ import torch
 import evaluate
 import train_mt
 from conftest import ROOT, invoke, python_for_scripts, read_rows, run
-from mtlc import prediction_store
-from mtlc.runs import staging_folder
-from mtlc.audit import AUDIT_HEADER
+from mtlc.use import prediction_store
+from mtlc.disk.runs import staging_folder
+from mtlc.use.audit import AUDIT_HEADER
 from mtlc.errors import UserError
-from mtlc import replaced
-from mtlc.nofollow import lock_folder
-from mtlc.replaced import check_replaces_own_kind
-from mtlc.work import Work, work_folder
+from mtlc.disk import replaced
+from mtlc.disk.opening import lock_folder
+from mtlc.disk.replaced import check_replaces_own_kind
+from mtlc.disk.work import Work, work_folder
 
 
 def test_a_work_folder_is_held_by_one_run_at_a_time(tmp_path):

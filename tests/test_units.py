@@ -4,13 +4,13 @@ import math
 import pytest
 import torch
 
-from mtlc.presets import PRESETS, preset
-from mtlc.model import ConvLarge, Dropout, WeightNormMeanOnlyBN
-from mtlc.batches import BatchStream, augment
-from mtlc.splits import balanced_split
+from mtlc.train.presets import PRESETS, preset
+from mtlc.train.model import ConvLarge, Dropout, WeightNormMeanOnlyBN
+from mtlc.data.batches import BatchStream, augment
+from mtlc.data.splits import balanced_split
 from mtlc.errors import UserError
-from mtlc.schedule import Stage, learning_rate, sigmoid_rampup
-from mtlc.training import consistency_loss, ema_update
+from mtlc.train.schedule import Stage, learning_rate, sigmoid_rampup
+from mtlc.train.trainer import consistency_loss, ema_update
 
 
 def test_sigmoid_rampup():
@@ -173,7 +173,7 @@ def test_presets_follow_the_paper():
 
 def schedule_trainer(stage):
     """A Trainer on digits with 5 steps per epoch (1,337 unlabeled images, batches of 256)."""
-    from mtlc.data import load_digits
+    from mtlc.data.datasets import load_digits
     from fakedata import tiny_trainer
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
@@ -227,7 +227,7 @@ def test_consistency_loss_is_eq_1_with_the_teacher_detached():
 def test_split_forward_is_two_passes():
     """SplitForward: the labeled and the unlabeled images each through the model with their own
     batch means, as two separate calls give them; a joint pass differs."""
-    from mtlc.model import SplitForward
+    from mtlc.train.model import SplitForward
     torch.manual_seed(0)
     model = ConvLarge(10, 0.0625)
     model.data_init(torch.randn(16, 3, 32, 32))
@@ -246,7 +246,7 @@ def test_compressed_schedule_is_the_papers_shape_shorter():
     """--compress 10 on CIFAR-10 (359 steps an epoch): every length a tenth, whole epochs; the
     consistency ramp held at 300 steps; stage 2 from MT's epoch 60 for 40 + 20 epochs as the paper's
     600 -> 1,000 + 200."""
-    from mtlc.presets import MIN_RAMP_STEPS, preset
+    from mtlc.train.presets import MIN_RAMP_STEPS, preset
     paper, short = preset("cifar10", 4000, 359), preset("cifar10", 4000, 359, compress=10)
     assert {k: short[k] for k in ("epochs", "decay_epochs", "lc_start_epoch", "lc_epochs", "lc_decay_epochs",
                                   "eval_every")} == dict(epochs=80, decay_epochs=20, lc_start_epoch=60, lc_epochs=40,
@@ -269,7 +269,7 @@ def test_compressed_schedule_is_the_papers_shape_shorter():
 def test_a_failed_download_leaves_no_folder_it_made(tmp_path):
     """Offline, a download makes --data-dir and fails: the folders it made go again (none of them was
     there before); a folder that was there, or one holding a partial file, stays."""
-    from mtlc.data import _ensure_files
+    from mtlc.data.datasets import _ensure_files
 
     def failing(folder, partial=False):
         def download():

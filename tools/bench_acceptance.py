@@ -13,7 +13,7 @@ import click
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
-from mtlc.calibration import acceptance_threshold, error_upper_bound  # noqa: E402
+from mtlc.use.calibration import acceptance_threshold, error_upper_bound  # noqa: E402
 
 
 def lowest_passing(confidence, correct, max_error):

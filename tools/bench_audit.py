@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root
-from mtlc.audit import copy_findings, outlier_findings, outlier_scores  # noqa: E402
-from mtlc.batches import normalization  # noqa: E402
-from mtlc.calibration import fitted_or_one  # noqa: E402
-from mtlc.checkpoints import load_checkpoint, restore_data, restore_models  # noqa: E402
-from mtlc.copies import thumbnails  # noqa: E402
-from mtlc.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities  # noqa: E402
-from mtlc.inference import outputs  # noqa: E402
+from mtlc.use.audit import copy_findings, outlier_findings, outlier_scores  # noqa: E402
+from mtlc.data.batches import normalization  # noqa: E402
+from mtlc.use.calibration import fitted_or_one  # noqa: E402
+from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models  # noqa: E402
+from mtlc.data.copies import thumbnails  # noqa: E402
+from mtlc.use.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities  # noqa: E402
+from mtlc.train.inference import outputs  # noqa: E402
 
 
 def at_k(ranked, positives, k):

@@ -138,7 +138,7 @@ class LoopRun:
 
     def evaluate(self, where, name, *args, code="after", allowed=(0,)):
         """evaluate.py of the folder's checkpoint with args, measured whole: work an earlier, interrupted
-        measurement kept beside its output (.<output>.mtlc-work, mtlc/work.py) removed first."""
+        measurement kept beside its output (.<output>.mtlc-work, mtlc/disk/work.py) removed first."""
         for output in (a for a in args if isinstance(a, Path)):
             shutil.rmtree(output.parent / f".{output.name}.mtlc-work", ignore_errors=True)
         return measure(f"{name} ({code})", [self.python, "evaluate.py", "--ckpt", self.checkpoint_of(where), *args,

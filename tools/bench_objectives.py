@@ -31,11 +31,11 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc
-from mtlc.calibration import confidences  # noqa: E402
-from mtlc.checkpoints import load_checkpoint, restore_data  # noqa: E402
-from mtlc.classifier import Classifier  # noqa: E402
-from mtlc.inference import outputs  # noqa: E402
-from mtlc.splits import true_classes  # noqa: E402
+from mtlc.use.calibration import confidences  # noqa: E402
+from mtlc.train.checkpoints import load_checkpoint, restore_data  # noqa: E402
+from mtlc.use.classifier import Classifier  # noqa: E402
+from mtlc.train.inference import outputs  # noqa: E402
+from mtlc.data.splits import true_classes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = {"mt": "mt_final.pt", "control": "control/lc.pt", "lc": "lc/lc.pt"}

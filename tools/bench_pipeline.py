@@ -28,11 +28,11 @@ import torchvision.transforms as T
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
-from mtlc.batches import channel_stats  # noqa: E402
-from mtlc.data import load_digits  # noqa: E402
-from mtlc.devices import conv_rate, device_name, pick_device, sync  # noqa: E402
-from mtlc.model import Dropout, ModelConfig, build_models  # noqa: E402
-from mtlc.training import make_optimizer  # noqa: E402
+from mtlc.data.batches import channel_stats  # noqa: E402
+from mtlc.data.datasets import load_digits  # noqa: E402
+from mtlc.train.devices import conv_rate, device_name, pick_device, sync  # noqa: E402
+from mtlc.train.model import Dropout, ModelConfig, build_models  # noqa: E402
+from mtlc.train.trainer import make_optimizer  # noqa: E402
 
 
 class PNGImages(torch.utils.data.Dataset):

@@ -119,8 +119,8 @@ def measure(name, args, env=None, cwd=ROOT, allowed=(0,)):
 LOAD = """
 import sys, time, json, resource
 t = time.perf_counter()
-from mtlc.data import load_dataset
-import mtlc.batches, mtlc.training, mtlc.model
+from mtlc.data.datasets import load_dataset
+import mtlc.data.batches, mtlc.train.trainer, mtlc.train.model
 imported = time.perf_counter()
 data = load_dataset("folder", sys.argv[1], image_size=int(sys.argv[2]), echo=lambda line: None)
 loaded = time.perf_counter()
@@ -130,8 +130,8 @@ print(json.dumps(dict(imports_s=imported - t, load_s=loaded - imported, images=l
 
 DECODE_ALONE = """
 import sys, time, json, resource
-from mtlc.files import find_images
-from mtlc.images import decode_batches
+from mtlc.data.files import find_images
+from mtlc.data.images import decode_batches
 t = time.perf_counter()
 paths = find_images(sys.argv[1])[0]
 n = sum(len(chunk) for chunk, *_ in decode_batches(paths, int(sys.argv[2]), int(sys.argv[3])))
@@ -142,8 +142,8 @@ print(json.dumps(dict(images=n, seconds=time.perf_counter() - t, images_per_s=n 
 
 HASH_ALONE = """
 import sys, time, json
-from mtlc.files import find_images
-from mtlc.images import file_digest, pooled, read_file
+from mtlc.data.files import find_images
+from mtlc.data.images import file_digest, pooled, read_file
 t = time.perf_counter()
 paths = find_images(sys.argv[1])[0]
 n = sum(len(chunk) for chunk, _ in pooled(lambda path: file_digest(read_file(path)), paths, 1024))
@@ -164,10 +164,10 @@ def move_shard(folder, back=False):
 
 MODEL_ALONE = """
 import sys, time, json, torch
-from mtlc.checkpoints import load_checkpoint, restore_models
-from mtlc.data import load_dataset
-from mtlc.batches import normalization
-from mtlc.inference import outputs
+from mtlc.train.checkpoints import load_checkpoint, restore_models
+from mtlc.data.datasets import load_dataset
+from mtlc.data.batches import normalization
+from mtlc.train.inference import outputs
 state = load_checkpoint(sys.argv[1])
 _, teacher = restore_models(state, torch.device("cpu"))
 data = load_dataset("folder", sys.argv[2], image_size=int(sys.argv[3]), echo=lambda line: None)
@@ -269,7 +269,7 @@ def measure_scale(n, image_size, root, width, steps, out, predict_images, model_
     predicted = ([folder / "unlabeled"] if n_predicted == n else
                  [folder / "unlabeled" / f"{k:04d}" for k in range(-(-n_predicted // PER_FOLDER))])
     commands = dict(
-        imports=[python, "-c", "import mtlc.data, mtlc.batches, mtlc.training, mtlc.model"],
+        imports=[python, "-c", "import mtlc.data.datasets, mtlc.data.batches, mtlc.train.trainer, mtlc.train.model"],
         first_decode=[python, "-c", LOAD, folder, str(image_size)],
         second_start=[python, "-c", LOAD, folder, str(image_size)],
         training=[python, "train_mt.py", "--dataset", "folder", "--data-dir", folder, "--image-size", str(image_size),

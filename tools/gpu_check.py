@@ -29,11 +29,11 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels, the scripts
-from mtlc.devices import conv_rate, device_name, pick_device  # noqa: E402
+from mtlc.train.devices import conv_rate, device_name, pick_device  # noqa: E402
 from mtlc.errors import UserError  # noqa: E402
-from mtlc.figures import plot_curves, training_seconds  # noqa: E402
-from mtlc.presets import preset  # noqa: E402
-from mtlc.runs import atomic_write, read_metrics  # noqa: E402
+from mtlc.use.figures import plot_curves, training_seconds  # noqa: E402
+from mtlc.train.presets import preset  # noqa: E402
+from mtlc.disk.runs import atomic_write, read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the project's root: the scripts run there
 PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10-data", "cifar10")
@@ -222,7 +222,7 @@ def cifar10_data(check):
     """CIFAR-10 extracted from the archive and its images decoded into the memory-mapped cache, all
     on the CPU (the session runs it beside the step, on the other half of the cores); the cifar10
     part then starts training at once."""
-    from mtlc.data import load_dataset
+    from mtlc.data.datasets import load_dataset
     data = load_dataset("cifar10", extract_cifar10(check), echo=lambda message: None)
     return dict(train=len(data.train_y), test=len(data.test_y))  # its time: the part's seconds
 

@@ -20,14 +20,14 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels
-from mtlc.batches import channel_stats, seed_step  # noqa: E402
-from mtlc.checkpoints import RUN_DEFAULTS, LC_DEFAULTS  # noqa: E402
-from mtlc.data import load_digits  # noqa: E402
-from mtlc.devices import Processes, pick_device  # noqa: E402
-from mtlc.model import ModelConfig, build_models  # noqa: E402
-from mtlc.splits import balanced_split  # noqa: E402
-from mtlc.schedule import Stage  # noqa: E402
-from mtlc.training import Trainer, make_optimizer  # noqa: E402
+from mtlc.data.batches import channel_stats, seed_step  # noqa: E402
+from mtlc.train.checkpoints import RUN_DEFAULTS, LC_DEFAULTS  # noqa: E402
+from mtlc.data.datasets import load_digits  # noqa: E402
+from mtlc.train.devices import Processes, pick_device  # noqa: E402
+from mtlc.train.model import ModelConfig, build_models  # noqa: E402
+from mtlc.data.splits import balanced_split  # noqa: E402
+from mtlc.train.schedule import Stage  # noqa: E402
+from mtlc.train.trainer import Trainer, make_optimizer  # noqa: E402
 
 # torch.testing's defaults for the dtypes the steps compute in (bf16: two of its ulps).
 TOLERANCES = {"fp32": dict(rtol=1e-5, atol=1e-6), "bf16": dict(rtol=1.6e-2, atol=1e-5)}
@@ -130,7 +130,7 @@ def fresh_draws(graphed):
     indices = graphed.steps.tables.indices[0]
     first, second = graphed.steps.views(indices), graphed.steps.views(indices)
     if graphed.device.type == "cuda":  # its own captured graph, replayed twice
-        from mtlc.graphed import capture, on_side_stream
+        from mtlc.train.graphed import capture, on_side_stream
         outputs = []
         on_side_stream(lambda: graphed.steps.views(indices))
         graph = capture(lambda: outputs.append(graphed.steps.views(indices)))

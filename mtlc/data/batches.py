@@ -1,0 +1,222 @@
+"""The batch stream: which images every step trains on, gathered a batch at a time from the
+(memory-mapped, for an image folder) uint8 images, augmented and normalized on the training
+device; and the passes over many images (channel statistics, predictions) that read them in
+bounded batches, never a float copy of the folder.
+"""
+import contextlib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+from .mapped import in_order, release_pages
+from .strong_augment import StrongAugment
+
+# Bytes of uint8 images a whole-dataset pass reads at a time (the channel statistics): 64 MiB.
+PASS_BYTES = 2 ** 26
+
+
+def image_batches(x, idx=None, batch_size=None):
+    """Consecutive batches of the uint8 images x (all of them, or the rows idx in that order), each
+    a tensor in memory: over a memory-mapped x only the rows of one batch are read at a time.
+    batch_size: images per batch [default: as many as PASS_BYTES hold]."""
+    n = len(x) if idx is None else len(idx)
+    batch_size = batch_size or max(1, PASS_BYTES // max(1, x[0].numel() if len(x) else 1))
+    with in_order(x) if idx is None else contextlib.nullcontext():
+        for i in range(0, n, batch_size):
+            yield x[i:i + batch_size] if idx is None else x[idx[i:i + batch_size]]
+            release_pages(x)
+
+
+GATHER_ROWS = 256  # scattered images read between two releases of the mapped pages (1,024 mapped up to 660 MB)
+
+
+class ImageRows:
+    """The uint8 images of several arrays (a folder's training then test images, each memory-mapped)
+    as one sequence, never copied into one: consecutive batches, and the rows at given positions."""
+
+    def __init__(self, *parts):
+        self.parts = [p for p in parts if len(p)] or list(parts[:1])
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    @property
+    def image_size(self):
+        return self.parts[0].shape[-1]
+
+    def batches(self, batch_size=None):
+        """Consecutive batches in memory (image_batches of each part in turn)."""
+        for part in self.parts:
+            yield from image_batches(part, None, batch_size)
+
+    def gather(self, idx):
+        """The images at positions idx (any order), in memory; the mapped pages read let go every
+        GATHER_ROWS images (each scattered image can map a whole folio of the cache, up to 2 MB:
+        262,144 of a million images gathered at once mapped all 3 GB of it)."""
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        out = torch.empty(len(idx), *self.parts[0].shape[1:], dtype=torch.uint8)
+        for k, part in enumerate(self.parts):
+            mine = torch.nonzero((idx >= int(self.starts[k])) & (idx < int(self.starts[k + 1])))[:, 0]
+            for start in range(0, len(mine), GATHER_ROWS):
+                chunk = mine[start:start + GATHER_ROWS]
+                out[chunk] = part[idx[chunk] - int(self.starts[k])]
+                release_pages(part)
+        return out
+
+
+def channel_stats(x):
+    """Per-channel mean and std (n - 1) of uint8 images, in [0, 1] units: exact, from integer sums
+    over batches, so the result is the same whatever the batch size, the order or the folder's size."""
+    sums, squares, count = np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64), 0
+    for batch in image_batches(x):
+        b = batch.numpy()
+        # Summed into int64 in numpy's small buffers; squares fit uint16 (255^2 < 2^16): no 8x copy.
+        sums += b.sum((0, 2, 3), dtype=np.int64)
+        squares += np.square(b, dtype=np.uint16).sum((0, 2, 3), dtype=np.int64)
+        count += b.shape[0] * b.shape[2] * b.shape[3]
+    sums, squares = (v.tolist() for v in (sums, squares))
+    mean = [s / (255 * count) for s in sums]
+    # Python's integers keep q n - s^2 exact; one rounding to float at the end.
+    std = [((q * count - s * s) / (count * (count - 1))) ** 0.5 / 255 for s, q in zip(sums, squares)]
+    return torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
+
+
+class BatchStream:
+    """The indices of every step's batches, a pure function of (seed, step): an epoch is one pass
+    over the unlabeled set in a fresh random order; the labeled set cycles in its own orders."""
+
+    def __init__(self, n_labeled, n_unlabeled, labeled_batch, unlabeled_batch, seed):
+        self.n_labeled, self.n_unlabeled = n_labeled, n_unlabeled
+        self.labeled_batch, self.unlabeled_batch, self.seed = labeled_batch, unlabeled_batch, seed
+        self.steps_per_epoch = max(1, n_unlabeled // unlabeled_batch)
+        self._perms = {}
+
+    def _perm(self, kind, k, n):
+        key = (kind, k)
+        if key not in self._perms:
+            if len(self._perms) > 8:
+                self._perms.clear()
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * k + kind)
+            self._perms[key] = torch.randperm(n, generator=gen)
+        return self._perms[key]
+
+    def batch(self, step):
+        """(positions in the labeled set, positions in the unlabeled set) for this step."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        u = self._perm(1, epoch, self.n_unlabeled)
+        u = u[torch.arange(i * self.unlabeled_batch, (i + 1) * self.unlabeled_batch) % self.n_unlabeled]
+        pos = torch.arange(step * self.labeled_batch, (step + 1) * self.labeled_batch)
+        cycles, offsets = pos // self.n_labeled, pos % self.n_labeled
+        lab = torch.empty_like(pos)
+        for cycle in cycles.unique().tolist():
+            sel = cycles == cycle
+            lab[sel] = self._perm(0, cycle, self.n_labeled)[offsets[sel]]
+        return lab, u
+
+
+def max_shift(image_size):
+    """The augmentation's translation in pixels: the paper's 2 at 32 x 32, in proportion at other sizes."""
+    return max(1, round(2 * image_size / 32))
+
+
+def augment(x, mean, std, flip, max_shift=2):
+    """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
+    CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
+    return normalize(shift_and_flip(x, flip, max_shift), mean, std)
+
+
+def shift_and_flip(x, flip, max_shift=2):
+    """augment's translation and flip (the weak view), still uint8."""
+    b, _, h, w = x.shape
+    padded = F.pad(x, (max_shift,) * 4)
+    dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    dx = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]
+    out = padded[torch.arange(b, device=x.device)[:, None, None, None],
+                 torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
+    if flip:
+        flipped = torch.rand(b, device=x.device) < 0.5
+        out = torch.where(flipped[:, None, None, None], out.flip(3), out)
+    return out
+
+
+def normalize(x, mean, std):
+    return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+def normalization(config, device=None):
+    """A run's per-channel (mean, std) of its training images (channel_stats, kept in its config), as
+    tensors on device: what normalize takes."""
+    return tuple(torch.tensor(config[k], device=device) for k in ("mean", "std"))
+
+
+def seed_step(seed, step, rank=0):
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
+    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
+
+
+class Batches:
+    """One process's share of every step's batch, on the training device: the student's and the
+    teacher's independently augmented views (labeled images first) and the labels of the labeled
+    images. With `world` processes each takes its 1/world share of the configured (global) labeled
+    and unlabeled batches. The images stay where they are (memory-mapped for a folder, in the host's
+    memory otherwise): each step gathers its own on the host and moves those to the device."""
+
+    def __init__(self, data, split, config, device, rank=0, world=1):
+        for key in ("labeled_batch", "unlabeled_batch"):
+            if config[key] % world:
+                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
+                                f"{world} processes")
+        self.device, self.seed, self.rank = device, config["seed"], rank
+        self.n_lab, self.n_unl = config["labeled_batch"] // world, config["unlabeled_batch"] // world
+        self.lab_idx, self.unl_idx, self.val_idx = (split[k].cpu() for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
+        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
+                                  config["unlabeled_batch"], config["seed"])
+        self.train_x, self.train_y = data.train_x, data.train_y
+        self.mean, self.std = normalization(config, device)
+        self.flip = config["dataset"] == "cifar10"
+        self.max_shift = max_shift(config["image_size"])
+        # The pseudo-label objective trains the student on strong views of the unlabeled images.
+        self.strong = StrongAugment(config["image_size"]) if config["consistency"] == "fixmatch" else None
+
+    def indices(self, step):
+        """The training-set indices of this process's share of the step's images, labeled ones first."""
+        lab_pos, unl_pos = self.stream.batch(step)
+        r = self.rank
+        lab_pos, unl_pos = lab_pos[r * self.n_lab:(r + 1) * self.n_lab], unl_pos[r * self.n_unl:(r + 1) * self.n_unl]
+        return torch.cat([self.lab_idx[lab_pos], self.unl_idx[unl_pos]])
+
+    def views(self, step):
+        """(student view, teacher view, labels of the labeled images) of this process's share of the step."""
+        seed_step(self.seed, step, self.rank)
+        idx = self.indices(step)
+        images = self.train_x[idx].to(self.device, non_blocking=True)
+        release_pages(self.train_x)  # a fraction of a millisecond: memory stays at one batch
+        return *self.augmented(images), self.train_y[idx[:self.n_lab]].to(self.device)
+
+    def augmented(self, images, sync_free=False):
+        """(student view, teacher view) of a step's uint8 images on the device (labeled first), drawn
+        independently: both weak (shift, flip), or with the pseudo-label objective the student's
+        unlabeled images strong (strong_augment.py); sync_free: no host read (the graphed step)."""
+        student = (self.strong_view(images, sync_free) if self.strong
+                   else shift_and_flip(images, self.flip, self.max_shift))
+        teacher = shift_and_flip(images, self.flip, self.max_shift)
+        return tuple(normalize(v, self.mean, self.std).contiguous(memory_format=torch.channels_last)
+                     for v in (student, teacher))
+
+    def strong_view(self, images, sync_free):
+        """The labeled images weak, the unlabeled ones strong (built on their own weak view, as FixMatch's)."""
+        weak = shift_and_flip(images, self.flip, self.max_shift)
+        return torch.cat([weak[:self.n_lab], self.strong(weak[self.n_lab:], sync_free)])
+
+    def training_images(self, n, batch_size=500):
+        """A fixed sample of up to n training images (labeled and unlabeled, never the validation
+        hold-out), normalized and not augmented, in batches: what the BN statistics are computed on."""
+        pool = torch.cat([self.lab_idx, self.unl_idx])
+        pick = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[:n]]
+        for batch in image_batches(self.train_x, pick, batch_size):
+            yield normalize(batch.to(self.device), self.mean, self.std)

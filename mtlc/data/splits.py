@@ -1,0 +1,94 @@
+"""Which training images are labeled, unlabeled or held out for validation (by seed alone), and,
+for measurements only, the true classes of the unlabeled ones.
+"""
+import csv
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+
+
+def own_split(labels, n_val, seed):
+    """A folder of your own images: every labeled image is labeled, every unlabeled one unlabeled;
+    n_val labeled images (stratified by class) are held out as a validation set, never trained on."""
+    from sklearn.model_selection import train_test_split
+    pool, unlabeled = (labels >= 0).nonzero().flatten(), (labels < 0).nonzero().flatten()
+    if n_val == 0:
+        return pool, unlabeled, torch.zeros(0, dtype=torch.long)
+    counts = torch.bincount(labels[pool])
+    if n_val < len(counts) or len(pool) - n_val < len(counts) or counts.min() < 2:
+        raise UserError(f"--val {n_val}: a hold-out stratified by class needs at least one image per class in it and "
+                        f"one left to train on ({len(pool)} labeled images, {counts.min().item()} in the smallest class)")
+    train, val = train_test_split(pool.numpy(), test_size=n_val, random_state=seed, stratify=labels[pool].numpy())
+    return torch.from_numpy(np.sort(train)), unlabeled, torch.from_numpy(np.sort(val))
+
+
+def balanced_split(labels, n_labeled, num_classes, seed, *, class_names=None):
+    """Indices of n_labeled training images, n_labeled / num_classes per class, and of the rest.
+
+    Drawn with its own generator, so the split depends on `seed` alone. class_names: how a refusal
+    names a class (its index without them).
+    """
+    if n_labeled < num_classes or n_labeled % num_classes:
+        raise UserError(f"--labels {n_labeled} must be a positive multiple of the {num_classes} classes")
+    per_class = n_labeled // num_classes
+    gen = torch.Generator().manual_seed(seed)
+    chosen = []
+    for c in range(num_classes):
+        members = (labels == c).nonzero().flatten()
+        if len(members) < per_class:
+            name = class_names[c] if class_names else c
+            raise UserError(f"--labels {n_labeled} needs {per_class} images of class {name}, "
+                            f"the training set has {len(members)}")
+        chosen.append(members[torch.randperm(len(members), generator=gen)[:per_class]])
+    labeled = torch.cat(chosen).sort().values
+    is_labeled = torch.zeros(len(labels), dtype=torch.bool)
+    is_labeled[labeled] = True
+    unlabeled = (~is_labeled).nonzero().flatten()
+    if len(unlabeled) == 0:
+        raise UserError(f"--labels {n_labeled} leaves no unlabeled training image")
+    return labeled, unlabeled
+
+
+def hold_out(unlabeled, n_val, seed):
+    """Move n_val random images of the unlabeled set into a validation set that is never trained on."""
+    if n_val < 0 or n_val >= len(unlabeled):
+        raise UserError(f"--val {n_val} must be >= 0 and leave unlabeled images ({len(unlabeled)} available)")
+    order = torch.randperm(len(unlabeled), generator=torch.Generator().manual_seed(seed + 1))
+    return unlabeled[order[n_val:]].sort().values, unlabeled[order[:n_val]].sort().values
+
+
+def true_classes(data, truth_csv=None, option="--truth"):
+    """Every training image's true class: the dataset's labels and, for a folder's unlabeled images
+    (label -1), those of a CSV with columns path,class (paths as the folder names them, e.g.
+    unlabeled/u00001.jpg; examples/own_images.py writes one beside the folders it builds). For
+    measurements only: training never reads them. Exit 2 where a class is missing or unknown."""
+    y = data.train_y.clone()
+    unknown = (y < 0).nonzero().flatten().tolist()
+    if not unknown:
+        return y
+    if truth_csv is None:
+        raise UserError(f"the {len(unknown)} unlabeled images of this folder have no known classes: give {option}, "
+                        f"a CSV of path,class for them")
+    try:
+        with open(truth_csv, newline="") as f:
+            rows = {r.get("path"): r.get("class") for r in csv.DictReader(f)}
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read {option} {truth_csv}: {exc}") from None
+    names = [data.files["train"][i] for i in unknown]
+    missing = [n for n in names if rows.get(n) not in data.classes]
+    if missing:
+        raise UserError(f"{option} {truth_csv} has no known class for {len(missing)} unlabeled images "
+                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    y[unknown] = torch.tensor([data.classes.index(rows[n]) for n in names])
+    return y
+
+
+def unleaked_test(config, names):
+    """The positions of the test images (their names) that copy no training image, which
+    config["leaked_test"] names (train_mt.py looks for them); None where none does."""
+    leaked = set(config.get("leaked_test") or ())
+    if not leaked or names is None:
+        return None
+    return torch.tensor([i for i, name in enumerate(names) if name not in leaked], dtype=torch.long)

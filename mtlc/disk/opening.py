@@ -1,0 +1,82 @@
+"""The files the tools keep inside a folder they do not own outright (label.py's log, a run's lock,
+the decode cache and its folder): a folder shipped by someone else may hold a symbolic link, a pipe or
+a hard link under any of those names. Each is opened without following a link (O_NOFOLLOW) and
+without waiting (O_NONBLOCK: a pipe opens at once instead of blocking the run), then checked by fstat
+to be a regular file, and, where it will be written, to have no other name (a hard link to a file
+elsewhere would be rewritten there too); a folder is checked to be a real folder, not a link to one.
+Anything else is refused with UserError (one line, exit 2) before a byte is written.
+"""
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def refusal(path, what, st):
+    """The one line that says why `path` is not the regular file or folder it should be."""
+    kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a pipe" if stat.S_ISFIFO(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a folder" if stat.S_ISDIR(st.st_mode) else "a file" if stat.S_ISREG(st.st_mode) else "not a file")
+    return (f"{path} is {kind}, not the {what} this project keeps there (a folder from elsewhere may hold one): "
+            f"nothing was written; remove it and run again")
+
+
+def open_kept(path, flags, what, mode=0o666, writing=False):
+    """A file descriptor of the kept file `path` (os.open flags: O_NOFOLLOW and O_NONBLOCK are added),
+    checked to be a regular file and, when `writing`, to have a single name. UserError for a link,
+    a pipe, a folder or a hard-linked file; OSError for the OS's own refusals (no permission, a full disk)."""
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a device is never even opened
+        raise UserError(refusal(path, what, os.lstat(path)))
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError:  # ELOOP for a link, ENXIO for a pipe opened to write, EISDIR for a folder: say which
+        st = os.lstat(path) if os.path.lexists(path) else None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise UserError(refusal(path, what, st)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(refusal(path, what, st))
+        if writing and st.st_nlink > 1:
+            raise UserError(f"{path} has {st.st_nlink} names (a hard link to a file elsewhere?), not the {what} "
+                            f"this project keeps there: nothing was written; remove it and run again")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def lock_folder(path, busy, follow_link=False):
+    """A file descriptor of the folder `path` (not through a link unless follow_link: a folder you
+    named) holding the OS's exclusive lock on it: one process at a time, and the lock ends with the
+    process however it ends (never stale, no file written). UserError(busy) where another holds it;
+    UserError where the file system has no locks. Closing the descriptor lets go."""
+    nofollow = 0 if follow_link else os.O_NOFOLLOW
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | nofollow | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UserError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(busy) from None
+    except OSError as exc:  # ENOLCK: a network file system without locks
+        os.close(fd)
+        raise UserError(f"cannot lock {path} ({exc.strerror}): run this on a local disk, where one run at a time "
+                        f"can be made sure of") from None
+    return fd
+
+
+def check_folder(path, what):
+    """Exit 2 unless `path`, where it exists, is a real folder (not a link to one, not a file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(refusal(Path(path), what, st))

@@ -1,0 +1,372 @@
+"""A checkpoint described once: what the file holds (loaded without running code, checked for
+every key the scripts read), the settings a run from before they existed gets (filled here and
+nowhere else), and what it builds: the models, the optimizer, a stage's trainer, a resumed run, and
+its data (checked to be the very files it trained on).
+
+A checkpoint is a plain dict: the student's and teacher's weights, the optimizer, `model_args`
+(model.ModelConfig: what builds the network), `config` (the run's settings, the class names, the
+normalization and, for an image folder, its files), the split, the RNG states and the metrics.
+"""
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+import torch
+from torch.torch_version import TorchVersion
+
+from ..data.batches import augment, max_shift, normalization
+from ..data.datasets import load_dataset
+from ..errors import UserError
+from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
+from .presets import DATASETS
+from .pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, is_threshold
+from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
+from .schedule import Stage
+from .trainer import Trainer, make_optimizer
+
+CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx",
+                   "stage")
+# The first torch whose torch.load(weights_only=True) a crafted file cannot get round (CVE-2025-32434).
+SAFE_TORCH = "2.6"
+# The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
+MAX_IMAGE_SIZE = 4096
+
+
+def is_int(value, low=None):
+    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+
+
+def is_number(value, low=None):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (low is None or value >= low))
+
+
+def is_names(value):
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def is_index(value):
+    """A 1-d tensor of non-negative integer positions (a split)."""
+    return (isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in (torch.int64, torch.int32)
+            and (value.numel() == 0 or int(value.min()) >= 0))
+
+
+# The widest network a checkpoint may name (the paper's is 1): each layer is built before its weights load.
+MAX_WIDTH = 16
+
+
+def is_width(value):
+    return is_number(value) and 0 < value <= MAX_WIDTH
+
+
+def finite_weights(weights):
+    """Whether every floating-point tensor of a state dict is finite (weights of NaN predict NaN)."""
+    return isinstance(weights, dict) and all(bool(torch.isfinite(t).all()) for t in weights.values()
+                                             if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def is_probabilities(value):
+    """A float tensor of finite values in [0, 1] (the adaptive threshold's state)."""
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() <= 1
+            and bool(((value >= 0) & (value <= 1)).all()))
+
+
+def is_part_dict(value, check):
+    return isinstance(value, dict) and set(value) == {"train", "test"} and all(check(v) for v in value.values())
+
+
+# What the scripts read from a checkpoint, each with the check of what this project writes there; a
+# value that fails it ends the run in one line (exit 2), never in a traceback or a silently wrong run.
+STATE_CHECKS = dict(
+    stage=lambda v: v in ("mt", "lc"), epoch=lambda v: is_int(v, 0), step=lambda v: is_int(v, 0),
+    labeled_idx=is_index, unlabeled_idx=is_index, val_idx=is_index,
+    student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
+    reference_spread=lambda v: v is None or is_number(v),
+    rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
+    adaptive_threshold=lambda v: v is None or (isinstance(v, dict) and set(v) == {"confidence", "class_means"} and
+                                          all(is_probabilities(t) for t in v.values()) and v["confidence"].dim() == 0),
+    model_args=lambda v: (isinstance(v, dict) and set(v) == {"num_classes", "width", "bn_momentum"} and
+                          is_int(v["num_classes"], 2) and is_width(v["width"]) and is_number(v["bn_momentum"])
+                          and 0 < v["bn_momentum"] <= 1))
+CONFIG_CHECKS = dict(
+    dataset=lambda v: v in DATASETS, data_dir=lambda v: isinstance(v, str) and v and "\0" not in v,
+    labels=is_int, labeled_batch=lambda v: is_int(v, 1), unlabeled_batch=lambda v: is_int(v, 1),
+    width=lambda v: is_width(v), num_classes=lambda v: is_int(v, 2), seed=is_int,
+    classes=lambda v: is_names(v) and len(set(v)) == len(v), lr=is_number, ema=is_number, cons_weight=is_number,
+    cons_rampup=is_number, epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
+    eval_every=lambda v: is_int(v, 1), bn_momentum=is_number, lc_start_epoch=lambda v: is_int(v, 1),
+    mean=lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) for x in v),
+    std=lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) and x > 0 for x in v),
+    image_size=lambda v: is_int(v, MIN_IMAGE_SIZE) and v <= MAX_IMAGE_SIZE,
+    skip_bad_images=lambda v: isinstance(v, bool), compile=lambda v: isinstance(v, bool),
+    files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
+    leaked_test=lambda v: v is None or is_names(v), relabeled=is_names, forward=lambda v: v in ("joint", "split"),
+    precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str),
+    compress=lambda v: is_number(v) and v > 0, tensorboard=lambda v: v is None or isinstance(v, str),
+    consistency=lambda v: v in CONSISTENCIES, threshold=is_threshold, pseudo_labels=lambda v: v in PSEUDO_LABEL_SOURCES)
+LC_CONFIG_CHECKS = dict(
+    eps=lambda v: is_number(v) and v > 0, eps_auto=lambda v: isinstance(v, bool),
+    eps_scale=lambda v: v in ("fixed", "relative", "normalized"), lam=lambda v: is_number(v, 0),
+    lc_rampup=lambda v: is_number(v, 0), epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
+    lr=is_number, eval_every=lambda v: is_int(v, 1), mt_step=lambda v: is_int(v, 0), mt_checkpoint=lambda v: isinstance(v, str),
+    start=lambda v: isinstance(v, dict) and all(is_number(v[k]) for k in METRIC_NUMBERS if k in v),
+    loss_unit=lambda v: is_number(v) and v > 0, pairs=lambda v: v in ("all", "same-prediction", "true-class"),
+    scope=lambda v: v in ("local", "global"), truth=lambda v: v is None or isinstance(v, str),
+    eps_ratio=lambda v: v is None or is_number(v))
+# What a metrics record may hold that the scripts read, by name: a number (or None: an error not measured).
+METRIC_NUMBERS = ("neighbour_fraction", "d2_ratio", "d2_mean", "student_error", "teacher_error")
+
+
+def metrics_problem(metrics, required):
+    """Why a checkpoint's metrics (the records of its epochs) are not what this project writes, or None."""
+    if metrics is None:
+        return "it has no metrics (an LC checkpoint keeps the records of its epochs)" if required else None
+    if not isinstance(metrics, list) or not all(isinstance(r, dict) and is_int(r.get("epoch"), 0) for r in metrics):
+        return "its metrics are not a list of the records of its epochs"
+    if any(not (r[k] is None or is_number(r[k])) for r in metrics for k in METRIC_NUMBERS if k in r):
+        return "its metrics hold a measurement that is not a number"
+    return None
+
+
+# Settings that runs from before they existed did not write, as those runs behaved.
+RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
+                    precision="fp32", compile=False, leaked_test=None, step_mode="eager", compress=1.0, tensorboard=None,
+                    relabeled=[], consistency="mt", threshold=0.95, pseudo_labels="teacher")
+LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
+
+
+def unpickling_refusal(exc):
+    """The line of torch's weights_only refusal that names what the file asked for, if it is one."""
+    for line in str(exc).splitlines():
+        if "GLOBAL" in line or "Unsupported" in line or "WeightsUnpickler" in line:
+            return line.strip()
+    return None
+
+
+def config_problem(state):
+    """What a checkpoint (with_defaults: the settings older runs did not write filled in) lacks or holds
+    of another type or value than this project writes, or None: every key the scripts read."""
+    wrong = [k for k, check in STATE_CHECKS.items() if not check(state.get(k))]
+    config = state.get("config") if isinstance(state.get("config"), dict) else {}
+    wrong_config = [k for k, check in CONFIG_CHECKS.items() if not check(config.get(k))]
+    if state.get("stage") == "lc":
+        lc = config.get("lc")
+        wrong_config += ["lc"] if not isinstance(lc, dict) else [f"lc.{k}" for k, check in LC_CONFIG_CHECKS.items()
+                                                              if not check(lc.get(k))]
+    problems = [f"{whose} lacks {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+                for whose, keys in (("it", wrong), ("its config", wrong_config)) if keys]
+    if problems:
+        return "; ".join(problems) + " (or holds another type or value there)"
+    if len(config["classes"]) != config["num_classes"]:
+        return f"its config's {len(config['classes'])} classes do not fit its class count ({config['num_classes']})"
+    model_classes = state["model_args"].get("num_classes")
+    if model_classes != config["num_classes"]:  # a network of other outputs than the classes it names
+        return f"its network's {model_classes!r} outputs do not fit its {config['num_classes']} classes"
+    thresholds = state["adaptive_threshold"]
+    if thresholds is not None and thresholds["class_means"].shape != (config["num_classes"],):
+        return f"its adaptive threshold's class means do not fit its class count ({config['num_classes']})"
+    return metrics_problem(state.get("metrics"), required=state["stage"] == "lc")
+
+
+def with_defaults(state):
+    """The checkpoint with what older runs did not write filled in: RUN_DEFAULTS, LC_DEFAULTS, mt.pt
+    at the end of the constant-lr phase, no validation hold-out, model_args from the config."""
+    config = dict(RUN_DEFAULTS, **state["config"])
+    config.setdefault("lc_start_epoch", config.get("epochs"))
+    if isinstance(config.get("lc"), dict):
+        config["lc"] = dict(LC_DEFAULTS, **config["lc"])
+    state = dict(state, config=config)
+    state.setdefault("val_idx", torch.zeros(0, dtype=torch.long))
+    state.setdefault("reference_spread", None)
+    state.setdefault("adaptive_threshold", None)
+    state.setdefault("rng", {})
+    if "model_args" not in state:
+        try:
+            state["model_args"] = asdict(ModelConfig.of_run(config))
+        except (KeyError, TypeError, ValueError):
+            state["model_args"] = None  # config_problem names what is missing
+    return state
+
+
+def load_checkpoint(path):
+    """A checkpoint as a dict (with_defaults), loaded with weights_only=True (a checkpoint from
+    elsewhere cannot run code) and checked to hold what the scripts read; any problem ends the run
+    with exit code 2 and a one-line reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    if TorchVersion(torch.__version__) < SAFE_TORCH:
+        raise UserError(f"torch {torch.__version__} loads checkpoints with a weights_only that a crafted file can get "
+                        f"round (CVE-2025-32434): install torch {SAFE_TORCH} or later (pip install -r requirements.txt)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        refused = unpickling_refusal(exc)
+        if refused:
+            raise UserError(f"cannot load checkpoint {path}: it holds Python objects other than tensors and plain "
+                            f"data ({refused}); refused, as loading them could run code (this project's "
+                            f"checkpoints never hold any)") from None
+        raise UserError(f"cannot load checkpoint {path}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200] if str(exc) else 'unreadable'}") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise UserError(f"{path} is not a checkpoint of this project (missing {', '.join(missing)})")
+    if not isinstance(state["config"], dict) or not all(isinstance(k, str) for k in state["config"]):
+        raise UserError(f"{path} is not a checkpoint this project can use: its config is not a dict of settings")
+    state = with_defaults(state)
+    problem = config_problem(state)
+    if problem:
+        raise UserError(f"{path} is not a checkpoint this project can use: {problem}")
+    return state
+
+
+def checkpoint_split(state):
+    """The labeled / unlabeled / validation indices of a checkpoint."""
+    return {k: state[k] for k in ("labeled_idx", "unlabeled_idx", "val_idx")}
+
+
+def restore_models(state, device):
+    """Student and teacher of a checkpoint; one that does not fit this project's network exits 2."""
+    try:
+        student, teacher = build_models(ModelConfig(**state["model_args"]), device)
+        student.load_state_dict(state["student"])
+        teacher.load_state_dict(state["teacher"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise UserError(f"checkpoint does not fit this project's model: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200]}") from None
+    return student, teacher
+
+
+def restore_training(state, device):
+    """Student, teacher and optimizer of a checkpoint, ready to continue training."""
+    student, teacher = restore_models(state, device)
+    optimizer = make_optimizer(student, state["config"]["lr"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"checkpoint's optimizer state does not fit: {type(exc).__name__}: {exc}") from None
+    return student, teacher, optimizer
+
+
+def resume_checkpoint(out, stage_name, write=True):
+    """(the state, the path) of the `<stage>_last.pt` of an interrupted run in `out` (or in the folder
+    a run with --overwrite writes into until it ends: runs.writing_folder), its RNG states restored,
+    and (by the process that writes) the metrics file rewritten to the epochs that checkpoint has seen
+    (it holds their records)."""
+    folder = writing_folder(out, stage_name)
+    path = folder / f"{stage_name}_last.pt"
+    if not path.exists():
+        raise UserError(f"--resume: {path} does not exist (nothing to resume in {out}; a run stopped in its "
+                        f"first epoch starts again without --resume)")
+    state = load_checkpoint(path)
+    if state.get("stage") != stage_name:
+        raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
+    schedule = state["config"] if stage_name == "mt" else state["config"]["lc"]
+    if state["epoch"] >= schedule["epochs"] + schedule["decay_epochs"] and published(out, folder, stage_name, state):
+        raise UserError(f"--resume: {path} is a finished run (epoch {state['epoch']} of "
+                        f"{schedule['epochs'] + schedule['decay_epochs']}): nothing to resume; a new run replaces it "
+                        f"with --overwrite")
+    try:
+        set_rng_state(state["rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        raise UserError(f"--resume: {path} holds no random states this project writes ({type(exc).__name__}): "
+                        f"start the run again without --resume") from None
+    if write:
+        write_metrics(folder / f"{stage_name}_metrics.jsonl", state["metrics"])
+    return state, path
+
+
+def published(out, folder, stage_name, state):
+    """Whether a run whose checkpoint names its last epoch wrote everything: its metrics file holds
+    that epoch's line, where the outputs go (a run killed before or while it wrote them ends them on
+    --resume)."""
+    metrics = Path(out) / f"{stage_name}_metrics.jsonl"
+    if Path(folder) != Path(out) or metrics.is_symlink() or not metrics.is_file():
+        return False
+    try:
+        return len(read_metrics(metrics)) >= len(state["metrics"])
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def stage_of(config, name):
+    """Stage 1 ("mt") or stage 2 ("lc") of a run, as its config sets it."""
+    common = dict(ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"])
+    if name == "mt":
+        return Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
+                     eval_every=config["eval_every"], first_step=0, **common)
+    lc = config["lc"]
+    return Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"], eval_every=lc["eval_every"],
+                 first_step=lc["mt_step"], lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
+                 lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"], lc_loss_unit=lc["loss_unit"],
+                 lc_pairs=lc["pairs"], **common)
+
+
+def fresh_training(config, data, labeled_idx, device):
+    """(student, teacher, optimizer) of a new run: the config's seed, the student data-initialized on
+    the first labeled batch (augmented as training augments it), the teacher its copy."""
+    torch.manual_seed(config["seed"])  # every process builds the same networks; DDP checks they agree
+    student, teacher = build_models(ModelConfig.of_run(config), device)
+    mean, std = normalization(config, device)
+    first_labeled = data.train_x[labeled_idx[:config["labeled_batch"]]].to(device)
+    student.data_init(augment(first_labeled, mean, std, config["dataset"] == "cifar10", max_shift(config["image_size"])))
+    teacher.load_state_dict(student.state_dict())
+    return student, teacher, make_optimizer(student, config["lr"])
+
+
+def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None,
+                 adaptive_threshold=None):
+    """The Trainer of stage `name` of a run: its config, data and split, and `training` (student,
+    teacher, optimizer) fresh or restored from a checkpoint (with its adaptive threshold's state)."""
+    return Trainer(*training, data, split, config, stage_of(config, name), device, procs,
+                   reference_spread=reference_spread, true_classes=true_classes,
+                   adaptive_threshold=adaptive_threshold)
+
+
+def restore_data(state, data_dir=None, echo=click.echo):
+    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
+    image folder must hold the very files it was trained on, by name before anything is decoded (so
+    a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
+    is downloaded: a checkpoint never makes a tool fetch data or make a folder for it."""
+    config = state["config"]
+    where = data_dir or config["data_dir"]
+    listing = None if config["files"] is None else (lambda now: check_names_held(config["files"], now, where))
+    data = load_dataset(config["dataset"], where, config["image_size"], config["skip_bad_images"], echo,
+                        download=False, check_listing=listing)
+    if config["files"] is not None:
+        check_same_files(config["files"], data.files, where, config["contents"], data.contents)
+    n_train = len(data.train_y)
+    split = torch.cat(list(checkpoint_split(state).values()))
+    if (data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train
+            or len(torch.unique(split)) != n_train):
+        raise UserError(f"the {config['dataset']} data in {data_dir or config['data_dir']} does not match the "
+                        f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
+                        f"{config['num_classes']} and {len(split)} in the checkpoint)")
+    return data
+
+
+def check_names_held(then, now, where):
+    """Exit 2 (check_same_files' line) where a folder, listed but not yet decoded, lacks a file the
+    checkpoint was trained on (it may hold more: the unreadable ones --skip-bad-images left out)."""
+    if any(set(then[part]) - set(now[part]) for part in ("train", "test")):
+        check_same_files(then, now, where)
+
+
+def check_same_files(then, now, where, contents_then=None, contents_now=None, parts=("train", "test")):
+    """Exit 2 if the image files of a folder differ from those a checkpoint was trained on: their
+    names or, where the checkpoint holds their content fingerprint (runs since the decode cache
+    hashed each file's bytes), their bytes."""
+    for part in parts:
+        if then[part] == now[part]:
+            if contents_then and contents_now and contents_then[part] != contents_now[part]:
+                raise UserError(f"the images in {where} changed since the checkpoint was trained: the same "
+                                f"{len(now[part]):,} {'test' if part == 'test' else 'training'} file names, but some "
+                                f"hold other bytes (an image edited or replaced); restore them, or train again from "
+                                f"stage 1")
+            continue
+        gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]))
+        listing = "; ".join(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                            for what, names in (("missing", gone), ("new", new)) if names)
+        raise UserError(f"the images in {where} changed since the checkpoint was trained: {listing or 'another order'}; "
+                        f"restore them, or train again from stage 1")

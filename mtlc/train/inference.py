@@ -1,0 +1,41 @@
+"""A model's outputs for many images: one batch at a time in eval mode (the BN running means, no
+dropout), on the model's device, gathered on the CPU in float32. Every pass over images that is not
+a training step goes through here: test errors, predictions, features for t-SNE and selection.
+"""
+import torch
+
+from ..data.batches import image_batches, normalize
+
+BATCH = 500  # images per forward pass
+
+
+@torch.no_grad()
+def model_outputs(model, x, mean, std):
+    """(pooled features, logits) of the model in eval mode for one batch of uint8 images x, float32,
+    where x is; the model's mode is left as it was."""
+    was_training = model.training
+    model.eval()
+    features, logits = model(normalize(x, mean, std))
+    model.train(was_training)
+    return features.float(), logits.float()
+
+
+def outputs(model, x, mean, std, idx=None, batch_size=BATCH):
+    """(features (n, D), logits (n, classes)) on the CPU for the uint8 images x (or its rows idx), a
+    batch at a time, each moved to the model's device."""
+    device = next(model.parameters()).device
+    parts = [model_outputs(model, batch.to(device), mean, std) for batch in image_batches(x, idx, batch_size)]
+    if not parts:
+        return torch.zeros(0, getattr(model, "feature_dim", 0)), torch.zeros(0, 0)
+    return tuple(torch.cat([p[k].cpu() for p in parts]) for k in (0, 1))
+
+
+def predict_classes(model, x, mean, std, idx=None):
+    """The class the model gives each of the uint8 images x (or its rows idx), on the CPU."""
+    logits = outputs(model, x, mean, std, idx)[1]
+    return logits.argmax(1) if len(logits) else torch.zeros(0, dtype=torch.long)
+
+
+def test_error(model, x, y, mean, std, idx=None):
+    """Error (%) of the model on uint8 images x (or its rows idx) with labels y."""
+    return 100.0 * (predict_classes(model, x, mean, std, idx) != y.cpu()).sum().item() / len(y)

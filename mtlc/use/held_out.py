@@ -1,0 +1,75 @@
+"""The labeled images a checkpoint never trained on, that its confidences are calibrated on: its test
+images but those that copy a training image, else its --val hold-out; read from its folder (test/
+alone where it can be: label.py's moves between unlabeled/ and labeled/ do not change it), those
+label.py relabeled marked.
+"""
+from pathlib import Path
+from typing import NamedTuple
+
+import click
+import torch
+
+from ..train.checkpoints import check_names_held, check_same_files, restore_data
+from ..data.datasets import class_images, is_own_layout, listed, read_files
+from ..errors import UserError
+from ..data.files import describe_bad
+from ..data.splits import unleaked_test
+
+
+class HeldOut(NamedTuple):
+    """The labeled images a checkpoint never trained on."""
+    x: torch.Tensor        # uint8 images
+    y: torch.Tensor        # their classes, as the folder gives them now
+    source: str            # "test" or "validation"
+    relabeled: torch.Tensor  # bool per image: relabeled with label.py (config["relabeled"]) before the run
+
+
+def held_out(state, data):
+    """The labeled images a checkpoint never trained on (HeldOut): its test images but those that copy a
+    training image (config["leaked_test"]), else its --val hold-out; none where it has neither. Those
+    label.py relabeled before the run (from the audit's suggestion, say) are marked: their labels are
+    no longer independent of the models that suggested them, and calibration counts them as errors."""
+    config = state["config"]
+    if len(data.test_y):
+        return without_leaked(config, data.files and data.files["test"], data.test_x, data.test_y)
+    val = state["val_idx"]
+    names = [data.files["train"][i] for i in val.tolist()] if data.files else None
+    return HeldOut(data.train_x[val], data.train_y[val], "validation", relabeled_mask(config, names, len(val)))
+
+
+def relabeled_mask(config, names, n):
+    """Which of n held-out images (their names, None where the dataset has none) label.py relabeled."""
+    relabeled = set(config["relabeled"])
+    return torch.tensor([name in relabeled for name in names], dtype=torch.bool) if names else torch.zeros(n, dtype=torch.bool)
+
+
+def without_leaked(config, names, x, y):
+    """HeldOut of the test images whose names config["leaked_test"] does not list."""
+    keep = unleaked_test(config, names)
+    if keep is not None:
+        x, y, names = x[keep], y[keep], [names[i] for i in keep.tolist()]
+    return HeldOut(x, y, "test", relabeled_mask(config, names, len(y)))
+
+
+def restore_held_out(state, data_dir=None, echo=click.echo):
+    """held_out's images of a checkpoint, read from its folder (its own data_dir unless one is
+    given). An own-images folder's test/ is read alone and checked against the checkpoint's test
+    files, so that label.py's moves between unlabeled/ and labeled/ do not keep it from calibrating;
+    a --val hold-out (indices into the training files) needs the training files as they were. Exit
+    2 with the real reason where the held-out images cannot be had."""
+    config = state["config"]
+    where = Path(data_dir or config["data_dir"])
+    files = config["files"]
+    if config["dataset"] != "folder" or not files or not files["test"] or not is_own_layout(where):
+        return held_out(state, restore_data(state, data_dir, echo))
+    groups, hidden = class_images(where / "test")
+    foreign = sorted(set(groups) - set(config["classes"]))
+    if foreign:
+        raise UserError(f"{where / 'test'} has class folders the checkpoint does not know: {', '.join(foreign)}")
+    test_files = listed([groups], config["classes"])
+    check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where)
+    (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config["image_size"], echo)
+    if bad and not config["skip_bad_images"]:
+        raise UserError(describe_bad(bad, where))
+    check_same_files(files, dict(test=names), where, config["contents"], dict(test=content), parts=("test",))
+    return without_leaked(config, names, x, y)

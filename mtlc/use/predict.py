@@ -1,0 +1,278 @@
+"""The --predict job of evaluate.py: a Classifier of the checkpoint, calibrated on its held-out
+images; the acceptance threshold of --max-error; one CSV row per image (or, with --suggest, per
+image to label next) streamed to a file or stdout; the review page; one summary line per outcome.
+The files are streamed as they are found, never listed whole; with a file to write, the predictions
+are kept on disk beside it as they are made (prediction_store.py), so that a run interrupted goes on
+where it stopped, and the outputs are made from them at the end, a row at a time.
+"""
+import contextlib
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import click
+from tqdm import tqdm
+
+from . import label_studio
+from .classifier import Classifier
+from ..disk.console import path_text, shown, stdout_rows
+from ..train.checkpoints import restore_data
+from ..errors import UserError
+from .figures import plot_coverage
+from ..data.files import describe_hidden, describe_others
+from ..data.mapped import identity
+from .prediction_store import PredictionStore
+from .predictions import ImageFiles, is_accepted, labeled_features, suggest_rows, write_rows
+from .report import describe_acceptance, describe_calibration, method_name
+from .review import write_audit_review, write_review
+from ..disk.runs import atomic_write
+from ..disk.work import Work, work_folder
+
+
+@dataclass
+class PredictOptions:
+    """What --predict was asked for (evaluate.py's options of the same names)."""
+    model_name: str = "teacher"
+    csv_path: Optional[str] = None
+    batch_size: int = 256
+    data_dir: Optional[str] = None
+    max_error: Optional[float] = None
+    coverage: Optional[str] = None
+    suggest_n: Optional[int] = None
+    seed: int = 0
+    as_json: bool = False
+    review: Optional[str] = None
+    review_per_class: int = 1000
+    review_max: int = 2000
+    label_studio: Optional[str] = None
+    label_studio_root: Optional[str] = None
+
+
+class Tally:
+    """The predictions that pass through it, counted: rows, unreadable files (each reported as it
+    passes, above the progress bar where there is one) and, with a threshold, accepted ones."""
+
+    def __init__(self, threshold, bar=None):
+        self.threshold, self.bar = threshold, bar
+        self.rows = self.failed = self.accepted = 0
+
+    def count(self, predictions):
+        for p in predictions:
+            self.rows += 1
+            if self.bar is not None:
+                self.bar.update()
+            if p.label is None:
+                self.failed += 1
+                message = f"cannot read {shown(p.path)}: {p.reason}"
+                self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
+            elif self.threshold is not None:
+                self.accepted += is_accepted(p, self.threshold)
+            yield p
+
+
+def say(line):
+    click.echo(line, err=True)
+
+
+def predict(path, state, targets, device, options):
+    """--predict of the checkpoint at path (its state loaded) on the image files under targets.
+    Returns the number of files that could not be read."""
+    o = options
+    files = ImageFiles(targets)
+    count, listing = files.survey(dict(zip(("--csv", "--review", "--coverage", "--label-studio", "its labeling config"),
+                                           (o.csv_path, o.review, o.coverage, o.label_studio,
+                                            o.label_studio and label_studio.config_path(o.label_studio)))))
+    where = ", ".join(map(str, targets))
+    if files.hidden:
+        say(describe_hidden(files.hidden, where))
+    if not count:
+        raise UserError(f"--predict: no image files in {where}" + (f": {describe_others(files.left_out, where)}"
+                                                                 if files.others else ""))
+    if files.others:
+        say(describe_others(files.left_out, where))
+    # before any work: the images must lie where Label Studio can serve them
+    studio = label_studio.local_storage(files, o.label_studio_root) if o.label_studio else None
+    classifier, cal, found, threshold = calibrated(path, state, device, o)
+    summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)))
+    bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
+    output = o.csv_path or o.review or o.label_studio
+    if not (output or o.suggest_n):  # rows straight to stdout as they come
+        tally = Tally(threshold, bar)
+        write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold)
+        bar.close()
+        return report(path, o, tally, files.others, summary, found, cal)
+    key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
+               temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n))
+    with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None) as kept:
+        if kept.done:
+            say(f"going on from {kept.work.folder}: {kept.done:,} of {count:,} images were predicted before")
+            bar.update(kept.done)
+        kept.fill(classifier.predict_files(itertools.islice(files, kept.done, None), o.batch_size), bar.update,
+                  o.batch_size)
+        bar.close()
+        tally = Tally(threshold)
+        for _ in tally.count(kept.rows()):
+            pass
+        if tally.rows != count:  # work this run did not write, or a folder changed under it: never a short output
+            kept.work.remove()
+            raise UserError(f"the predictions kept for this output are {tally.rows:,} rows for the {count:,} images "
+                            f"listed (the images changed while it ran?); nothing was written: run it again")
+        chosen = write_outputs(kept, Outcome(path, state, targets, classifier, cal, found, threshold, tally), o, studio)
+        kept.work.remove()
+    return report(path, o, tally, files.others, summary, found, cal, suggested=chosen)
+
+
+def calibrated(path, state, device, o):
+    """(the Classifier of --model, its calibration on the held-out images or None, the --max-error
+    threshold found or None, the confidence a row needs to be accepted or None); --coverage drawn."""
+    classifier = Classifier(state, model=o.model_name, device=device)
+    cal = classifier.calibrate(o.data_dir, echo=say)
+    say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
+        f"confidences are uncalibrated (the raw softmax): {classifier.uncalibrated}")
+    if cal is None and (o.max_error is not None or o.coverage):
+        raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: "
+                        f"{classifier.uncalibrated}")
+    found = cal.threshold(o.max_error) if o.max_error is not None else None
+    threshold = None if o.max_error is None else (found.confidence if found else float("inf"))
+    if o.coverage:
+        plot_coverage(cal, o.max_error, found, o.coverage,
+                      f"{state['config']['dataset']}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
+        say(f"wrote {o.coverage}")
+    return classifier, cal, found, threshold
+
+
+class Outcome(NamedTuple):
+    """What a --predict run found, for its outputs."""
+    path: str
+    state: dict
+    targets: list
+    classifier: Classifier
+    cal: Optional[object]
+    found: Optional[object]
+    threshold: Optional[float]
+    tally: Tally
+
+
+def write_outputs(kept, r, o, studio):
+    """The CSV (or the images to label next), the review page and Label Studio's tasks of the kept
+    predictions (r: the run's Outcome); returns the rows --suggest chose, or None."""
+    config = r.state["config"]
+    rows, extra, chosen = kept.rows, None, None
+    if o.suggest_n:
+        labeled = labeled_features(r.state, r.classifier.model, r.classifier.device, o.data_dir, echo=say)
+        chosen, clusters = suggest_rows(kept, labeled, n=o.suggest_n, seed=o.seed)
+        rows, extra = (lambda: chosen), [("cluster", clusters)]
+
+    def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
+        text = path_text(binary_file)
+        write_rows(text, rows(), r.threshold, extra)
+        text.flush()
+        text.detach()  # leave the file to atomic_write
+
+    if o.csv_path:
+        atomic_write(o.csv_path, write_csv)
+    elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
+        write_stdout(rows(), r.threshold, extra)
+    predicted, cal = r.tally.rows - r.tally.failed, r.cal
+    if o.review:
+        shown, _ = write_review(o.review, kept.rows(), config["classes"], per_class=o.review_per_class,
+                                most=o.review_max, threshold=r.found.confidence if r.found else None,
+                                max_error=o.max_error, title=f"Review: {', '.join(map(str, r.targets))}",
+                                summary=f"{predicted:,} images predicted by the {o.model_name} of {r.path}"
+                                        + (f"; {cal.source} images calibrated its confidences (temperature "
+                                           f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
+                                           else "; confidences uncalibrated"))
+        say(f"wrote {o.review}: {shown:,} images shown")
+    if o.label_studio:
+        studio_root, studio_storage = studio
+        tasks = label_studio.write_project(o.label_studio, rows(), config["classes"], studio_root,
+                                           f"mtlc {method_name(r.state)} {o.model_name} {r.path}")
+        say(f"wrote {o.label_studio} ({tasks:,} tasks) and {label_studio.config_path(o.label_studio)}")
+        for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio, o.data_dir or config["data_dir"]):
+            say(line)
+    return chosen
+
+
+def write_stdout(rows, threshold, extra=None):
+    """The CSV to stdout, UTF-8 whatever the console's encoding: the names label.py reads back; a
+    stdout that refuses a write ends the run in one line (console.stdout_rows)."""
+    with stdout_rows() as text:
+        write_rows(text, rows, threshold, extra)
+
+
+@contextlib.contextmanager
+def kept_predictions(output, key, feature_dim):
+    """The PredictionStore of a run: in the work folder beside its first output file, where an
+    interrupted run's predictions are taken up again; without one (--suggest to stdout), in a
+    temporary folder."""
+    with contextlib.ExitStack() as stack:
+        folder = work_folder(output) if output else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "work"
+        work = Work(folder, key, echo=say)
+        with work.kept_if_interrupted("the predictions made so far"):
+            yield PredictionStore(work, feature_dim)
+
+
+def checkpoint_identity(path):
+    """What tells a checkpoint file from any other and from itself after a change (cache.identity)."""
+    return [os.path.abspath(path), *identity(os.stat(path))]
+
+
+def report(path, o, tally, others, summary, found, cal, suggested=None):
+    """The run's closing lines (and --json's summary); returns the number of files that could not be read."""
+    n, failed = tally.rows, tally.failed
+    say(f"predicted {n - failed:,} of {n:,} images with the {o.model_name} of {path}"
+        + (f" ({others} files that are not images ignored)" if others else "")
+        + (f"; {failed} could not be read (empty prediction)" if failed else "")
+        + (f"; the {len(suggested):,} to label next, best first" if suggested is not None else "")
+        + (f"; wrote {o.csv_path}" if o.csv_path else ""))
+    if o.max_error is not None:
+        say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal))
+        summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,
+                       threshold=found.confidence if found else None)
+    if o.as_json:
+        click.echo(json.dumps(summary))
+    return failed
+
+
+def export(path, state, out, model_name, device, data_dir):
+    """--onnx of the checkpoint at path: its model calibrated on its held-out images, as ONNX."""
+    from .onnx_export import export_onnx
+    classifier = Classifier(state, model=model_name, device=device)
+    cal = classifier.calibrate(data_dir, echo=say)
+    export_onnx(classifier, out, path)
+    say(f"wrote {out}: the {model_name} of {path} as ONNX, uint8 images (N, 3, {classifier.image_size}, "
+        f"{classifier.image_size}) in, probabilities of its {len(classifier.classes)} classes out (their names in the "
+        f"model's metadata); " + (describe_calibration(dict(model=model_name, **cal.summary())) if cal
+                                                 else f"uncalibrated (the raw softmax): {classifier.uncalibrated}"))
+
+
+def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed, most=2000):
+    """--audit of the checkpoint at path: the findings (audit.py) to the CSV `out`, one line per
+    kind, and with `review` the page of doubtful labels and copies (at most `most` of each kind). The
+    parts done are kept beside `out` until it is written: an interrupted audit goes on from there."""
+    from .audit import audit, describe_audit, write_audit
+    root = data_dir or state["config"]["data_dir"]
+    data = restore_data(state, data_dir, echo=say)
+    start = time.perf_counter()
+    key = dict(step="audit", checkpoint=checkpoint_identity(path), root=os.path.abspath(root), folds=folds, steps=steps,
+               seed=seed, contents=data.contents, device=device.type)
+    work = Work(work_folder(out), key, echo=say)
+    if work.resumed:
+        say(f"audit: going on from {work.folder} (the parts an earlier run finished are kept)")
+    with work.kept_if_interrupted("the audit's parts done so far"):
+        findings = audit(state, data, root, device, work, folds=folds, steps=steps, seed=seed, echo=say)
+        write_audit(out, findings)
+    work.remove()
+    for line in describe_audit(findings):
+        say(line)
+    say(f"wrote {out} ({len(findings):,} findings, {time.perf_counter() - start:.0f} s)")
+    if review:
+        shown, _ = write_audit_review(review, findings, state["config"]["classes"], most=most,
+                                      title=f"Audit: {root}", summary=f"{len(findings):,} findings in {root}")
+        say(f"wrote {review}: {shown:,} doubtful labels shown, with the copies found")
