@@ -37,9 +37,9 @@ from mtlc.use.predict import PredictOptions, export, predict, run_audit
 from mtlc.use.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
                          results_table, write_table)
 from mtlc.use.review import DEFAULT_MOST, DEFAULT_PER_CLASS
-from mtlc.disk.kept_files import check_not_kept
-from mtlc.disk.replaced import check_replaces_own_kind
-from mtlc.disk.runs import check_not_among, check_outputs
+from mtlc.disk.outputs import check_outputs
+from mtlc.use.audit import AUDIT_HEADER
+from mtlc.use.prediction_rows import CSV_HEADER
 
 
 # Options that belong to a job: given without it (on the command line), refused in one line.
@@ -57,6 +57,9 @@ FLAGS = dict(predict_paths="--predict", audit="--audit", review="--review", labe
              pool_error="--pool-error", tsne="--tsne", curves="--curves", plot="--plot")
 # What a one-checkpoint job (--predict, --audit, --onnx) does not take beside it.
 OTHER_OUTPUTS = ("table", "curves", "tsne", "distances", "confusion", "pool_error")
+# The outputs that replace a file only where it is what they write (earlier predictions, an earlier audit):
+# the start of their first line.
+OWN_KINDS = {"--csv": ",".join(CSV_HEADER), "--audit": ",".join(AUDIT_HEADER[:2])}
 
 
 def given(ctx, name):
@@ -89,22 +92,17 @@ def check_request(ctx, o):
 
 def check_outputs_of(o, states):
     """Exit 2 where an output would replace an input, another output, a file the tools keep or (the
-    checkpoints loaded: states) an image of a checkpoint's folder."""
+    checkpoints loaded: states) an image of a checkpoint's folder or a file of another kind than it writes."""
     outputs = dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
                         "--distances", "--label-studio", "--label-studio's labeling config", "--onnx"),
                        (o.csv_path, o.review, o.audit, o.coverage, o.confusion, o.table, o.plot, o.tsne, o.distances,
                         o.label_studio, o.label_studio and str(studio_config_path(o.label_studio)), o.onnx)))
-    check_outputs(outputs, {**{f"--ckpt {c}": c for c in o.ckpts}, **{f"--curves {c}": c for c in o.curves},
-                            "--truth": o.truth,
-                            **{f"--predict {p}": p for p in o.predict_paths if not Path(p).is_dir()}})
-    check_not_kept(outputs)
-    for path, state in zip(o.ckpts, states):
-        files = state["config"]["files"]
-        if files:
-            check_not_among(outputs, o.data_dir or state["config"]["data_dir"], files["train"] + files["test"],
-                            f"the images of {path}'s folder")
-    if states:  # after the images: an image under an output's name is refused as one
-        check_replaces_own_kind(outputs)
+    inputs = {**{f"--ckpt {c}": c for c in o.ckpts}, **{f"--curves {c}": c for c in o.curves}, "--truth": o.truth,
+              **{f"--predict {p}": p for p in o.predict_paths if not Path(p).is_dir()}}
+    images = [(o.data_dir or state["config"]["data_dir"], files["train"] + files["test"], f"the images of {path}'s folder")
+              for path, state in zip(o.ckpts, states) for files in [state["config"]["files"]] if files]
+    # Once the checkpoints are read: after their images, so that an image under an output's name is refused as one.
+    check_outputs(outputs, inputs=inputs, read_from=images, kinds=OWN_KINDS if states else None)
 
 
 @cloup.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

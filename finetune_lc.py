@@ -24,12 +24,12 @@ from mtlc.disk.console import robust_streams
 from mtlc.data.splits import true_classes
 from mtlc.train.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.disk.kept_files import STAGE_OUTPUTS, check_not_kept_folder
+from mtlc.disk.outputs import STAGE_OUTPUTS, check_output_folder, check_outputs
 from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.train.curves import check_folder
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.train.presets import preset, preset_help, stage_lengths
-from mtlc.disk.runs import check_outputs, check_resume_flags, existing_outputs, run_folder
+from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.train.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["lc"]
@@ -109,8 +109,8 @@ def main(**options):
     o = SimpleNamespace(**options)
     robust_streams()
     check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark)
-    check_not_kept_folder("--out", o.out if o.out is not None else Path(o.ckpt).parent)
-    check_not_kept_folder("--tensorboard", o.tensorboard)
+    check_output_folder("--out", o.out if o.out is not None else Path(o.ckpt).parent)
+    check_output_folder("--tensorboard", o.tensorboard)
     if o.tensorboard:
         check_folder(o.tensorboard)  # before any work
     outputs = ("lc_benchmark.json",) * (o.out is not None) if o.benchmark else OUTPUTS
@@ -136,7 +136,8 @@ def main(**options):
         steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config["unlabeled_batch"])
         defaults = preset(config["dataset"], config["labels"], steps_per_epoch, config["compress"])
         lc = lc_settings(o, defaults)
-        check_outputs({name: out / name for name in outputs}, {"--ckpt": o.ckpt, "--truth": o.truth})
+        check_outputs({name: out / name for name in outputs}, inputs={"--ckpt": o.ckpt, "--truth": o.truth},
+                      its_own=True)
         existing = existing_outputs(out, outputs, o.overwrite)
         data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
         if lc["pairs"] == "true-class":

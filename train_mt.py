@@ -22,15 +22,15 @@ from mtlc.train.checkpoints import (checkpoint_split, fresh_training, make_train
                               resume_checkpoint)
 from mtlc.disk.console import robust_streams
 from mtlc.data.copies import leaked_test
-from mtlc.data.datasets import is_own_layout, load_dataset
+from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
 from mtlc.train.devices import processes, resolve_precision
 from mtlc.errors import UserError
-from mtlc.disk.kept_files import STAGE_OUTPUTS, check_not_kept_folder
-from mtlc.label.log import LOG_NAME, relabeled_images
+from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
+from mtlc.label.log import relabeled_images
 from mtlc.train.model import check_image_size
 from mtlc.train.curves import check_folder
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.train.presets import (CONSISTENCY, DATASETS, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
+from mtlc.train.presets import (CONSISTENCY, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
                           preset_help, stage_lengths)
 from mtlc.train.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
 from mtlc.use.report import objective_name
@@ -130,8 +130,8 @@ def main(**options):
     o = SimpleNamespace(**options)
     robust_streams()
     check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark)
-    check_not_kept_folder("--out", o.out or ".")
-    check_not_kept_folder("--tensorboard", o.tensorboard)
+    check_output_folder("--out", o.out or ".")
+    check_output_folder("--tensorboard", o.tensorboard)
     if o.tensorboard:
         check_folder(o.tensorboard)  # before any work
     if math.isnan(o.compress):

@@ -58,7 +58,7 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None, 
     trainer_options go to Trainer."""
     import torch
 
-    from mtlc.data.batches import augment
+    from mtlc.data.views import augment
     from mtlc.train.checkpoints import LC_DEFAULTS, RUN_DEFAULTS
     from mtlc.train.model import ModelConfig, build_models
     from mtlc.train.trainer import Trainer, make_optimizer

@@ -22,7 +22,7 @@ from mtlc.data import nearest
 from mtlc.data.copies import copies_in, leaked_test, near_pairs
 from mtlc.data.datasets import ImageData
 from mtlc.data.files import file_digest
-from mtlc.train.chance import at_chance
+from mtlc.train.inference import at_chance
 from mtlc.use.crossfit import fold_config
 from mtlc.train.schedule import learning_rate
 from mtlc.data.images import decode

@@ -351,7 +351,7 @@ def test_folder_ramps_are_a_share_of_the_stage_with_a_floor():
 
 
 def test_augmentation_shift_scales_with_image_size():
-    from mtlc.data.batches import max_shift
+    from mtlc.data.views import max_shift
     assert (max_shift(32), max_shift(64), max_shift(96), max_shift(16)) == (2, 4, 6, 1)
 
 

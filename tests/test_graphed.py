@@ -106,7 +106,7 @@ def test_graphed_epoch_draws_from_its_own_seed_and_sums_its_steps(digits):
 
 def test_graphed_views_draw_fresh_augmentations_every_step(digits):
     """The draws move on from step to step (the same image is shifted and flipped anew), with the
-    statistics of batches.augment: shifts uniform over 0..4 px, both views independent."""
+    statistics of views.augment: shifts uniform over 0..4 px, both views independent."""
     data, labeled, unlabeled = digits
     trainer = tiny_trainer(data, labeled, unlabeled, config("graphed", dataset="cifar10"), MT)
     steps = trainer.steps

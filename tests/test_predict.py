@@ -13,7 +13,7 @@ import torch
 import evaluate
 from mtlc.data import images
 from mtlc.train import inference
-from mtlc.use import predictions
+from mtlc.use import classifier
 from mtlc.disk import seal
 from mtlc.use.calibration import fit_temperature, fitted_or_one
 from mtlc.data.images import decode
@@ -128,7 +128,7 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
             counts["classified"] += len(x)
         return real_classify(model, x, mean, std)
     monkeypatch.setattr(images, "decode_or_reason", counting_decode)
-    monkeypatch.setattr(predictions, "model_outputs", counting_classify)
+    monkeypatch.setattr(classifier, "model_outputs", counting_classify)
     result = invoke(evaluate, ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5"])
     assert result.exit_code == 0, result.output
     assert counts["decoded"] == counts["classified"] == 24
@@ -148,7 +148,7 @@ def interrupted(trained, tmp_path, monkeypatch):
         if calls == [5, 5]:  # the files' batches (the held-out images pass through mtlc.train.inference)
             raise RuntimeError("killed")
         return real_classify(model, x, mean, std)
-    monkeypatch.setattr(predictions, "model_outputs", dies_on_the_second_batch)
+    monkeypatch.setattr(classifier, "model_outputs", dies_on_the_second_batch)
     args = ["--ckpt", ckpt, "--predict", data / "unlabeled", "--batch-size", "5", "--csv", csv_path]
     result = invoke(evaluate, args)
     assert isinstance(result.exception, RuntimeError) and calls == [5, 5]

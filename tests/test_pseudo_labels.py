@@ -10,7 +10,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from mtlc.train.presets import CONSISTENCY
 from mtlc.train.pseudo_labels import ADAPTIVE_MOMENTUM, PseudoLabels, is_threshold
-from mtlc.data.strong_augment import CUTOUT_FILL, StrongAugment
+from mtlc.data.views import CUTOUT_FILL, StrongAugment
 
 # RandAugment's ops at torchvision's magnitude 9 of 31 bins (0 .. 30), written out independently:
 # the op, its magnitude at bin 9, and the functional call it stands for.

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlc.use.predictions import Prediction
+from mtlc.use.classifier import Prediction
 from mtlc.use.review import least_confident, write_review
 from conftest import ROOT, read_rows, save_labels
 

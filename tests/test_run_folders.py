@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, TINY_RUN, run
 from fakedata import write_own_folder
-from mtlc.disk.runs import LOCK_NAME
+from mtlc.disk.outputs import LOCK_NAME
 
 TINY = [*TINY_RUN, "--unlabeled-batch", "256", "--seed", "5"]
 

@@ -18,13 +18,12 @@ import torch
 import evaluate
 import train_mt
 from conftest import ROOT, invoke, python_for_scripts, read_rows, run
-from mtlc.use import prediction_store
+from mtlc.use import prediction_rows
 from mtlc.disk.runs import staging_folder
 from mtlc.use.audit import AUDIT_HEADER
 from mtlc.errors import UserError
-from mtlc.disk import replaced
+from mtlc.disk import outputs
 from mtlc.disk.opening import lock_folder
-from mtlc.disk.replaced import check_replaces_own_kind
 from mtlc.disk.work import Work, work_folder
 
 
@@ -82,9 +81,9 @@ def test_a_csv_output_replaces_only_a_csv_of_its_own_kind(trained, tmp_path):
 def test_an_audit_output_replaces_only_an_audit(tmp_path):
     (tmp_path / "audit.csv").write_bytes(b"\xef\xbb\xbf" + ",".join(AUDIT_HEADER).encode() + b"\r\n")  # as Excel saves it
     (tmp_path / "notes.csv").write_text("kind of notes\n")
-    check_replaces_own_kind({"--audit": tmp_path / "audit.csv", "--csv": None})
+    outputs.check_outputs({"--audit": tmp_path / "audit.csv", "--csv": None}, kinds=evaluate.OWN_KINDS)
     with pytest.raises(UserError, match="--audit .*notes.csv is a file --audit did not write"):
-        check_replaces_own_kind({"--audit": tmp_path / "notes.csv"})
+        outputs.check_outputs({"--audit": tmp_path / "notes.csv"}, kinds=evaluate.OWN_KINDS)
 
 
 def test_a_work_folder_cut_short_while_it_is_removed_is_still_the_tools(tmp_path, monkeypatch):
@@ -129,9 +128,9 @@ def test_an_output_that_cannot_be_read_is_not_replaced(tmp_path, monkeypatch):
 
     def refused(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
-    monkeypatch.setattr(replaced, "open", refused, raising=False)
+    monkeypatch.setattr(outputs, "open", refused, raising=False)
     with pytest.raises(UserError, match="cannot be read \\(Permission denied\\)"):
-        check_replaces_own_kind({"--csv": tmp_path / "p.csv"})
+        outputs.check_outputs({"--csv": tmp_path / "p.csv"}, kinds=evaluate.OWN_KINDS)
 
 
 def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, tmp_path):
@@ -155,8 +154,8 @@ def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, t
 def test_rows_read_back_that_are_not_the_images_counted_write_nothing(trained, tmp_path, monkeypatch):
     """Work that lost rows (written by another run, say): the run refuses to write a short CSV."""
     folder, ckpt = trained
-    real = prediction_store.PredictionStore.rows
-    monkeypatch.setattr(prediction_store.PredictionStore, "rows", lambda self: list(real(self))[1:])
+    real = prediction_rows.PredictionStore.rows
+    monkeypatch.setattr(prediction_rows.PredictionStore, "rows", lambda self: list(real(self))[1:])
     res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "p.csv"])
     assert res.exit_code == 2 and "rows for the 24 images listed" in res.output, res.output
     assert not (tmp_path / "p.csv").exists() and not work_folder(tmp_path / "p.csv").exists()

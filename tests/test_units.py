@@ -6,7 +6,8 @@ import torch
 
 from mtlc.train.presets import PRESETS, preset
 from mtlc.train.model import ConvLarge, Dropout, WeightNormMeanOnlyBN
-from mtlc.data.batches import BatchStream, augment
+from mtlc.data.batches import BatchStream
+from mtlc.data.views import augment
 from mtlc.data.splits import balanced_split
 from mtlc.errors import UserError
 from mtlc.train.schedule import Stage, learning_rate, sigmoid_rampup

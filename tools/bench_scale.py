@@ -166,7 +166,7 @@ MODEL_ALONE = """
 import sys, time, json, torch
 from mtlc.train.checkpoints import load_checkpoint, restore_models
 from mtlc.data.datasets import load_dataset
-from mtlc.data.batches import normalization
+from mtlc.data.views import normalization
 from mtlc.train.inference import outputs
 state = load_checkpoint(sys.argv[1])
 _, teacher = restore_models(state, torch.device("cpu"))

@@ -7,11 +7,10 @@ import contextlib
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import UserError
 from .mapped import in_order, release_pages
-from .strong_augment import StrongAugment
+from .views import StrongAugment, max_shift, normalization, normalize, shift_and_flip
 
 # Bytes of uint8 images a whole-dataset pass reads at a time (the channel statistics): 64 MiB.
 PASS_BYTES = 2 ** 26
@@ -117,43 +116,6 @@ class BatchStream:
         return lab, u
 
 
-def max_shift(image_size):
-    """The augmentation's translation in pixels: the paper's 2 at 32 x 32, in proportion at other sizes."""
-    return max(1, round(2 * image_size / 32))
-
-
-def augment(x, mean, std, flip, max_shift=2):
-    """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
-    CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
-    return normalize(shift_and_flip(x, flip, max_shift), mean, std)
-
-
-def shift_and_flip(x, flip, max_shift=2):
-    """augment's translation and flip (the weak view), still uint8."""
-    b, _, h, w = x.shape
-    padded = F.pad(x, (max_shift,) * 4)
-    dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
-    dx = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
-    rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]
-    cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]
-    out = padded[torch.arange(b, device=x.device)[:, None, None, None],
-                 torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
-    if flip:
-        flipped = torch.rand(b, device=x.device) < 0.5
-        out = torch.where(flipped[:, None, None, None], out.flip(3), out)
-    return out
-
-
-def normalize(x, mean, std):
-    return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
-
-
-def normalization(config, device=None):
-    """A run's per-channel (mean, std) of its training images (channel_stats, kept in its config), as
-    tensors on device: what normalize takes."""
-    return tuple(torch.tensor(config[k], device=device) for k in ("mean", "std"))
-
-
 def seed_step(seed, step, rank=0):
     """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
     torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
@@ -201,7 +163,7 @@ class Batches:
     def augmented(self, images, sync_free=False):
         """(student view, teacher view) of a step's uint8 images on the device (labeled first), drawn
         independently: both weak (shift, flip), or with the pseudo-label objective the student's
-        unlabeled images strong (strong_augment.py); sync_free: no host read (the graphed step)."""
+        unlabeled images strong (data/views.py); sync_free: no host read (the graphed step)."""
         student = (self.strong_view(images, sync_free) if self.strong
                    else shift_and_flip(images, self.flip, self.max_shift))
         teacher = shift_and_flip(images, self.flip, self.max_shift)

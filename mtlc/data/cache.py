@@ -23,11 +23,12 @@ from ..errors import UserError, WriteFailed
 from .images import pooled, read_for_cache
 from .cache_rows import Previous, SortedRows, entry_key
 from ..disk.json_arrays import json_array_items
-from .mapped import identity, mapped_images, open_cache_file, open_identified, release_pages
-from ..disk.opening import check_folder
+from .mapped import mapped_images, release_pages
+from ..disk.opening import check_folder, identity, read_kept
 from ..disk.runs import atomic_write
 from ..disk.seal import holds, seal, secret
-from ..disk.work import WORK_SUFFIX, Work, remove_work
+from ..disk.outputs import CACHE_DIR_NAME, WORK_SUFFIX
+from ..disk.work import Work, remove_work
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
 # orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped
@@ -39,11 +40,19 @@ CACHE_VERSION = 5
 HEADER_BYTES = 128
 # Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.
 DECODE_BATCH = 1024
-CACHE_DIR_NAME = "mtlc-cache"
 KEPT_IMAGES = "images.u8"  # the rows decoded so far, in a decode's work folder
 # A cache that cannot be written for these reasons ends the run (the next write would fail too);
 # for others (no permission) training goes on without it.
 OUT_OF_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def read_cache_file(path, sealed_identity=None):
+    """A file of the cache open to read (opening.read_kept: never through a link, given its sealed
+    identity the very file this machine wrote); ValueError for any other file, the cache then decoded again."""
+    try:
+        return read_kept(path, "decode cache file", sealed_identity)
+    except UserError:
+        raise ValueError(f"{path.name} is not a regular file (a link or a pipe)") from None
 
 
 def cache_dir(data_dir):
@@ -182,14 +191,14 @@ class DecodeCache:
         """(images, bad, content fingerprint, the checked metadata) of the cache whose .json is
         meta_path: sealed by this machine, its .u8 the very file it wrote, checked against its header
         and size (and, given entries, against them: the current key). ValueError for anything else."""
-        with open_cache_file(meta_path) as f:
+        with read_cache_file(meta_path) as f:
             meta = json.loads(f.read())
         if not isinstance(meta, dict) or not holds({k: v for k, v in meta.items() if k != "seal"}, meta.get("seal")):
             raise ValueError("not made by this machine's runs, or changed since")
         if meta["version"] != CACHE_VERSION or (entries is not None and meta["key"] != self.key):
             raise ValueError("made from other files")
         bad, count = [tuple(b) for b in meta["bad"]], meta["images"]
-        with open_identified(meta_path.with_suffix(".u8"), meta["u8"]) as f:
+        with read_cache_file(meta_path.with_suffix(".u8"), meta["u8"]) as f:
             header, length = f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size
             if header != f"mtlc decode cache {CACHE_VERSION} {meta['key']}\n".encode().ljust(HEADER_BYTES):
                 raise ValueError("its images were made from other files")
@@ -201,7 +210,7 @@ class DecodeCache:
         """The digest of each row's file (hex, an S32 array) as this cache's .files.json holds them
         (the very file it wrote: meta's identity of it), read a block at a time."""
         digests = np.zeros(meta["images"], "S32")
-        with open_identified(self.meta.with_suffix(".files.json"), meta["rows"]) as f:
+        with read_cache_file(self.meta.with_suffix(".files.json"), meta["rows"]) as f:
             for r, row in enumerate(held_rows(f)):
                 digests[r] = row[4].encode()
         return digests
@@ -222,7 +231,7 @@ class DecodeCache:
         try:
             old, _, _, meta = self.read(latest)
             keys, digests, count = np.zeros(len(old), "S16"), np.zeros(len(old), "S32"), 0
-            with open_identified(latest.with_suffix(".files.json"), meta["rows"]) as f:
+            with read_cache_file(latest.with_suffix(".files.json"), meta["rows"]) as f:
                 for count, row in enumerate(held_rows(f), 1):
                     keys[count - 1], digests[count - 1] = entry_key(row), row[4].encode()
             if count != len(old):
@@ -272,7 +281,7 @@ class DecodeCache:
         if secret()[1]:
             self.echo(f"note: {secret()[1]}: this cache will be decoded again by the next run (set MTLC_CONFIG_DIR "
                       f"to a folder you can write)")
-        with open_cache_file(self.path) as f:
+        with read_cache_file(self.path) as f:
             return (mapped_images(f, count, self.size, HEADER_BYTES), bad, content, lambda: rows,
                     os.fstat(f.fileno()).st_size)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from PIL import Image
 
 from ..disk.console import shown as escaped
+from ..errors import UserError
 
 Image.init()
 # The formats a file is opened as, whatever its name says: Pillow picks its decoder by a file's
@@ -32,31 +33,6 @@ MOST_KINDS = 100
 DIGEST_BYTES = 16
 # The CSV column that holds it: which image a row was written for.
 DIGEST_COLUMN = "blake2b"
-
-
-class NotRegular(OSError):
-    """A path that is no regular file (a pipe, a socket, a device named like an image)."""
-
-
-def open_regular(path):
-    """A file descriptor of a regular file, links followed, opened to read. A pipe named like an image
-    would block a plain open or read forever: the file is opened without waiting and refused
-    (NotRegular) unless it is a regular file; OSError where it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegular("not a regular file (a pipe, a socket or a device)")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_regular(path):
-    """The bytes of a regular file (open_regular); OSError where it cannot be read."""
-    with open(open_regular(path), "rb") as f:
-        return f.read()
 
 
 def file_digest(data):
@@ -200,3 +176,80 @@ def describe_bad(bad, root, shown=5):
     names = "; ".join(f"{escaped(Path(root) / p)} ({reason})" for p, reason in bad[:shown])
     more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
     return f"{len(bad)} image file{'s' * (len(bad) != 1)} cannot be read: {names}{more}"
+
+
+class ImageFiles:
+    """The files to predict, in the order given: a file as it is, a folder's images (files.walk_images:
+    recursively, by extension, hidden files and folders left out) in sorted order, streamed: a
+    million files are never a list. Each image once: a path given twice, or a file or folder that a
+    folder given also lists, is left to that folder (links resolved). A path that does not exist exits
+    2 before any work. `others` and `hidden` count the other files and the hidden ones left out, once
+    a pass is over, and `left_out` holds walk_images's counts (files.describe_others)."""
+
+    def __init__(self, targets):
+        missing = [t for t in targets if not Path(t).exists()]
+        if missing:
+            raise UserError(f"--predict: {', '.join(map(str, missing))} does not exist")
+        self.targets = distinct_targets([Path(t) for t in targets])
+        self.others = self.hidden = 0
+        self.left_out = collections.Counter()
+
+    def entries(self):
+        """(path, (size, modification and change time)) of each file, in order."""
+        counts = collections.Counter()
+        for target in self.targets:
+            if target.is_dir():
+                for relative, *stamp in walk_images(target, counts):
+                    yield target / relative, stamp
+            else:
+                try:
+                    st = os.stat(target)
+                    yield target, [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+                except OSError:
+                    yield target, [-1, -1, -1]
+        self.others, self.hidden, self.left_out = counts["others"], counts["hidden"], counts
+
+    def __iter__(self):
+        return (path for path, _ in self.entries())
+
+    def survey(self, outputs):
+        """One pass before any work: (the number of files, a key of the listing: the hash of every
+        path, size and time, so that work kept from an interrupted run is taken up only for the very
+        same files). Exit 2 where an output {option: path} would replace one of the files (a file
+        in a folder given to --predict, links resolved)."""
+        folders = [os.path.realpath(t) + os.sep for t in self.targets if t.is_dir()]
+        inside = {os.path.realpath(path): name for name, path in outputs.items()
+                  if path and any(os.path.realpath(path).startswith(f) for f in folders)}
+        count, key = 0, hashlib.sha256()
+        for path, stamp in self.entries():
+            count += 1
+            key.update("\0".join(map(str, (path, *stamp))).encode("utf-8", "surrogateescape") + b"\n")
+            if inside and os.path.realpath(path) in inside:
+                name = inside[os.path.realpath(path)]
+                raise UserError(f"{name} {outputs[name]} is one of the images --predict reads: give the output "
+                                f"another name")
+        return count, key.hexdigest()
+
+
+def distinct_targets(targets):
+    """The targets without those another one covers: the same path again (links resolved), or one that
+    a folder among them lists itself (under it, no hidden part on the way, an image's name for a file)."""
+    real = [os.path.realpath(t) for t in targets]
+    folders = [r for r, t in zip(real, targets) if t.is_dir()]
+    kept, seen = [], set()
+    for target, path in zip(targets, real):
+        listed_by = [f for f in folders if f != path and path.startswith(f.rstrip(os.sep) + os.sep)
+                     and not any(is_hidden(part) for part in Path(os.path.relpath(path, f)).parts)]
+        if path in seen or (listed_by and (target.is_dir() or is_image_name(target.name))):
+            continue
+        seen.add(path)
+        kept.append(target)
+    return kept
+
+
+def image_paths(targets):
+    """(the files ImageFiles finds under targets as a list, number of other files, number of hidden
+    ones left out)."""
+    files = ImageFiles(targets)
+    paths = list(files)
+    return paths, files.others, files.hidden

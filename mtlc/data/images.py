@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .files import FORMATS, READ_AS, file_digest, read_regular
-from ..disk.iterables import batched
+from ..disk.opening import read_regular
+from .files import FORMATS, READ_AS, file_digest
+from ..disk.spill import batched
 
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
@@ -57,7 +58,7 @@ def as_seen(img):
 
 
 def read_file(path):
-    """The bytes of an image file (files.read_regular: never a pipe); BadImage where it cannot be read."""
+    """The bytes of an image file (disk.opening.read_regular: never a pipe); BadImage where it cannot be read."""
     try:
         return read_regular(path)
     except OSError as exc:

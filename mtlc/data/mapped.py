@@ -1,46 +1,16 @@
-"""Files the tools keep, opened and memory-mapped: a kept file checked to be the very file this machine
-wrote (its identity), and uint8 images mapped from a file as a tensor whose pages are read when a batch
-touches them and let go after (release_pages), read ahead on a pass in order (in_order).
+"""uint8 images memory-mapped from a file the tools keep (the decode cache) as a tensor whose pages are
+read when a batch touches them and let go after (release_pages), read ahead on a pass in order (in_order).
 """
 import contextlib
 import mmap
-import os
 import weakref
 
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..disk.opening import open_kept
-
-
-def identity(st):
-    """What tells one file from every other and from itself after a change: its device, inode, size,
-    modification and change time (no program can set a change time back)."""
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def open_identified(path, expected):
-    """An open binary file of the kept file `path` (never through a link), checked to be the very
-    file whose identity was sealed; ValueError otherwise."""
-    f = open_cache_file(path)
-    if identity(os.fstat(f.fileno())) != expected:
-        f.close()
-        raise ValueError(f"{path.name} is not the file this machine wrote (changed, replaced or copied since)")
-    return f
-
-
 # The memory maps behind mapped_images' tensors, by the address of their first image: what
 # release_pages needs. Weak: a map closes when the last tensor that reads it is gone.
 _MAPS = weakref.WeakValueDictionary()
-
-
-def open_cache_file(path):
-    """An open binary file of a file of the cache, never through a link, never a pipe (ValueError)."""
-    try:
-        return open(open_kept(path, os.O_RDONLY, "decode cache file"), "rb")
-    except UserError:
-        raise ValueError(f"{path.name} is not a regular file (a link or a pipe)") from None
 
 
 def mapped_images(f, count, size, offset=0):

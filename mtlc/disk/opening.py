@@ -1,10 +1,16 @@
-"""The files the tools keep inside a folder they do not own outright (label.py's log, a run's lock,
-the decode cache and its folder): a folder shipped by someone else may hold a symbolic link, a pipe or
-a hard link under any of those names. Each is opened without following a link (O_NOFOLLOW) and
-without waiting (O_NONBLOCK: a pipe opens at once instead of blocking the run), then checked by fstat
-to be a regular file, and, where it will be written, to have no other name (a hard link to a file
-elsewhere would be rewritten there too); a folder is checked to be a real folder, not a link to one.
-Anything else is refused with UserError (one line, exit 2) before a byte is written.
+"""Opening files carefully, in one place.
+
+The files the tools keep inside a folder they do not own outright (label.py's log, a run's lock, the
+decode cache and its folder, a step's work, the secret that seals them): a folder shipped by someone
+else may hold a symbolic link, a pipe or a hard link under any of those names. open_kept is the one
+way such a file is opened: without following a link (O_NOFOLLOW) and without waiting (O_NONBLOCK: a
+pipe opens at once instead of blocking the run), then checked by fstat to be a regular file, where it
+will be written to have no other name (a hard link to a file elsewhere would be rewritten there too),
+and where its identity was sealed to be that very file; a folder is checked to be a real folder, not a
+link to one. Anything else is refused with UserError (one line, exit 2) before a byte is written.
+
+A user's own files (images, labels files) are read through links (a folder of links is a folder of
+images), but never block on a pipe named like one: open_regular.
 """
 import fcntl
 import os
@@ -12,6 +18,16 @@ import stat
 from pathlib import Path
 
 from ..errors import UserError
+
+
+class NotRegular(OSError):
+    """A path that is no regular file (a pipe, a socket, a device named like an image)."""
+
+
+def identity(st):
+    """What tells one file from every other and from itself after a change: its device, inode, size,
+    modification and change time (no program can set a change time back)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def refusal(path, what, st):
@@ -23,10 +39,12 @@ def refusal(path, what, st):
             f"nothing was written; remove it and run again")
 
 
-def open_kept(path, flags, what, mode=0o666, writing=False):
+def open_kept(path, flags, what, mode=0o666, writing=False, sealed_identity=None):
     """A file descriptor of the kept file `path` (os.open flags: O_NOFOLLOW and O_NONBLOCK are added),
-    checked to be a regular file and, when `writing`, to have a single name. UserError for a link,
-    a pipe, a folder or a hard-linked file; OSError for the OS's own refusals (no permission, a full disk)."""
+    checked to be a regular file, when `writing` to have a single name, and given sealed_identity
+    (identity() of the file when it was written) to be that very file. UserError for a link, a pipe,
+    a folder or a hard-linked file; ValueError for another file than the one sealed (changed,
+    replaced or copied since); OSError for the OS's own refusals (no permission, a full disk)."""
     if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a device is never even opened
         raise UserError(refusal(path, what, os.lstat(path)))
     try:
@@ -43,11 +61,39 @@ def open_kept(path, flags, what, mode=0o666, writing=False):
         if writing and st.st_nlink > 1:
             raise UserError(f"{path} has {st.st_nlink} names (a hard link to a file elsewhere?), not the {what} "
                             f"this project keeps there: nothing was written; remove it and run again")
+        if sealed_identity is not None and identity(st) != sealed_identity:
+            raise ValueError(f"{Path(path).name} is not the file this machine wrote (changed, replaced or copied since)")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def read_kept(path, what, sealed_identity=None):
+    """The kept file `path` open to read, as a binary file (open_kept)."""
+    return open(open_kept(path, os.O_RDONLY, what, sealed_identity=sealed_identity), "rb")
+
+
+def open_regular(path):
+    """A file descriptor of a regular file, links followed, opened to read. A pipe named like an image
+    would block a plain open or read forever: the file is opened without waiting and refused
+    (NotRegular) unless it is a regular file; OSError where it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular("not a regular file (a pipe, a socket or a device)")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path):
+    """The bytes of a regular file (open_regular); OSError where it cannot be read."""
+    with open(open_regular(path), "rb") as f:
+        return f.read()
 
 
 def lock_folder(path, busy, follow_link=False):

@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import socket
-import stat
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from ..errors import UserError, WriteFailed
 from .opening import check_folder, open_kept
+from .outputs import LOCK_NAME, STAGING, not_a_file
 
 
 def os_error_in(exc):
@@ -32,20 +32,6 @@ def os_error_in(exc):
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-def not_a_file(path):
-    """What stands at path if it is neither a regular file nor a link nor nothing (a folder, a pipe, a
-    device, a socket): an output never replaces one (as root, /dev/full or a FIFO would otherwise
-    become a plain file); None otherwise."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return None
-    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
-        return None
-    return "a folder" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else \
-        "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def atomic_write(path, write, *, own_name=False):
@@ -92,50 +78,6 @@ def fsync_folder(folder):
         pass
     finally:
         os.close(fd)
-
-
-def same_file(a, b):
-    """Whether two paths name one file: the same file where both exist (links, hard links and
-    another spelling of a name resolved), else the same absolute path, links resolved."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def check_outputs(outputs, inputs):
-    """Exit 2 before any work where an output {option: path} would replace an input {option: path}
-    or another output of the same command."""
-    outputs = [(name, path) for name, path in outputs.items() if path]
-    for name, path in outputs:
-        kind = not_a_file(path)
-        if kind:
-            raise UserError(f"{name} {path} is {kind}, not a file: give the output another name")
-    for k, (name, path) in enumerate(outputs):
-        for other, other_path in outputs[k + 1:]:
-            if same_file(path, other_path):
-                raise UserError(f"{name} and {other} name the same file ({path}): each output needs its own")
-        for other, other_path in inputs.items():
-            if other_path and same_file(path, other_path):
-                raise UserError(f"{name} {path} is {other} ({other_path}): writing it would replace what this "
-                                f"command reads; give the output another name")
-
-
-def check_not_among(outputs, folder, names, what):
-    """Exit 2 where an output {option: path} would replace one of the files `names` (relative to
-    folder, '/'-separated) that the command reads (`what` says which)."""
-    root = os.path.realpath(folder) + os.sep
-    for option, path in outputs.items():
-        real = os.path.realpath(path) if path else ""
-        if real.startswith(root):
-            if real[len(root):].replace(os.sep, "/") in set(names):
-                raise UserError(f"{option} {path} is one of {what}: writing it would replace what this command reads; "
-                                f"give the output another name")
-
-
-# Where a run given --overwrite writes its outputs until they all exist (a hidden folder in --out,
-# one per stage): the earlier run's outputs are replaced only then.
-STAGING = ".mtlc-next-{}"
 
 
 def staging_folder(out, stage_name):
@@ -252,11 +194,6 @@ def stop_on_signals():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-
-
-# The lock file a run holds in its output folder (runs.run_folder); hidden, so that no image search
-# ever sees it.
-LOCK_NAME = ".mtlc-run.lock"
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ def read_or_make(path):
     """The secret in `path`, made there first if there is none (created exclusively, mode 0600, never
     through a link)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = open_kept(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "secret", 0o600, writing=True)
     except FileExistsError:
         fd = open_kept(path, os.O_RDONLY, "secret")
         with open(fd, "rb") as f:

@@ -1,7 +1,9 @@
 """A long list of small records (label.py's planned moves, the rows of a batch to put back) kept in an
 unnamed temporary file instead of memory: appended one at a time, read back in order or in reverse
-order a chunk at a time. A million records cost a few megabytes of memory, not hundreds.
+order a chunk at a time. A million records cost a few megabytes of memory, not hundreds. And any
+stream taken a chunk at a time (batched). No torch, no numpy: label.py imports it.
 """
+import itertools
 import json
 import os
 import tempfile
@@ -9,6 +11,13 @@ import tempfile
 from ..errors import WriteFailed
 
 CHUNK = 10_000  # records read back at a time
+
+
+def batched(items, batch_size):
+    """Consecutive lists of batch_size items (the last one shorter) of any iterable, taken as needed."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, batch_size)):
+        yield chunk
 
 
 class Spill:

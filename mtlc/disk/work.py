@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError, WriteFailed
-from .opening import check_folder, lock_folder, open_kept
+from .opening import check_folder, lock_folder, open_kept, read_kept
+from .outputs import WORK_SUFFIX
 from .runs import atomic_write
 from .seal import holds, seal, secret
 
@@ -29,9 +30,6 @@ MANIFEST = "manifest.json"
 COMMIT_EVERY = 5.0
 WORK_VERSION = 1
 READ_BLOCK = 2 ** 24  # bytes hashed at a time when work is taken up again
-
-
-WORK_SUFFIX = ".mtlc-work"
 
 
 def work_folder(output):
@@ -156,7 +154,7 @@ class Work:
     def prefix_mac(self, name, length):
         """The HMAC of the first `length` bytes of the work file `name` (ValueError if it is shorter)."""
         mac = running_hmac()
-        with open(open_kept(self.folder / name, os.O_RDONLY, "work file"), "rb") as f:
+        with read_kept(self.folder / name, "work file") as f:
             left = length
             while left:
                 block = f.read(min(left, READ_BLOCK))

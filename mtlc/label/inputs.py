@@ -13,7 +13,8 @@ from typing import NamedTuple, Optional
 from ..use import label_studio
 from ..disk.console import PATH_ERRORS
 from ..errors import UserError
-from ..data.files import DIGEST_COLUMN, open_regular
+from ..data.files import DIGEST_COLUMN
+from ..disk.opening import open_regular
 
 # Where label.py sets an image aside (a copy, a leak into test/, an image like no class): training
 # reads labeled/, unlabeled/ and test/ only. The image keeps its path under it:

@@ -18,8 +18,8 @@ from ..errors import MoveFailed, UserError
 from ..data.files import DIGEST_BYTES, DIGEST_COLUMN
 from .inputs import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
 from ..disk.opening import open_kept
+from ..disk.outputs import LOG_NAME
 
-LOG_NAME = "label-log.csv"
 # Paths relative to the folder; blake2b: the hash of the moved file's bytes (logs written before it
 # have the first six columns only).
 LOG_HEADER = ("batch", "time", "action", "source", "target", "label", DIGEST_COLUMN)

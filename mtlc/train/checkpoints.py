@@ -15,11 +15,10 @@ import click
 import torch
 from torch.torch_version import TorchVersion
 
-from ..data.batches import augment, max_shift, normalization
-from ..data.datasets import load_dataset
+from ..data.views import augment, max_shift, normalization
+from ..data.datasets import DATASETS, load_dataset
 from ..errors import UserError
 from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
-from .presets import DATASETS
 from .pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, is_threshold
 from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from .schedule import Stage

@@ -1,10 +1,17 @@
 """A model's outputs for many images: one batch at a time in eval mode (the BN running means, no
 dropout), on the model's device, gathered on the CPU in float32. Every pass over images that is not
-a training step goes through here: test errors, predictions, features for t-SNE and selection.
+a training step goes through here: test errors, predictions, features for t-SNE and selection. And
+chance level: the error of always answering the most frequent class, and whether a model's error
+cannot be told from it (a network that learned nothing usable, or too few images to tell).
 """
+import math
+
+import numpy as np
 import torch
 
-from ..data.batches import image_batches, normalize
+from ..data.batches import image_batches
+
+from ..data.views import normalize
 
 BATCH = 500  # images per forward pass
 
@@ -39,3 +46,18 @@ def predict_classes(model, x, mean, std, idx=None):
 def test_error(model, x, y, mean, std, idx=None):
     """Error (%) of the model on uint8 images x (or its rows idx) with labels y."""
     return 100.0 * (predict_classes(model, x, mean, std, idx) != y.cpu()).sum().item() / len(y)
+
+
+def chance_error(labels):
+    """The error (%) of always answering the most frequent class among `labels` (class indices)."""
+    counts = np.bincount(np.asarray(labels))
+    return 100 * (1 - counts.max() / counts.sum())
+
+
+def at_chance(error, labels):
+    """Whether a nonzero error (%) measured on images with these labels is within two standard errors
+    (of a proportion over as many images) of chance_error, or above it. Never where the labels are of
+    one class (chance is then no error) or the error is zero: nothing learned cannot be right on all."""
+    chance, n = chance_error(labels), len(labels)
+    p = 1 - chance / 100
+    return chance > 0 and error > 0 and error >= chance - 200 * math.sqrt(p * (1 - p) / n)

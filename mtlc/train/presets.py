@@ -47,7 +47,6 @@ RAMP_SHARE = dict(cons_rampup=0.2, lc_rampup=0.25)
 MIN_RAMP_STEPS = 300
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
 CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)
-DATASETS = tuple(PRESETS)
 # The stage-1 objective of each dataset (--consistency) and each objective's own defaults. The paper's
 # presets keep Mean Teacher; a folder trains FixMatch, ahead of MT at equal time on digits and on rendered
 # letters (three seeds each) and level with it on CIFAR-10 folders. Its adaptive threshold and the

@@ -1,6 +1,6 @@
 """The pseudo-label objective (--consistency fixmatch) beside Mean Teacher's EMA teacher: FixMatch's
 unlabeled loss (Sohn et al. 2020). A network's class for the weak view of an unlabeled image is the
-target of the student's cross-entropy on a strong view of it (strong_augment.py) wherever that
+target of the student's cross-entropy on a strong view of it (data/views.py) wherever that
 network's confidence clears a threshold; the loss is the mean over every unlabeled image of the
 step, those below the threshold counting 0.
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data.batches import Batches
-from .chance import at_chance, chance_error
+from .inference import at_chance, chance_error
 from .devices import Processes, average_buffers, sync
 from ..errors import TrainingFailed
 from .graphed import EPOCH_SUMS, GraphedSteps, resolve_step_mode

@@ -26,9 +26,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..data.batches import ImageRows, normalization
+from ..data.batches import ImageRows
+
+from ..data.views import normalization
 from .calibration import fitted_or_one
-from ..train.chance import at_chance, chance_error
+from ..train.inference import at_chance, chance_error
 from ..train.checkpoints import restore_models
 from ..disk.console import csv_writer, path_text
 from ..data.copies import exact_groups, near_pairs, thumbnail_vectors

@@ -10,18 +10,22 @@ time; confidences are calibrated on the checkpoint's held-out images where it ha
 be read (`classifier.calibration`; else `classifier.uncalibrated` says why and they are the raw
 softmax).
 """
-from typing import Optional
+from pathlib import Path
+from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
-from ..data.batches import normalization
-from .calibration import Calibration
-from ..train.checkpoints import load_checkpoint, restore_models
-from .held_out import restore_held_out
-from ..train.devices import pick_device
+from ..data.views import normalization
+from ..data.datasets import is_own_layout
+from ..data.files import ImageFiles, image_paths
+from ..data.images import decode_batches
 from ..errors import UserError
-from ..train.inference import outputs
-from .predictions import Prediction, held_out_calibration, image_paths, predict_files
+from ..train.checkpoints import load_checkpoint, restore_data, restore_models
+from ..train.devices import pick_device
+from ..train.inference import model_outputs, outputs
+from .calibration import Calibration, confidences
+from .held_out import restore_held_out
 
 
 class Classifier:
@@ -86,3 +90,58 @@ def load(path, *, model="teacher", device="auto", calibrate=True, data_dir=None)
 
 
 __all__ = ["Classifier", "Prediction", "load"]
+
+
+class Prediction(NamedTuple):
+    path: Path
+    label: Optional[str]          # None: the file could not be read (reason says why)
+    confidence: Optional[float]   # the label's probability, rounded as the CSV writes it
+    runner_up: Optional[str]      # the second most likely class
+    features: Optional[torch.Tensor] = None  # the pooled features (the vectors LC acts on)
+    reason: Optional[str] = None  # why the file could not be read
+    digest: Optional[str] = None  # the hash of the file's bytes (files.file_digest): which image the row is for
+
+
+def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0):
+    """A Prediction for each path in order: the class, its probability with the logits divided by
+    the temperature (calibration.py), the runner-up class and the pooled features. One batch of
+    decoded images is held at a time, the next one decoding meanwhile."""
+    device = next(model.parameters()).device
+    for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size):
+        features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
+        predicted, confidence = confidences(logits, temperature)
+        runner_up = logits.topk(min(2, logits.shape[1]), dim=1).indices[:, -1]
+        for i, path in enumerate(chunk):
+            if i in failed:
+                yield Prediction(path, None, None, None, reason=failed[i], digest=digests[i])
+            else:
+                yield Prediction(path, classes[predicted[i]], float(confidence[i]), classes[runner_up[i]], features[i],
+                                 digest=digests[i])
+
+
+def held_out_calibration(state, held, model, device):
+    """The calibration of the model's confidences on the checkpoint's held-out labeled images
+    (checkpoints.HeldOut: its test images, else its --val hold-out), those relabeled with label.py
+    counted as errors."""
+    mean, std = normalization(state["config"], device)
+    return Calibration.fit(outputs(model, held.x, mean, std)[1].numpy(), held.y.numpy(), held.source,
+                           doubted=held.relabeled.numpy())
+
+
+def labeled_features(state, model, device, data_dir=None, echo=lambda line: None):
+    """The pooled features (n, D) of the images labeled so far, which the choice of the images to
+    label next covers first: an own-images folder's labeled/ as it is now (label.py's moves since
+    training included), decoded a batch at a time; another dataset's labeled training images."""
+    root = Path(data_dir or state["config"]["data_dir"])
+    config = state["config"]
+    mean, std = normalization(config, device)
+    if config["dataset"] == "folder" and is_own_layout(root):
+        parts = []
+        if (root / "labeled").is_dir():
+            for _, x, failed, _ in decode_batches(ImageFiles([root / "labeled"]), config["image_size"], 256):
+                readable = [i for i in range(len(x)) if i not in failed]
+                if readable:
+                    parts.append(model_outputs(model, x[readable].to(device), mean, std)[0].cpu())
+        return torch.cat(parts).numpy() if parts else np.zeros((0, model.feature_dim), np.float32)
+    data = restore_data(state, data_dir, echo=echo)
+    return outputs(model, data.train_x, mean, std, state["labeled_idx"])[0].numpy()

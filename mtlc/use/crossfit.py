@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from sklearn.model_selection import StratifiedKFold
 
-from ..data.batches import normalization
+from ..data.views import normalization
 from .calibration import fitted_or_one
 from ..train.checkpoints import fresh_training, make_trainer
 from ..train.devices import Processes

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.batches import normalization
+from ..data.views import normalization
 from .calibration import CONFIDENCE_LEVEL, error_upper_bound, ranked, search_test_level
 from ..errors import UserError
 from ..train.inference import outputs

@@ -2,7 +2,7 @@
 images; the acceptance threshold of --max-error; one CSV row per image (or, with --suggest, per
 image to label next) streamed to a file or stdout; the review page; one summary line per outcome.
 The files are streamed as they are found, never listed whole; with a file to write, the predictions
-are kept on disk beside it as they are made (prediction_store.py), so that a run interrupted goes on
+are kept on disk beside it as they are made (prediction_rows.py), so that a run interrupted goes on
 where it stopped, and the outputs are made from them at the end, a row at a time.
 """
 import contextlib
@@ -26,9 +26,11 @@ from ..train.checkpoints import restore_data
 from ..errors import UserError
 from .figures import plot_coverage
 from ..data.files import describe_hidden, describe_others
-from ..data.mapped import identity
-from .prediction_store import PredictionStore
-from .predictions import ImageFiles, is_accepted, labeled_features, suggest_rows, write_rows
+from ..disk.opening import identity
+from ..data.files import ImageFiles
+from .classifier import labeled_features
+from .prediction_rows import PredictionStore, is_accepted, write_rows
+from .selection import suggest_rows
 from .report import describe_acceptance, describe_calibration, method_name
 from .review import write_audit_review, write_review
 from ..disk.runs import atomic_write

@@ -6,11 +6,11 @@ that describe calibration and acceptance.
 import statistics
 from pathlib import Path
 
-from ..data.batches import normalization
+from ..data.views import normalization
 from .calibration import CONFIDENCE_LEVEL, images_needed
 from .held_out import held_out
 from ..train.inference import predict_classes, test_error
-from .predictions import held_out_calibration
+from .classifier import held_out_calibration
 from ..disk.runs import atomic_write
 
 # How a stage-2 run with lambda2 0 is named after its stage-1 objective: LC's control.

@@ -8,7 +8,7 @@ many clusters as there will be labels; clusters holding no labeled image come fi
 and from each the most typical unlabeled image (the inverse mean distance to its nearest neighbours
 in the cluster) is taken. Once every cluster holds a label, the ones with the fewest labels come next.
 
-At scale (a million images) the features are a memory map (prediction_store.py) read a batch at a
+At scale (a million images) the features are a memory map (prediction_rows.py) read a batch at a
 time: k-means is faiss's, trained on a sample of TRAINING_PER_CLUSTER points a cluster (its own
 default), every point then assigned to its nearest centre a batch at a time. Its centres start from
 scikit-learn's k-means++ seeding on SEEDING_PER_CLUSTER points a cluster, as scikit-learn's KMeans
@@ -123,3 +123,18 @@ def suggest(unlabeled_features, labeled_features, n, seed=0):
         if candidates[c]:
             heapq.heappush(queue, (labels + 1, minus_size, c))
     return np.array(picks, dtype=np.int64), np.array(clusters, dtype=np.int64)
+
+
+def suggest_rows(store, labeled, *, n, seed):
+    """The n kept predictions (prediction_rows.PredictionStore; readable files only) whose images
+    TypiClust (selection.py) would label next, best first, and the cluster of each; labeled: the
+    labeled images' features."""
+    picks, clusters = suggest(store.features(), labeled, n, seed)
+    wanted = {int(p): k for k, p in enumerate(picks)}
+    chosen, readable = [None] * len(picks), 0
+    for row in store.rows():
+        if row.label is not None:
+            if readable in wanted:
+                chosen[wanted[readable]] = row
+            readable += 1
+    return chosen, clusters.tolist()

@@ -1,5 +1,7 @@
-"""The strong view of the pseudo-label objective (FixMatch's): torchvision's RandAugment, then Cutout,
-drawn per image of a uint8 batch (B, 3, H, W) on the device where the step runs.
+"""The views of uint8 images (B, 3, H, W) a network sees, made on the device where the step runs:
+normalized by the run's channel statistics; the weak view, the paper's augmentation (a random shift,
+for CIFAR-10 a random flip); and the strong view of the pseudo-label objective (FixMatch's):
+torchvision's RandAugment, then Cutout, drawn per image.
 
 torchvision's RandAugment (v2: two ops an image, each op and its sign uniform, magnitude 9 of 31
 bins) draws one op for a whole batch, and draws it on the host: per image it needs a Python loop,
@@ -11,6 +13,44 @@ which gives the same images with no host read.
 import functools
 
 import torch
+import torch.nn.functional as F
+
+
+def max_shift(image_size):
+    """The augmentation's translation in pixels: the paper's 2 at 32 x 32, in proportion at other sizes."""
+    return max(1, round(2 * image_size / 32))
+
+
+def augment(x, mean, std, flip, max_shift=2):
+    """Normalized, randomly translated (pad max_shift with black, random H x W crop) and, for
+    CIFAR-10, randomly flipped copies of uint8 images (B, 3, H, W). Every call draws new randomness."""
+    return normalize(shift_and_flip(x, flip, max_shift), mean, std)
+
+
+def shift_and_flip(x, flip, max_shift=2):
+    """augment's translation and flip (the weak view), still uint8."""
+    b, _, h, w = x.shape
+    padded = F.pad(x, (max_shift,) * 4)
+    dy = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    dx = torch.randint(0, 2 * max_shift + 1, (b, 1), device=x.device)
+    rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]
+    out = padded[torch.arange(b, device=x.device)[:, None, None, None],
+                 torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
+    if flip:
+        flipped = torch.rand(b, device=x.device) < 0.5
+        out = torch.where(flipped[:, None, None, None], out.flip(3), out)
+    return out
+
+
+def normalize(x, mean, std):
+    return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+def normalization(config, device=None):
+    """A run's per-channel (mean, std) of its training images (channel_stats, kept in its config), as
+    tensors on device: what normalize takes."""
+    return tuple(torch.tensor(config[k], device=device) for k in ("mean", "std"))
 
 
 @functools.cache

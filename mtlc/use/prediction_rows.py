@@ -1,17 +1,19 @@
-"""The predictions of an `evaluate.py --predict` run kept on disk while it runs (work.py), not in
+"""The rows of an `evaluate.py --predict` run. While it runs they are kept on disk (work.py), not in
 memory: one JSON line per image (its path, class, confidence, runner-up, hash, or why it could not be
 read) and, where the images to label next are to be chosen, the pooled features of the readable ones
-as float32 rows. The outputs (the CSV, the review page, the images to label next) are made from it
-at the end, reading it a row at a time; a run interrupted and started again goes on after the last
-batch it kept.
+as float32 rows; a run interrupted and started again goes on after the last batch it kept. At the end
+its outputs are made from them a row at a time: the CSV (write_rows), the review page, the images to
+label next.
 """
 import json
 from pathlib import Path
 
 import numpy as np
 
-from ..disk.iterables import batched
-from .predictions import Prediction
+from ..data.files import DIGEST_COLUMN
+from ..disk.console import csv_writer
+from ..disk.spill import batched
+from .classifier import Prediction
 
 ROWS, FEATURES = "rows.jsonl", "features.f32"
 
@@ -65,3 +67,32 @@ class PredictionStore:
     def features(self):
         """The features of the readable predictions, in order: (n, feature_dim) float32, memory-mapped."""
         return self.work.rows(FEATURES, np.float32, self.feature_dim)
+
+
+
+CSV_HEADER = ("path", "prediction", "confidence", "runner_up")
+
+
+def write_rows(text_file, rows, threshold=None, extra=None):
+    """Write the CSV header and one row per prediction; a file that could not be read gets an empty
+    prediction. With a threshold, a column `accepted`: 1 where the confidence is at least the
+    threshold. extra: (column name, value per row) columns after those; last, blake2b: the hash of the
+    bytes of the image the row was written for (label.py refuses the row where the file holds another
+    image by then). Paths are written as str (a text file opened with console.path_text keeps
+    undecodable bytes); every name reads back as itself (console.csv_writer)."""
+    writer = csv_writer(text_file)
+    extra = extra or ()
+    writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + tuple(name for name, _ in extra)
+                    + (DIGEST_COLUMN,))
+    for i, row in enumerate(rows):
+        if row.label is None:
+            cells = [str(row.path), "", "", ""]
+        else:
+            cells = [str(row.path), row.label, f"{row.confidence:.4f}", row.runner_up]
+        if threshold is not None:
+            cells.append(int(is_accepted(row, threshold)))
+        writer.writerow(cells + [values[i] for _, values in extra] + [row.digest or ""])
+
+
+def is_accepted(row, threshold):
+    return row.label is not None and row.confidence >= threshold
