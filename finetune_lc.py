@@ -18,7 +18,7 @@ import click
 
 from mtlc.data.batches import Batches
 from mtlc.train.benchmark import report_benchmark
-from mtlc.train.checkpoints import (checkpoint_split, load_checkpoint, make_trainer, restore_data, restore_training,
+from mtlc.train.checkpoints import (checkpoint_split, load_checkpoint, restore_data, restore_training,
                               resume_checkpoint)
 from mtlc.disk.console import robust_streams
 from mtlc.data.splits import true_classes
@@ -31,6 +31,7 @@ from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_optio
 from mtlc.train.presets import preset, preset_help, stage_lengths
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.train.epochs import run_stage
+from mtlc.train.trainer import make_trainer
 
 OUTPUTS = STAGE_OUTPUTS["lc"]
 
@@ -217,7 +218,7 @@ def stage_two(config, data, state, training, device, procs, reference_spread=Non
     pairs_truth = true_classes(data, config["lc"]["truth"]) if config["lc"]["pairs"] == "true-class" else None
     return make_trainer("lc", config, data, checkpoint_split(state), training, device, procs,
                         reference_spread=reference_spread, true_classes=pairs_truth,
-                        adaptive_threshold=state["adaptive_threshold"])
+                        objective_state=state["adaptive_threshold"])
 
 
 def milestones(config):

@@ -18,7 +18,7 @@ import click
 
 from mtlc.data.batches import channel_stats
 from mtlc.train.benchmark import report_benchmark
-from mtlc.train.checkpoints import (checkpoint_split, fresh_training, make_trainer, restore_data, restore_training,
+from mtlc.train.checkpoints import (checkpoint_split, restore_data, restore_training,
                               resume_checkpoint)
 from mtlc.disk.console import robust_streams
 from mtlc.data.copies import leaked_test
@@ -30,9 +30,11 @@ from mtlc.label.log import relabeled_images
 from mtlc.train.model import check_image_size
 from mtlc.train.curves import check_folder
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.train.presets import (CONSISTENCY, MIN_RAMP_STEPS, OBJECTIVE_DEFAULTS, PRESETS, objective_help, preset,
+from mtlc.train.presets import (CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset,
                           preset_help, stage_lengths)
-from mtlc.train.pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, ThresholdParam
+from mtlc.train.objectives import CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, objective_help
+from mtlc.train.objectives.fixmatch import PSEUDO_LABEL_SOURCES, ThresholdParam
+from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.data.splits import balanced_split, hold_out, own_split
@@ -145,7 +147,7 @@ def main(**options):
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
-                                   procs, adaptive_threshold=state["adaptive_threshold"])
+                                   procs, objective_state=state["adaptive_threshold"])
             run_stage(trainer, out, milestones(config), start_epoch=state["epoch"],
                       tensorboard=resumed_curves(config, o.tensorboard, procs.echo))
             return
@@ -262,12 +264,15 @@ def run_config(o, data, split, labels, objective, own, procs, device):
 
 def objective_settings(consistency, **given):
     """The settings of the unlabeled objective: those given, else the objective's defaults
-    (OBJECTIVE_DEFAULTS); the pseudo-label settings are refused with MT."""
-    defaults = OBJECTIVE_DEFAULTS[consistency]
+    (its file's); the settings of another objective's own are refused."""
+    defaults = OBJECTIVES[consistency].defaults
     wrong = [key for key, value in given.items() if value is not None and key not in defaults]
     if wrong:
-        raise UserError(f"--{wrong[0].replace('_', '-')} goes with --consistency fixmatch, not {consistency}")
-    settings = dict(OBJECTIVE_DEFAULTS["fixmatch"], consistency=consistency)  # kept in every config
+        owner = next(name for name, o in OBJECTIVES.items() if wrong[0] in o.defaults)
+        raise UserError(f"--{wrong[0].replace('_', '-')} goes with --consistency {owner}, not {consistency}")
+    # Every objective's own settings are kept in every config (their defaults where another objective runs).
+    settings = {key: value for o in OBJECTIVES.values() for key, value in o.defaults.items() if key in OWN_SETTINGS}
+    settings["consistency"] = consistency
     settings.update({key: given[key] if given[key] is not None else value for key, value in defaults.items()})
     return settings
 

@@ -76,7 +76,7 @@ def worker(rank, world, init_file, out_dir):
                                 pseudo_labels="student", cons_weight=1.0)
         for step in range(3):
             pseudo.train_step(step, *pseudo.batches.views(step))
-        seen["threshold"] = torch.cat([pseudo.pseudo.confidence.view(1), pseudo.pseudo.class_means])
+        seen["threshold"] = torch.cat([pseudo.objective.confidence.view(1), pseudo.objective.class_means])
         # An epoch of fit, which ends in an evaluation (the BN statistics recomputed) and checkpoints.
         (Path(out_dir) / "fit").mkdir(exist_ok=True)
         fit(trainer, Path(out_dir) / "fit", {}, echo=lambda line: None)

@@ -257,8 +257,8 @@ def test_trainer_hands_the_loss_the_classes_of_its_pairs(pairs, monkeypatch):
         seen.append(kwargs.get("classes"))
         return lc_loss(z_labeled, z_unlabeled, eps, **kwargs)
     monkeypatch.setattr(neighbours, "lc_loss", recording)
-    teacher, teacher_outputs = trainer.teacher_forward, []
-    trainer.teacher_forward = lambda x: teacher_outputs.append(teacher(x)) or teacher_outputs[-1]
+    teacher, teacher_outputs = trainer.targets_forward, []
+    trainer.targets_forward = lambda x: teacher_outputs.append(teacher(x)) or teacher_outputs[-1]
     student_view, teacher_view, labels = trainer.batches.views(5)
     trainer.train_step(5, student_view, teacher_view, labels)
     (classes,) = seen

@@ -7,7 +7,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mtlc.train.model import Dropout, ModelConfig, build_models
 from mtlc.train.devices import resolve_precision
-from mtlc.train.trainer import consistency_loss, ema_update
+from mtlc.train.objectives.mean_teacher import consistency_loss
+from mtlc.train.trainer import ema_update
 import conftest
 from conftest import ROOT, TINY_RUN
 

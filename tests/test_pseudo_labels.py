@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
 from mtlc.train.presets import CONSISTENCY
-from mtlc.train.pseudo_labels import ADAPTIVE_MOMENTUM, PseudoLabels, is_threshold
+from mtlc.train.objectives.fixmatch import ADAPTIVE_MOMENTUM, FixMatch, is_threshold
 from mtlc.data.views import CUTOUT_FILL, StrongAugment
 
 # RandAugment's ops at torchvision's magnitude 9 of 31 bins (0 .. 30), written out independently:
@@ -107,12 +107,16 @@ def test_cutout_is_one_square_per_image_cut_by_the_border(size):
     assert (cut.flatten(1).sum(1) == side * side).float().mean() > 0.2  # whole squares are common
 
 
+def fixmatch(threshold, classes):
+    return FixMatch(dict(threshold=threshold, num_classes=classes, pseudo_labels="teacher"), torch.device("cpu"))
+
+
 def test_fixed_threshold_loss_is_fixmatchs():
     """The mean over every unlabeled image of the cross-entropy to the weak view's class, counting
     only those whose confidence clears the threshold."""
     torch.manual_seed(0)
     student, source = torch.randn(50, 4) * 3, torch.randn(50, 4) * 3
-    loss, above, targets = PseudoLabels(0.7, 4, torch.device("cpu")).loss(student, source)
+    loss, targets, (above,) = fixmatch(0.7, 4).unlabeled_loss(student, source, 0)
     probs = torch.softmax(source, 1)
     keep = probs.max(1).values >= 0.7
     expected = sum(F.cross_entropy(student[i:i + 1], probs[i:i + 1].argmax(1)) for i in range(50) if keep[i]) / 50
@@ -124,20 +128,21 @@ def test_adaptive_threshold_follows_freematch():
     """tau and p~ start at 1/C and move as EMAs (momentum 0.999) of the batch's mean confidence and
     mean prediction; class c's threshold is tau p~(c) / max p~; the state survives a checkpoint."""
     torch.manual_seed(0)
-    pseudo = PseudoLabels("adaptive", 3, torch.device("cpu"))
+    pseudo = fixmatch("adaptive", 3)
     tau, means = torch.tensor(1 / 3), torch.full((3,), 1 / 3)
     for _ in range(5):
         source = torch.randn(40, 3) * 4 + torch.tensor([2.0, 0.0, 0.0])
         probs = torch.softmax(source, 1)
         tau = ADAPTIVE_MOMENTUM * tau + (1 - ADAPTIVE_MOMENTUM) * probs.max(1).values.mean()
         means = ADAPTIVE_MOMENTUM * means + (1 - ADAPTIVE_MOMENTUM) * probs.mean(0)
-        _, above, targets = pseudo.loss(torch.randn(40, 3), source)
+        _, targets, (above,) = pseudo.unlabeled_loss(torch.randn(40, 3), source, 0)
         thresholds = tau * means / means.max()
         assert above.item() == pytest.approx((probs.max(1).values >= thresholds[targets]).float().mean().item())
     assert torch.allclose(pseudo.confidence, tau) and torch.allclose(pseudo.class_means, means)
-    again = PseudoLabels("adaptive", 3, torch.device("cpu"), pseudo.state_dict())
+    again = fixmatch("adaptive", 3)
+    again.load_state_dict(pseudo.state_dict())
     assert torch.equal(again.class_means, pseudo.class_means) and torch.equal(again.confidence, pseudo.confidence)
-    assert PseudoLabels(0.95, 3, torch.device("cpu")).state_dict() is None
+    assert fixmatch(0.95, 3).state_dict() is None
 
 
 def test_threshold_values():

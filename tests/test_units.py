@@ -11,7 +11,8 @@ from mtlc.data.views import augment
 from mtlc.data.splits import balanced_split
 from mtlc.errors import UserError
 from mtlc.train.schedule import Stage, learning_rate, sigmoid_rampup
-from mtlc.train.trainer import consistency_loss, ema_update
+from mtlc.train.objectives.mean_teacher import consistency_loss
+from mtlc.train.trainer import ema_update
 
 
 def test_sigmoid_rampup():

@@ -128,7 +128,7 @@ class Batches:
     and unlabeled batches. The images stay where they are (memory-mapped for a folder, in the host's
     memory otherwise): each step gathers its own on the host and moves those to the device."""
 
-    def __init__(self, data, split, config, device, rank=0, world=1):
+    def __init__(self, data, split, config, device, rank=0, world=1, strong_view=False):
         for key in ("labeled_batch", "unlabeled_batch"):
             if config[key] % world:
                 raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
@@ -142,8 +142,8 @@ class Batches:
         self.mean, self.std = normalization(config, device)
         self.flip = config["dataset"] == "cifar10"
         self.max_shift = max_shift(config["image_size"])
-        # The pseudo-label objective trains the student on strong views of the unlabeled images.
-        self.strong = StrongAugment(config["image_size"]) if config["consistency"] == "fixmatch" else None
+        # strong_view: the objective trains the student on strong views of the unlabeled images (FixMatch's).
+        self.strong = StrongAugment(config["image_size"]) if strong_view else None
 
     def indices(self, step):
         """The training-set indices of this process's share of the step's images, labeled ones first."""
@@ -162,8 +162,8 @@ class Batches:
 
     def augmented(self, images, sync_free=False):
         """(student view, teacher view) of a step's uint8 images on the device (labeled first), drawn
-        independently: both weak (shift, flip), or with the pseudo-label objective the student's
-        unlabeled images strong (data/views.py); sync_free: no host read (the graphed step)."""
+        independently: both weak (shift, flip), or with strong_view the student's unlabeled images
+        strong (data/views.py); sync_free: no host read (the graphed step)."""
         student = (self.strong_view(images, sync_free) if self.strong
                    else shift_and_flip(images, self.flip, self.max_shift))
         teacher = shift_and_flip(images, self.flip, self.max_shift)

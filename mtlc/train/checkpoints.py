@@ -15,14 +15,14 @@ import click
 import torch
 from torch.torch_version import TorchVersion
 
-from ..data.views import augment, max_shift, normalization
+
 from ..data.datasets import DATASETS, load_dataset
 from ..errors import UserError
 from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
-from .pseudo_labels import CONSISTENCIES, PSEUDO_LABEL_SOURCES, is_threshold
+from .objectives import CONSISTENCIES, OBJECTIVES
+from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
 from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
-from .schedule import Stage
-from .trainer import Trainer, make_optimizer
+from .trainer import make_optimizer
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx",
                    "stage")
@@ -65,12 +65,6 @@ def finite_weights(weights):
                                              if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
-def is_probabilities(value):
-    """A float tensor of finite values in [0, 1] (the adaptive threshold's state)."""
-    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() <= 1
-            and bool(((value >= 0) & (value <= 1)).all()))
-
-
 def is_part_dict(value, check):
     return isinstance(value, dict) and set(value) == {"train", "test"} and all(check(v) for v in value.values())
 
@@ -83,8 +77,6 @@ STATE_CHECKS = dict(
     student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
     reference_spread=lambda v: v is None or is_number(v),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
-    adaptive_threshold=lambda v: v is None or (isinstance(v, dict) and set(v) == {"confidence", "class_means"} and
-                                          all(is_probabilities(t) for t in v.values()) and v["confidence"].dim() == 0),
     model_args=lambda v: (isinstance(v, dict) and set(v) == {"num_classes", "width", "bn_momentum"} and
                           is_int(v["num_classes"], 2) and is_width(v["width"]) and is_number(v["bn_momentum"])
                           and 0 < v["bn_momentum"] <= 1))
@@ -162,9 +154,9 @@ def config_problem(state):
     model_classes = state["model_args"].get("num_classes")
     if model_classes != config["num_classes"]:  # a network of other outputs than the classes it names
         return f"its network's {model_classes!r} outputs do not fit its {config['num_classes']} classes"
-    thresholds = state["adaptive_threshold"]
-    if thresholds is not None and thresholds["class_means"].shape != (config["num_classes"],):
-        return f"its adaptive threshold's class means do not fit its class count ({config['num_classes']})"
+    objective = OBJECTIVES[config["consistency"]].state_problem(state["adaptive_threshold"], config["num_classes"])
+    if objective:
+        return objective
     return metrics_problem(state.get("metrics"), required=state["stage"] == "lc")
 
 
@@ -287,40 +279,6 @@ def published(out, folder, stage_name, state):
         return len(read_metrics(metrics)) >= len(state["metrics"])
     except (OSError, ValueError, TypeError):
         return False
-
-
-def stage_of(config, name):
-    """Stage 1 ("mt") or stage 2 ("lc") of a run, as its config sets it."""
-    common = dict(ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"])
-    if name == "mt":
-        return Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
-                     eval_every=config["eval_every"], first_step=0, **common)
-    lc = config["lc"]
-    return Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"], eval_every=lc["eval_every"],
-                 first_step=lc["mt_step"], lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
-                 lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"], lc_loss_unit=lc["loss_unit"],
-                 lc_pairs=lc["pairs"], **common)
-
-
-def fresh_training(config, data, labeled_idx, device):
-    """(student, teacher, optimizer) of a new run: the config's seed, the student data-initialized on
-    the first labeled batch (augmented as training augments it), the teacher its copy."""
-    torch.manual_seed(config["seed"])  # every process builds the same networks; DDP checks they agree
-    student, teacher = build_models(ModelConfig.of_run(config), device)
-    mean, std = normalization(config, device)
-    first_labeled = data.train_x[labeled_idx[:config["labeled_batch"]]].to(device)
-    student.data_init(augment(first_labeled, mean, std, config["dataset"] == "cifar10", max_shift(config["image_size"])))
-    teacher.load_state_dict(student.state_dict())
-    return student, teacher, make_optimizer(student, config["lr"])
-
-
-def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None,
-                 adaptive_threshold=None):
-    """The Trainer of stage `name` of a run: its config, data and split, and `training` (student,
-    teacher, optimizer) fresh or restored from a checkpoint (with its adaptive threshold's state)."""
-    return Trainer(*training, data, split, config, stage_of(config, name), device, procs,
-                   reference_spread=reference_spread, true_classes=true_classes,
-                   adaptive_threshold=adaptive_threshold)
 
 
 def restore_data(state, data_dir=None, echo=click.echo):

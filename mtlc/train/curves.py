@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from ..errors import UserError, WriteFailed
+from .objectives import OBJECTIVES
 
 # The record's keys that are no curve: its place on the axes and its text.
 NOT_CURVES = ("stage", "epoch", "step", "warnings")
@@ -18,8 +19,8 @@ SCHEDULE = ("lr", "cons_weight", "lc_weight")
 
 
 def tag(key):
-    """The TensorBoard tag of a record's key: grouped (loss/, schedule/, error/, lc/, time/,
-    pseudo_labels/), the key kept."""
+    """The TensorBoard tag of a record's key: grouped (loss/, schedule/, error/, lc/, time/, and the
+    objectives' own: FixMatch's pseudo_labels/), the key kept."""
     if key in LOSSES:
         return f"loss/{key}"
     if key in SCHEDULE:
@@ -30,8 +31,9 @@ def tag(key):
         return "time/epoch_seconds"
     if key == "global_epoch":
         return "epoch/global_epoch"
-    if key == "above_threshold":  # the pseudo-label objective: the share of unlabeled images it trains on
-        return "pseudo_labels/above_threshold"
+    for objective in OBJECTIVES.values():  # an objective's own metrics, in the group it names
+        if key in objective.metrics:
+            return f"{objective.metrics[key][1]}/{key}"
     return f"lc/{key}"  # LC's diagnostics: neighbour fraction, all-neighbour epochs, distances
 
 

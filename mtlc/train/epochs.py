@@ -48,7 +48,7 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
                                    procs.main, echo):
             trainer.steps.step(step)
             estimate.tick()
-        sums = trainer.steps.end_epoch()  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps, above
+        sums = trainer.steps.end_epoch()  # loss, ce, cons, lc, neighbour fraction, all-neighbour steps, the objective's
         if procs.world > 1:
             dist.all_reduce(sums)
         means = (sums / (spe * procs.world)).tolist()
@@ -60,8 +60,8 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
                       time_s=round(time.perf_counter() - start, 3))
         if stage.name == "lc":
             record.update(lc=means[3], neighbour_fraction=means[4], all_neighbours=means[5] == 1.0)
-        if trainer.pseudo:
-            record["above_threshold"] = means[6]
+        objective = dict(zip(trainer.objective.metrics, means[6:]))
+        record.update(objective)
         evaluate = epoch % stage.eval_every == 0 or epoch == total_epochs or epoch in milestones
         if evaluate:
             trainer.recompute_bn_means()  # on every process, so that their running means stay identical
@@ -70,7 +70,8 @@ def fit(trainer, out, milestones, start_epoch=0, echo=click.echo, tensorboard=No
         lc_parts = stage.name == "lc"
         line = (f"{stage.name} epoch {epoch}/{total_epochs} | loss {means[0]:.4f} ce {means[1]:.4f} "
                 f"cons {means[2]:.5f}" + (f" lc {means[3]:.4f} nbr {means[4]:.3f}" if lc_parts else "")
-                + (f" above {means[6]:.3f}" if trainer.pseudo else "") + f" | lr {lr:.4f} w_cons {cons_w:.2f}"
+                + "".join(f" {label} {objective[key]:.3f}" for key, (label, _) in trainer.objective.metrics.items())
+                + f" | lr {lr:.4f} w_cons {cons_w:.2f}"
                 + (f" w_lc {lc_w:.2f}" if lc_parts else "") + f" | {record['time_s']:.1f}s")
         if evaluate:
             record.update(trainer.errors())

@@ -1,15 +1,16 @@
 """The training step without host work (--step-mode graphed): the training images resident on the
 device as uint8; every step's batch, schedule (lr, lambda1 r, lambda2 r2) and global step read from
 tables the host fills once an epoch; both views gathered and augmented on the device; the guards and
-the epoch's sums kept in device tensors and read every GUARD_EVERY steps; SGD and the EMA (Eq. 3)
-taking the lr and the decay as device tensors. On a CUDA GPU the whole step (both forwards, the
-losses with LC in its Triton kernel, backward, SGD, the EMA) is recorded once as a CUDA graph and
-replayed; on a CPU the same step runs as it is.
+the epoch's sums kept in device tensors and read every GUARD_EVERY steps; torch's SGD fused, its lr a
+device tensor. On a CUDA GPU the whole step (both forwards, the losses with LC in its Triton kernel,
+backward, SGD, the EMA) is recorded once as a CUDA graph and replayed; on a CPU the same step runs as
+it is.
 
-It computes what Trainer.train_step computes (the eager step, the reference): the same images per
-step (BatchStream), the same losses and updates. Its random numbers (augmentation, dropout) come from
-the device's generator seeded once an epoch from (seed, epoch) instead of once a step, so a run is
-reproducible and resumes exactly at an epoch's end, but its draws are not the eager step's.
+The step itself is the Trainer's (Trainer.step_on, which the eager step runs too); only what feeds it
+and what it reports differ: the same images per step (BatchStream), the same losses and updates. Its
+random numbers (augmentation, dropout) come from the device's generator seeded once an epoch from
+(seed, epoch) instead of once a step, so a run is reproducible and resumes exactly at an epoch's end,
+but its draws are not the eager step's.
 """
 import math
 import statistics
@@ -31,9 +32,6 @@ WARMUP_STEPS = 3
 # The images stay on the GPU only if they take at most this share of its free memory (CIFAR-10: 150 MB).
 RESIDENT_SHARE = 0.5
 STEP_MODES = ("auto", "eager", "graphed")
-# What an epoch sums over its steps: loss, ce, cons, lc, neighbour fraction, all-neighbour steps, share
-# of the unlabeled images above the pseudo-label threshold (Trainer.train_step's values).
-EPOCH_SUMS = 7
 
 
 def resolve_step_mode(mode, device, world, images_bytes):
@@ -54,34 +52,6 @@ def resolve_step_mode(mode, device, world, images_bytes):
     if reason and mode == "graphed":
         raise UserError(f"--step-mode graphed: {reason}; use --step-mode eager")
     return "eager" if reason else "graphed"
-
-
-@torch.no_grad()
-def sgd_step(optimizer, lr):
-    """torch.optim.SGD's step for this project's optimizer (one group; momentum, Nesterov, weight
-    decay, no dampening) with the lr a 0-dim device tensor, so that a captured step replays with the
-    lr of the moment. The momentum buffers are the optimizer's own (created as zeros where missing:
-    then the first step makes them the gradient, as torch does), so its state_dict is unchanged."""
-    group = optimizer.param_groups[0]
-    params = [p for p in group["params"] if p.grad is not None]
-    for p in params:
-        if "momentum_buffer" not in optimizer.state[p]:
-            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    bufs = [optimizer.state[p]["momentum_buffer"] for p in params]
-    grads = torch._foreach_add([p.grad for p in params], params, alpha=group["weight_decay"])
-    torch._foreach_mul_(bufs, group["momentum"])
-    torch._foreach_add_(bufs, grads)
-    torch._foreach_add_(grads, bufs, alpha=group["momentum"])  # Nesterov
-    torch._foreach_mul_(grads, lr)
-    torch._foreach_sub_(params, grads)
-
-
-@torch.no_grad()
-def ema_step(teacher, student, alpha, one_minus_alpha):
-    """theta'' <- alpha theta'' + (1 - alpha) theta' (Eq. 3) with alpha a 0-dim device tensor."""
-    t_params, s_params = list(teacher.parameters()), list(student.parameters())
-    torch._foreach_mul_(t_params, alpha)
-    torch._foreach_add_(t_params, torch._foreach_mul(s_params, one_minus_alpha))
 
 
 class EpochTables:
@@ -165,7 +135,7 @@ class DeviceGuards:
 
 class GraphedSteps:
     """The steps of a Trainer as described above; `fit` drives it as it drives EagerSteps:
-    start_epoch, step (in order), end_epoch (the epoch's sums, EPOCH_SUMS)."""
+    start_epoch, step (in order), end_epoch (the epoch's sums, Trainer.step_on's)."""
     benchmark_warmup = WARMUP_STEPS + 2  # the steps before the capture, the capture, one replay
 
     def __init__(self, trainer):
@@ -177,9 +147,11 @@ class GraphedSteps:
         self.true_classes = None if t.true_classes is None else t.true_classes.to(device)
         self.tables = EpochTables(t)
         self.guards = DeviceGuards(t)
-        self.sums = torch.zeros(EPOCH_SUMS, device=device)
-        self.alpha = torch.tensor(t.stage.ema, device=device)
-        self.one_minus_alpha = torch.tensor(1.0 - t.stage.ema, device=device)
+        self.sums = torch.zeros(t.epoch_sums, device=device)
+        # torch's SGD, fused (one kernel, CPU and GPU), reading the lr of the moment from a device tensor
+        # that each step fills from its table row; Trainer.state keeps the plain float in checkpoints.
+        self.lr = torch.zeros((), device=device)
+        t.optimizer.param_groups[0].update(lr=self.lr, fused=True)
         self.graph = self.data_graph = None
         self.capture_failed = None  # why the capture failed, if it did
         self.uncaptured = 0  # steps run before the capture
@@ -196,21 +168,15 @@ class GraphedSteps:
         return self.trainer.batches.augmented(self.images.index_select(0, indices), sync_free=True)
 
     def body(self):
-        """One training step, every value on the device (what the graph records)."""
+        """One training step (Trainer.step_on), every value on the device (what the graph records)."""
         t = self.trainer
         indices, lr, cons_w, lc_w, step = self.tables.next_row()
+        self.lr.copy_(lr)
         student_view, teacher_view = self.views(indices)
         labels = self.labels.index_select(0, indices[:t.batches.n_lab])
         true_classes = None if self.true_classes is None else self.true_classes.index_select(0, indices)
-        loss, ce, cons, lc, fraction, spread, above = t.objective(student_view, teacher_view, labels, cons_w, lc_w,
-                                                                  true_classes, autocast_cache=False)
-        self.guards.observe(step, loss, spread, torch.stack([ce, cons, lc]).detach())
-        t.backward(loss)
-        sgd_step(t.optimizer, lr)
-        ema_step(t.teacher, t.student, self.alpha, self.one_minus_alpha)
-        fraction = fraction.float()
-        self.sums.add_(torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction,
-                                    (fraction >= 1).float(), above.float()]))
+        self.sums.add_(t.step_on(step, student_view, teacher_view, labels, cons_w, lc_w, true_classes,
+                                 self.guards.observe, autocast_cache=False))
 
     def start_epoch(self, first_step):
         """Seed the epoch's random numbers from (seed, first_step) and fill its tables."""
@@ -256,10 +222,8 @@ class GraphedSteps:
         self.guards.read()
 
     def end_epoch(self):
-        """The epoch's sums, after the guards are read; the optimizer's lr set to the last step's (its
-        state_dict shows it)."""
+        """The epoch's sums, after the guards are read."""
         self.read_guards()
-        self.trainer.optimizer.param_groups[0]["lr"] = self.trainer.schedule(self.next_step - 1)[0]
         return self.sums.clone()
 
     def time_step(self, step):

@@ -47,14 +47,12 @@ RAMP_SHARE = dict(cons_rampup=0.2, lc_rampup=0.25)
 MIN_RAMP_STEPS = 300
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
 CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)
-# The stage-1 objective of each dataset (--consistency) and each objective's own defaults. The paper's
+# The stage-1 objective of each dataset (--consistency; each objective's own defaults are in its file). The paper's
 # presets keep Mean Teacher; a folder trains FixMatch, ahead of MT at equal time on digits and on rendered
 # letters (three seeds each) and level with it on CIFAR-10 folders. Its adaptive threshold and the
 # teacher's pseudo-labels: ahead of 0.95 and of the student's by 2.9 and 1.6 points on a development
 # CIFAR-10 folder (docs/better-labels.md).
 CONSISTENCY = dict(svhn="mt", cifar10="mt", digits="mt", folder="fixmatch")
-OBJECTIVE_DEFAULTS = dict(mt=dict(cons_weight=100.0, unlabeled_batch=128),
-                          fixmatch=dict(cons_weight=1.0, unlabeled_batch=128, threshold="adaptive", pseudo_labels="teacher"))
 # --compress F: the schedule's lengths divided by F, the paper's shape on a budget (a rented GPU's
 # minutes): the epochs at constant lr and of decay of both stages, LC's start, the evaluation
 # interval (whole epochs, at least one; a decay may reach 0) and the ramp-ups (at least
@@ -113,9 +111,3 @@ def preset_help(key):
         extra += f"; folder: {RAMP_SHARE[key]:.0%} of the stage's steps, at least {MIN_RAMP_STEPS}"
     return f"[default: {values}{extra}]"
 
-
-def objective_help(key):
-    """'[default: mt 100, fixmatch 1]' for an option whose default depends on --consistency."""
-    values = ", ".join(f"{name} {defaults[key]:g}" if isinstance(defaults[key], float) else f"{name} {defaults[key]}"
-                       for name, defaults in OBJECTIVE_DEFAULTS.items() if key in defaults)
-    return f"[default: {values}]"

@@ -40,3 +40,16 @@ class Stage:
     lc_eps_ratio: float = None  # relative and normalized: eps = this x the batch's mean d2 (lc_eps: its value at the start)
     lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
     lc_pairs: str = "all"       # all (the paper's), same-prediction (labels, the teacher's classes) or true-class
+
+
+def stage_of(config, name):
+    """Stage 1 ("mt") or stage 2 ("lc") of a run, as its config sets it."""
+    common = dict(ema=config["ema"], cons_weight=config["cons_weight"], cons_rampup=config["cons_rampup"])
+    if name == "mt":
+        return Stage(name="mt", epochs=config["epochs"], decay_epochs=config["decay_epochs"], lr=config["lr"],
+                     eval_every=config["eval_every"], first_step=0, **common)
+    lc = config["lc"]
+    return Stage(name="lc", epochs=lc["epochs"], decay_epochs=lc["decay_epochs"], lr=lc["lr"], eval_every=lc["eval_every"],
+                 first_step=lc["mt_step"], lc_eps=lc["eps"], lc_weight=lc["lam"], lc_rampup=lc["lc_rampup"],
+                 lc_eps_scale=lc["eps_scale"], lc_eps_ratio=lc["eps_ratio"], lc_loss_unit=lc["loss_unit"],
+                 lc_pairs=lc["pairs"], **common)

@@ -1,7 +1,9 @@
-"""The training step both stages run: the EMA teacher (Eq. 3), the consistency loss (Eq. 1), the
-step of the MT objective (Eq. 2), or of the pseudo-label objective (pseudo_labels.py), plus
-lambda2 * r2 * L_lc (Eq. 4-6) in stage 2, and its guards; the Trainer that holds what a step needs,
-and its eager steps (graphed.py: the same step without host work). The epoch loop is epochs.py's.
+"""The training step both stages run, written once: the cross-entropy of the labeled images plus
+lambda1 * r times the unlabeled objective's loss (objectives/: Mean Teacher's Eq. 1-2, or FixMatch's),
+plus lambda2 * r2 * L_lc (Eq. 4-6) in stage 2, its guards, torch's SGD and the EMA teacher (Eq. 3);
+the Trainer that holds what a step needs, how a run's Trainer is made, and its eager steps, which read
+the schedule and the guards on the host (graphed.py runs the same step with that host work on the
+device). The epoch loop is epochs.py's.
 """
 import time
 from dataclasses import asdict
@@ -14,33 +16,30 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data.batches import Batches
-from .inference import at_chance, chance_error
-from .devices import Processes, average_buffers, sync
-from ..errors import TrainingFailed
-from .graphed import EPOCH_SUMS, GraphedSteps, resolve_step_mode
-from .inference import test_error
-from .model import ModelConfig, SplitForward, recompute_bn_means
-from .lc import PairDistances, lc_features, lc_term
-from .pseudo_labels import PseudoLabels
-from ..disk.runs import rng_state
-from .schedule import learning_rate, sigmoid_rampup
 from ..data.splits import unleaked_test
+from ..data.views import augment, max_shift, normalization
+from ..disk.runs import rng_state
+from ..errors import TrainingFailed
+from .devices import Processes, average_buffers, sync
+from .graphed import GraphedSteps, resolve_step_mode
+from .inference import at_chance, chance_error, test_error
+from .lc import PairDistances, lc_features, lc_term
+from .model import ModelConfig, SplitForward, build_models, recompute_bn_means
+from .objectives import objective_of
+from .schedule import learning_rate, sigmoid_rampup, stage_of
 
 
 @torch.no_grad()
 def ema_update(teacher, student, alpha):
-    """theta'' <- alpha theta'' + (1 - alpha) theta' (Eq. 3), one fused foreach operation."""
+    """theta'' <- alpha theta'' + (1 - alpha) theta' (Eq. 3), one fused foreach operation; alpha is a
+    stage's constant, so a captured step replays it as it is."""
     t_params, s_params = list(teacher.parameters()), list(student.parameters())
     torch._foreach_mul_(t_params, alpha)
     torch._foreach_add_(t_params, s_params, alpha=1.0 - alpha)
 
 
-def consistency_loss(student_logits, teacher_logits):
-    """MSE between the class probabilities (Eq. 1), mean over classes and images; teacher detached."""
-    return F.mse_loss(F.softmax(student_logits.float(), 1), F.softmax(teacher_logits.detach().float(), 1))
-
-
 def make_optimizer(student, lr):
+    """SGD with Nesterov momentum (the paper's). The graphed step runs it fused, its lr a device tensor."""
     return torch.optim.SGD(student.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-4)
 
 
@@ -70,7 +69,7 @@ class Trainer:
     takes its 1/world share of the configured (global) labeled and unlabeled batches."""
 
     def __init__(self, student, teacher, optimizer, data, split, config, stage, device, procs=None, *,
-                 reference_spread=None, true_classes=None, adaptive_threshold=None):
+                 reference_spread=None, true_classes=None, objective_state=None):
         procs = procs or Processes()
         # lc_pairs true-class: every training image's true class (data.true_classes), a measurement of
         # what perfect neighbours would give; nothing else reads it.
@@ -78,7 +77,9 @@ class Trainer:
         self.student, self.teacher, self.optimizer = student, teacher, optimizer
         self.split, self.config, self.stage, self.device, self.procs = split, config, stage, device, procs
         self.reference_spread = reference_spread  # feature spread when LC started (collapse guard)
-        self.batches = Batches(data, split, config, device, procs.rank, procs.world)
+        self.objective = objective_of(config, device, procs.world, objective_state)
+        self.batches = Batches(data, split, config, device, procs.rank, procs.world,
+                               strong_view=self.objective.strong_view)
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
         self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
         self.clean_test = unleaked_test(config, data.files and data.files["test"])  # the test images that are no copy of a training one
@@ -99,12 +100,10 @@ class Trainer:
         model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
         compile_ = torch.compile if config["compile"] else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
-        # The pseudo-label objective; pseudo-labels from the student's own weak view (no gradient, no DDP)
-        # or from the teacher's, on the view MT's teacher sees.
-        self.pseudo = (PseudoLabels(config["threshold"], config["num_classes"], device, adaptive_threshold, procs.world)
-                       if config["consistency"] == "fixmatch" else None)
-        self.source_forward = (compile_(student) if self.pseudo and config["pseudo_labels"] == "student"
-                               else self.teacher_forward)
+        # The targets of the unlabeled objective: the teacher's outputs on its view, or the student's own
+        # on that view (no gradient, no DDP).
+        self.targets_forward = (compile_(student) if self.objective.targets_from() == "student"
+                                else self.teacher_forward)
         self.step_mode = resolve_step_mode(config["step_mode"], device, procs.world, data.train_x.nbytes)
         self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
@@ -123,22 +122,18 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
                               cache_enabled=cache)
 
-    def objective(self, student_view, teacher_view, labels, cons_w, lc_w, true_classes=None, autocast_cache=True):
-        """(loss, ce, cons, lc, neighbour fraction, feature spread, share above the threshold) of one
-        step: the MT objective (Eq. 2), or with the pseudo-label objective its loss as cons, and in stage
-        2 lambda2 * r2 * L_lc on top (Eq. 6); the weights may be floats or 0-dim tensors.
-        true_classes: the step's images' true classes, for lc_pairs true-class."""
+    def losses(self, student_view, teacher_view, labels, cons_w, lc_w, true_classes=None, autocast_cache=True):
+        """(loss, ce, cons, lc, neighbour fraction, feature spread, the objective's metrics) of one step:
+        ce + lambda1 r * the unlabeled objective's loss (Eq. 2), in stage 2 + lambda2 r2 * L_lc (Eq. 6);
+        the weights may be floats or 0-dim tensors. true_classes: the step's images' true classes, for
+        lc_pairs true-class."""
         n_lab = self.batches.n_lab
         with self.autocast(autocast_cache):  # the convolutions; every loss below is computed in fp32
             z, logits = self.student_forward(student_view)
             with torch.no_grad():
-                _, teacher_logits = (self.source_forward if self.pseudo else self.teacher_forward)(teacher_view)
+                _, target_logits = self.targets_forward(teacher_view)
         ce = F.cross_entropy(logits[:n_lab].float(), labels)
-        if self.pseudo:
-            cons, above, predicted = self.pseudo.loss(logits[n_lab:], teacher_logits[n_lab:])
-        else:
-            cons, above = consistency_loss(logits, teacher_logits), torch.zeros((), device=self.device)
-            predicted = teacher_logits[n_lab:].argmax(1)
+        cons, predicted, metrics = self.objective.unlabeled_loss(logits, target_logits, n_lab)
         loss = ce + cons_w * cons
         if self.stage.name == "lc":
             z = z.float()
@@ -147,7 +142,24 @@ class Trainer:
             spread = feature_spread(z)
         else:
             lc = fraction = spread = torch.zeros((), device=self.device)
-        return loss, ce, cons, lc, fraction, spread, above
+        return loss, ce, cons, lc, fraction, spread, metrics
+
+    def step_on(self, step, student_view, teacher_view, labels, cons_w, lc_w, true_classes, guard, autocast_cache=True):
+        """One training step, the eager and the graphed step's alike: the losses, the guard (the eager
+        one on the host, the graphed one on the device), backward, torch's SGD, the EMA (Eq. 3). Returns
+        what an epoch sums: loss, ce, cons, lc, neighbour fraction, 1 if every LC pair was a neighbour,
+        then the objective's metrics."""
+        loss, ce, cons, lc, fraction, spread, metrics = self.losses(student_view, teacher_view, labels, cons_w, lc_w,
+                                                                    true_classes, autocast_cache)
+        guard(step, loss, spread, torch.stack([ce, cons, lc]).detach())
+        self.backward(loss)
+        self.optimizer.step()
+        ema_update(self.teacher, self.student, self.stage.ema)
+        if self.procs.world > 1:
+            average_buffers([self.student, self.teacher], self.procs.world)
+        fraction = fraction.float()
+        return torch.cat([torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction,
+                                       (fraction >= 1).float()]), metrics.float()])
 
     def backward(self, loss):
         """The student's gradients of `loss`, clipped in stage 2 (LC_MAX_GRAD_NORM)."""
@@ -157,25 +169,18 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), LC_MAX_GRAD_NORM)
 
     def train_step(self, step, student_view, teacher_view, labels):
-        """One SGD step and the EMA update (Eq. 3), the eager reference: the schedule and the guards
-        read on the host. Returns (loss, ce, cons, lc, neighbour fraction, 1 if every LC pair was a
-        neighbour, share of the unlabeled images above the pseudo-label threshold)."""
+        """One eager step (step_on): the schedule set and the guards read on the host."""
         lr, cons_w, lc_w = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         true_classes = (self.true_classes[self.batches.indices(step)].to(self.device)
                         if self.stage.lc_pairs == "true-class" and self.stage.name == "lc" else None)
-        loss, ce, cons, lc, fraction, spread, above = self.objective(student_view, teacher_view, labels, cons_w, lc_w,
-                                                                     true_classes)
-        self.check(step, loss, spread, dict(ce=ce, cons=cons, lc=lc))
-        self.backward(loss)
-        self.optimizer.step()
-        ema_update(self.teacher, self.student, self.stage.ema)
-        if self.procs.world > 1:
-            average_buffers([self.student, self.teacher], self.procs.world)
-        fraction = fraction.float()
-        return torch.stack([loss.detach(), ce.detach(), cons.detach(), lc.detach(), fraction, (fraction >= 1).float(),
-                            above.float()])
+        return self.step_on(step, student_view, teacher_view, labels, cons_w, lc_w, true_classes, self.check)
+
+    @property
+    def epoch_sums(self):
+        """The length of step_on's vector."""
+        return 6 + len(self.objective.metrics)
 
     def lc_loss(self, z, labels, predicted, true_classes=None):
         """(L_lc, neighbour fraction) of the step's student features z (labeled images first), in the
@@ -203,14 +208,14 @@ class Trainer:
 
     def check(self, step, loss, spread, parts):
         """Stop on a non-finite loss or, in LC, on collapsed features: one host sync per step, and
-        with several processes one all_reduce, so that every process decides alike."""
+        with several processes one all_reduce, so that every process decides alike. parts: ce, cons, lc."""
         status = torch.stack([(~torch.isfinite(loss)).float(), spread])
         if self.procs.world > 1:
             dist.all_reduce(status)
         nonfinite, spread = status.tolist()
         spread /= self.procs.world
         if nonfinite:
-            self.fail_nonfinite(step, {k: v.item() for k, v in parts.items()})
+            self.fail_nonfinite(step, dict(zip(("ce", "cons", "lc"), parts.tolist())))
         if self.stage.name != "lc":
             return
         if self.reference_spread is None:
@@ -252,12 +257,17 @@ class Trainer:
                        f"for these features, LC acts on all pairs", err=True)
 
     def state(self, epoch, step, metrics):
-        """The checkpoint of this trainer after `epoch` (checkpoints.py describes its keys)."""
+        """The checkpoint of this trainer after `epoch`, whose last step was step - 1 (checkpoints.py
+        describes its keys). Its optimizer as the eager step leaves it, however the steps ran: the lr of
+        that last step, no fused kernel asked for."""
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:
+            group.update(lr=self.schedule(step - 1)[0], fused=None)
         return dict(student=self.student.state_dict(), teacher=self.teacher.state_dict(),
-                    optimizer=self.optimizer.state_dict(), stage=self.stage.name, epoch=epoch, step=step,
+                    optimizer=optimizer, stage=self.stage.name, epoch=epoch, step=step,
                     model_args=asdict(ModelConfig.of_run(self.config)), config=self.config, **self.split,
                     rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics,
-                    adaptive_threshold=self.pseudo.state_dict() if self.pseudo else None)
+                    adaptive_threshold=self.objective.state_dict())
 
     def errors(self):
         """Errors (%) of student and teacher on the test set if there is one, on their own labeled
@@ -311,7 +321,7 @@ class EagerSteps:
         self.trainer = trainer
 
     def start_epoch(self, first_step):
-        self.sums = torch.zeros(EPOCH_SUMS, device=self.trainer.device)
+        self.sums = torch.zeros(self.trainer.epoch_sums, device=self.trainer.device)
 
     def step(self, step):
         self.sums += self.trainer.train_step(step, *self.trainer.batches.views(step))
@@ -332,3 +342,21 @@ class EagerSteps:
         return time.perf_counter() - start, data
 
 
+def fresh_training(config, data, labeled_idx, device):
+    """(student, teacher, optimizer) of a new run: the config's seed, the student data-initialized on
+    the first labeled batch (augmented as training augments it), the teacher its copy."""
+    torch.manual_seed(config["seed"])  # every process builds the same networks; DDP checks they agree
+    student, teacher = build_models(ModelConfig.of_run(config), device)
+    mean, std = normalization(config, device)
+    first_labeled = data.train_x[labeled_idx[:config["labeled_batch"]]].to(device)
+    student.data_init(augment(first_labeled, mean, std, config["dataset"] == "cifar10", max_shift(config["image_size"])))
+    teacher.load_state_dict(student.state_dict())
+    return student, teacher, make_optimizer(student, config["lr"])
+
+
+def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None,
+                 objective_state=None):
+    """The Trainer of stage `name` of a run: its config, data and split, and `training` (student,
+    teacher, optimizer) fresh or restored from a checkpoint (with its objective's state)."""
+    return Trainer(*training, data, split, config, stage_of(config, name), device, procs,
+                   reference_spread=reference_spread, true_classes=true_classes, objective_state=objective_state)

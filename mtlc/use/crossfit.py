@@ -11,7 +11,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from ..data.views import normalization
 from .calibration import fitted_or_one
-from ..train.checkpoints import fresh_training, make_trainer
+from ..train.trainer import fresh_training, make_trainer
 from ..train.devices import Processes
 from ..errors import UserError
 from ..train.inference import outputs

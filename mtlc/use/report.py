@@ -10,6 +10,7 @@ from ..data.views import normalization
 from .calibration import CONFIDENCE_LEVEL, images_needed
 from .held_out import held_out
 from ..train.inference import predict_classes, test_error
+from ..train.objectives import OBJECTIVES
 from .classifier import held_out_calibration
 from ..disk.runs import atomic_write
 
@@ -18,14 +19,11 @@ CONTROL = ", continued (lambda2 0)"
 
 
 def objective_name(config):
-    """Stage 1's objective: supervised (lambda1 0), MT, or FixMatch with its threshold and, where not
-    the teacher, the source of its pseudo-labels."""
+    """Stage 1's objective: supervised (lambda1 0), else as the objective names itself (MT, FixMatch
+    with its threshold and, where not the teacher, the source of its pseudo-labels)."""
     if config["cons_weight"] == 0:
         return "supervised"
-    if config["consistency"] == "fixmatch":
-        source = ", the student's pseudo-labels" if config["pseudo_labels"] == "student" else ""
-        return f"FixMatch (threshold {config['threshold']}{source})"
-    return "MT"
+    return OBJECTIVES[config["consistency"]].describe(config)
 
 
 def method_name(state):

@@ -1,8 +1,7 @@
-"""The pseudo-label objective (--consistency fixmatch) beside Mean Teacher's EMA teacher: FixMatch's
-unlabeled loss (Sohn et al. 2020). A network's class for the weak view of an unlabeled image is the
-target of the student's cross-entropy on a strong view of it (data/views.py) wherever that
-network's confidence clears a threshold; the loss is the mean over every unlabeled image of the
-step, those below the threshold counting 0.
+"""FixMatch's objective (Sohn et al. 2020; --consistency fixmatch) beside Mean Teacher's EMA teacher: a
+network's class for the weak view of an unlabeled image is the target of the student's cross-entropy
+on a strong view of it (data/views.py) wherever that network's confidence clears a threshold; the
+loss is the mean over every unlabeled image of the step, those below the threshold counting 0.
 
 The threshold is fixed (FixMatch's 0.95) or adaptive: FreeMatch's self-adaptive threshold (Wang et
 al. 2023, Eq. 6-9): a global confidence tau, the EMA over steps of the batches' mean top
@@ -16,9 +15,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .base import Objective
+
 # FreeMatch's EMA momentum of tau and p~ per step.
 ADAPTIVE_MOMENTUM = 0.999
-CONSISTENCIES = ("mt", "fixmatch")
 PSEUDO_LABEL_SOURCES = ("teacher", "student")
 
 
@@ -43,24 +43,55 @@ class ThresholdParam(click.ParamType):
         return number
 
 
-class PseudoLabels:
+def is_probabilities(value):
+    """A float tensor of finite values in [0, 1] (the adaptive threshold's state)."""
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() <= 1
+            and bool(((value >= 0) & (value <= 1)).all()))
+
+
+class FixMatch(Objective):
     """The unlabeled loss and, for an adaptive threshold, its state (tau, p~) on the training device:
     tensors updated in place, so that a captured step updates them on every replay."""
+    name, title = "fixmatch", "FixMatch"
+    strong_view = True
+    defaults = dict(cons_weight=1.0, unlabeled_batch=128, threshold="adaptive", pseudo_labels="teacher")
+    metrics = {"above_threshold": ("above", "pseudo_labels")}  # the share of unlabeled images it trains on
 
-    def __init__(self, threshold, num_classes, device, state=None, world=1):
-        self.threshold, self.world = threshold, world
-        self.adaptive = threshold == "adaptive"
+    def __init__(self, config, device, world=1):
+        super().__init__(config, device, world)
+        self.threshold, num_classes = config["threshold"], config["num_classes"]
+        self.adaptive = self.threshold == "adaptive"
         self.confidence = torch.full((), 1.0 / num_classes, device=device)  # tau
         self.class_means = torch.full((num_classes,), 1.0 / num_classes, device=device)  # p~
+
+    def targets_from(self):
+        return self.config["pseudo_labels"]
+
+    def state_dict(self):
+        if not self.adaptive:
+            return None
+        return dict(confidence=self.confidence.detach().cpu().clone(), class_means=self.class_means.detach().cpu().clone())
+
+    def load_state_dict(self, state):
         if state is not None:
             self.confidence.copy_(state["confidence"])
             self.class_means.copy_(state["class_means"])
 
-    def state_dict(self):
-        """What a checkpoint keeps of it (None for a fixed threshold: nothing changes)."""
-        if not self.adaptive:
+    @classmethod
+    def state_problem(cls, state, num_classes):
+        if state is None:
             return None
-        return dict(confidence=self.confidence.detach().cpu().clone(), class_means=self.class_means.detach().cpu().clone())
+        if not (isinstance(state, dict) and set(state) == {"confidence", "class_means"}
+                and all(is_probabilities(t) for t in state.values()) and state["confidence"].dim() == 0):
+            return "its adaptive threshold's state is not what this project writes"
+        if state["class_means"].shape != (num_classes,):
+            return f"its adaptive threshold's class means do not fit its class count ({num_classes})"
+        return None
+
+    @classmethod
+    def describe(cls, config):
+        source = ", the student's pseudo-labels" if config["pseudo_labels"] == "student" else ""
+        return f"FixMatch (threshold {config['threshold']}{source})"
 
     def thresholds(self, probs, confidence):
         """Each class's threshold this step, after FreeMatch's update with the batch (the processes' mean)."""
@@ -73,15 +104,15 @@ class PseudoLabels:
         self.class_means.mul_(m).add_(stats[1:], alpha=1 - m)
         return self.confidence * self.class_means / self.class_means.max()
 
-    def loss(self, student_logits, source_logits):
-        """(loss, share of the images above the threshold, pseudo-labels) of the unlabeled images:
-        student_logits on their strong views, source_logits on their weak views (no gradient)."""
-        probs = F.softmax(source_logits.detach().float(), 1)
+    def unlabeled_loss(self, logits, target_logits, n_labeled):
+        """The pseudo-label loss of the unlabeled images: the student's logits on their strong views, the
+        targets' network's on their weak views; its metric, the share above the threshold."""
+        probs = F.softmax(target_logits[n_labeled:].detach().float(), 1)
         confidence, targets = probs.max(1)
         if self.adaptive:
             kept = confidence >= self.thresholds(probs, confidence)[targets]
         else:
             kept = confidence >= self.threshold
         kept = kept.float()
-        loss = (F.cross_entropy(student_logits.float(), targets, reduction="none") * kept).mean()
-        return loss, kept.mean(), targets
+        loss = (F.cross_entropy(logits[n_labeled:].float(), targets, reduction="none") * kept).mean()
+        return loss, targets, kept.mean().view(1)

@@ -1,0 +1,28 @@
+"""The unlabeled images' objectives, one file each behind one interface (base.Objective): Mean
+Teacher's (the paper's) and FixMatch's. A run names its objective by --consistency."""
+from .base import Objective
+from .fixmatch import FixMatch
+from .mean_teacher import MeanTeacher
+
+OBJECTIVES = {objective.name: objective for objective in (MeanTeacher, FixMatch)}
+CONSISTENCIES = tuple(OBJECTIVES)
+# The settings some objective keeps of its own (the others refuse them on the command line).
+OWN_SETTINGS = tuple(sorted({key for o in OBJECTIVES.values() for key in o.defaults
+                             if any(key not in other.defaults for other in OBJECTIVES.values())}))
+
+
+def objective_of(config, device, world=1, state=None):
+    """The objective a run's config names, on the training device, its state (a checkpoint's) restored."""
+    objective = OBJECTIVES[config["consistency"]](config, device, world)
+    objective.load_state_dict(state)
+    return objective
+
+
+def objective_help(key):
+    """'[default: mt 100, fixmatch 1]' for an option whose default depends on --consistency."""
+    values = ", ".join(f"{name} {o.defaults[key]:g}" if isinstance(o.defaults[key], float) else f"{name} {o.defaults[key]}"
+                       for name, o in OBJECTIVES.items() if key in o.defaults)
+    return f"[default: {values}]"
+
+
+__all__ = ["CONSISTENCIES", "OBJECTIVES", "OWN_SETTINGS", "Objective", "objective_help", "objective_of"]
