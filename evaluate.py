@@ -99,8 +99,8 @@ def check_outputs_of(o, states):
                         o.label_studio, o.label_studio and str(studio_config_path(o.label_studio)), o.onnx)))
     inputs = {**{f"--ckpt {c}": c for c in o.ckpts}, **{f"--curves {c}": c for c in o.curves}, "--truth": o.truth,
               **{f"--predict {p}": p for p in o.predict_paths if not Path(p).is_dir()}}
-    images = [(o.data_dir or state["config"]["data_dir"], files["train"] + files["test"], f"the images of {path}'s folder")
-              for path, state in zip(o.ckpts, states) for files in [state["config"]["files"]] if files]
+    images = [(o.data_dir or state["config"].data_dir, files["train"] + files["test"], f"the images of {path}'s folder")
+              for path, state in zip(o.ckpts, states) for files in [state["config"].files] if files]
     # Once the checkpoints are read: after their images, so that an image under an output's name is refused as one.
     check_outputs(outputs, inputs=inputs, read_from=images, kinds=OWN_KINDS if states else None)
 

@@ -31,6 +31,8 @@ from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_optio
 from mtlc.train.presets import preset, preset_help, stage_lengths
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.train.epochs import run_stage
+from mtlc.train.objectives import OBJECTIVES
+from mtlc.train.settings import LCSettings
 from mtlc.train.trainer import make_trainer
 
 OUTPUTS = STAGE_OUTPUTS["lc"]
@@ -119,9 +121,9 @@ def main(**options):
     with processes(o.device) as (procs, device), run_folder(out, "finetune_lc.py", hold=procs.main and bool(outputs)):
         if o.resume:
             state, path = resume_checkpoint(out, "lc", write=procs.main)
-            lc = state["config"]["lc"]
-            same_ckpt = Path(o.ckpt).resolve() == Path(lc["mt_checkpoint"])  # --ckpt only finds --out's default
-            note_ignored_by_resume({**state["config"], **lc, "ckpt": o.ckpt if same_ckpt else lc["mt_checkpoint"]},
+            lc = state["config"].lc
+            same_ckpt = Path(o.ckpt).resolve() == Path(lc.mt_checkpoint)  # --ckpt only finds --out's default
+            note_ignored_by_resume({**state["config"].as_dict(), **lc.as_dict(), "ckpt": o.ckpt if same_ckpt else lc.mt_checkpoint},
                                    ("out", "device", "tensorboard", "data_dir"), procs.echo)
             data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
             procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")
@@ -133,89 +135,92 @@ def main(**options):
         state = load_checkpoint(o.ckpt)
         if state.get("stage") != "mt":
             raise UserError(f"{o.ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
-        config = dict(state["config"], seed=o.seed if o.seed is not None else state["config"]["seed"])
-        steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config["unlabeled_batch"])
-        defaults = preset(config["dataset"], config["labels"], steps_per_epoch, config["compress"])
-        lc = lc_settings(o, defaults)
+        config = state["config"].replace(seed=o.seed if o.seed is not None else state["config"].seed)
+        steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config.unlabeled_batch)
+        defaults = preset(config.dataset, config.labels, steps_per_epoch, config.compress)
+        chosen = lc_choices(o, defaults)
         check_outputs({name: out / name for name in outputs}, inputs={"--ckpt": o.ckpt, "--truth": o.truth},
                       its_own=True)
         existing = existing_outputs(out, outputs, o.overwrite)
         data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
-        if lc["pairs"] == "true-class":
+        if chosen["pairs"] == "true-class":
             true_classes(data, o.truth)  # every unlabeled image's class known, before any work
         training = restore_training(state, device)
-        config.update(precision=resolve_precision(o.precision, device), compile=o.compile_, step_mode=o.step_mode,
-                      tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
+        config = config.replace(precision=resolve_precision(o.precision, device), compile=o.compile_,
+                                step_mode=o.step_mode, processes=procs.world,
+                                tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None)
         batches = Batches(data, checkpoint_split(state), config, device)
-        eps, start = procs.from_main(neighbourhood_at_start(lc["eps"], training[0], batches, config["forward"] == "split"))
-        config["lc"] = lc_config(o, lc, eps, start, state, defaults, steps_per_epoch)
+        eps, start = procs.from_main(neighbourhood_at_start(chosen["eps"], training[0], batches,
+                                                            config.forward == "split"))
+        config = config.replace(lc=lc_config(o, chosen, eps, start, state, defaults, steps_per_epoch))
         describe_stage_two(o, config, state, steps_per_epoch, device, procs)
         trainer = stage_two(config, data, state, training, device, procs)
         if o.benchmark:
             report_benchmark(trainer, o.benchmark, out if outputs else None)
             return
-        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
+        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config.tensorboard)
 
 
-def lc_settings(o, defaults):
+def lc_choices(o, defaults):
     """LC's eps (a number or auto), eps scale, lambda2 and pairs: those given, else the preset's; checked."""
-    lc = dict(eps=o.eps if o.eps is not None else defaults["eps"], eps_scale=o.eps_scale or defaults["eps_scale"],
-              lam=o.lam if o.lam is not None else defaults["lam"], pairs=o.lc_pairs or defaults["lc_pairs"])
-    if o.truth and lc["pairs"] != "true-class":
+    chosen = dict(eps=o.eps if o.eps is not None else defaults["eps"], eps_scale=o.eps_scale or defaults["eps_scale"],
+                  lam=o.lam if o.lam is not None else defaults["lam"], pairs=o.lc_pairs or defaults["lc_pairs"])
+    if o.truth and chosen["pairs"] != "true-class":
         raise UserError("--truth goes with --lc-pairs true-class")
-    if lc["eps"] != "auto" and not (math.isfinite(lc["eps"]) and lc["eps"] > 0):
-        raise UserError(f"--eps must be finite and > 0, got {lc['eps']}")
-    if not (math.isfinite(lc["lam"]) and lc["lam"] >= 0):
-        raise UserError(f"--lam must be finite and >= 0, got {lc['lam']}")
-    return lc
+    if chosen["eps"] != "auto" and not (math.isfinite(chosen["eps"]) and chosen["eps"] > 0):
+        raise UserError(f"--eps must be finite and > 0, got {chosen['eps']}")
+    if not (math.isfinite(chosen["lam"]) and chosen["lam"] >= 0):
+        raise UserError(f"--lam must be finite and >= 0, got {chosen['lam']}")
+    return chosen
 
 
-def lc_config(o, lc, eps, start, state, defaults, steps_per_epoch):
-    """config["lc"] of a new stage 2: LC's form, its schedule and where it starts from."""
+def lc_config(o, chosen, eps, start, state, defaults, steps_per_epoch):
+    """The LCSettings of a new stage 2: LC's form, its schedule and where it starts from."""
     mt_record = state["metrics"][-1] if state.get("metrics") else {}
     start.update({k: mt_record[k] for k in ("student_error", "teacher_error") if k in mt_record})
     epochs, decay_epochs, lc_rampup = stage_lengths(o.epochs, o.decay_epochs, o.lc_rampup, defaults,
                                                     keys=("lc_epochs", "lc_decay_epochs", "lc_rampup"),
                                                     steps_per_epoch=steps_per_epoch)
-    scale, config = lc["eps_scale"], state["config"]
-    return dict(eps=eps, eps_auto=start["eps_auto"], eps_scale=scale,
-                eps_ratio=eps / start["d2_mean"] if scale != "fixed" else None, start=start,
-                loss_unit=max(start["d2_mean"], MIN_LOSS_UNIT) if scale == "relative" else 1.0, pairs=lc["pairs"],
-                truth=str(Path(o.truth).resolve()) if o.truth else None,
-                lam=lc["lam"], lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
-                lr=o.lr or config["lr"], eval_every=o.eval_every or config["eval_every"], scope=o.lc_scope,
-                mt_checkpoint=str(Path(o.ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
+    scale, config = chosen["eps_scale"], state["config"]
+    return LCSettings(eps=eps, eps_auto=start["eps_auto"], eps_scale=scale,
+                      eps_ratio=eps / start["d2_mean"] if scale != "fixed" else None, start=start,
+                      loss_unit=max(start["d2_mean"], MIN_LOSS_UNIT) if scale == "relative" else 1.0,
+                      pairs=chosen["pairs"], truth=str(Path(o.truth).resolve()) if o.truth else None,
+                      lam=chosen["lam"], lc_rampup=lc_rampup, epochs=epochs, decay_epochs=decay_epochs,
+                      lr=o.lr or config.lr, eval_every=o.eval_every or config.eval_every, scope=o.lc_scope,
+                      mt_checkpoint=str(Path(o.ckpt).resolve()), mt_epoch=state["epoch"], mt_step=state["step"])
 
 
 def describe_stage_two(o, config, state, steps_per_epoch, device, procs):
     """What stage 2 will do, in two lines, and what to know of its eps (lambda2 0: LC's control)."""
-    lc, start = config["lc"], config["lc"]["start"]
-    steps = (lc["epochs"] + lc["decay_epochs"]) * steps_per_epoch
-    procs.echo(f"finetune_lc: {config['dataset']} from {o.ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
-               f"lambda2 {lc['lam']}, LC pairs {lc['pairs']}, {lc['epochs']}+{lc['decay_epochs']} epochs of "
-               f"{steps_per_epoch} steps ({steps:,} steps, LC ramp {round(lc['lc_rampup'] * steps_per_epoch):,}), "
-               f"device {device} x {procs.world}, {config['precision']}, LC scope {o.lc_scope}")
-    procs.echo(f"finetune_lc: eps {lc['eps']:.4g} ({'auto' if start['eps_auto'] else 'given'}, {lc['eps_scale']}"
-               + (f": {lc['eps_ratio']:.3g} x the batch's mean d2" if lc["eps_ratio"] else "") + ") gives a "
+    lc, start = config.lc, config.lc.start
+    steps = (lc.epochs + lc.decay_epochs) * steps_per_epoch
+    procs.echo(f"finetune_lc: {config.dataset} from {o.ckpt} (MT epoch {state['epoch']}, step {state['step']}), "
+               f"lambda2 {lc.lam}, LC pairs {lc.pairs}, {lc.epochs}+{lc.decay_epochs} epochs of "
+               f"{steps_per_epoch} steps ({steps:,} steps, LC ramp {round(lc.lc_rampup * steps_per_epoch):,}), "
+               f"device {device} x {procs.world}, {config.precision}, LC scope {o.lc_scope}")
+    procs.echo(f"finetune_lc: eps {lc.eps:.4g} ({'auto' if start['eps_auto'] else 'given'}, {lc.eps_scale}"
+               + (f": {lc.eps_ratio:.3g} x the batch's mean d2" if lc.eps_ratio else "") + ") gives a "
                f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start"
                + (" (of all pairs; LC keeps those of one class: nbr in the epoch lines)"
-                  if lc["pairs"] == "same-prediction" else "") + "; labeled pairs' median d2: "
+                  if lc.pairs == "same-prediction" else "") + "; labeled pairs' median d2: "
                f"same class {start['d2_same_median']:.3g}, different classes {start['d2_different_median']:.3g}; "
                f"mean d2 {start['d2_mean']:.3g}")
-    if lc["lam"] == 0:
+    if lc.lam == 0:
         procs.echo("finetune_lc: lambda2 0: LC is off; this run is LC's control, stage 1's objective trained on for "
                    "stage 2's schedule (evaluate.py names it \"..., continued\")")
-    if lc["lam"] > 0 and o.lam is None and config["consistency"] == "fixmatch":
-        procs.echo("finetune_lc: note: this checkpoint was trained by FixMatch, and on top of FixMatch LC has not "
-                   "helped in this project's measurements (docs/better-labels.md); --lam 0 continues without it")
-    if lc["lam"] > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
-        click.echo(f"warning: with eps {lc['eps']:.4g} every LC pair is a neighbour at LC's start: eps is too large "
+    objective = OBJECTIVES[config.consistency]
+    if lc.lam > 0 and o.lam is None and objective.lc_on_top:
+        procs.echo(f"finetune_lc: note: this checkpoint was trained by {objective.title}, and {objective.lc_on_top}; "
+                   f"--lam 0 continues without it")
+    if lc.lam > 0 and start["neighbour_fraction"] >= 1.0 and procs.main:
+        click.echo(f"warning: with eps {lc.eps:.4g} every LC pair is a neighbour at LC's start: eps is too large "
                    f"for these features, LC acts on all pairs (see evaluate.py --distances)", err=True)
 
 
 def stage_two(config, data, state, training, device, procs, reference_spread=None):
     """Stage 2's trainer; with --lc-pairs true-class it also holds every training image's true class."""
-    pairs_truth = true_classes(data, config["lc"]["truth"]) if config["lc"]["pairs"] == "true-class" else None
+    pairs_truth = true_classes(data, config.lc.truth) if config.lc.pairs == "true-class" else None
     return make_trainer("lc", config, data, checkpoint_split(state), training, device, procs,
                         reference_spread=reference_spread, true_classes=pairs_truth,
                         objective_state=state["adaptive_threshold"])
@@ -223,7 +228,7 @@ def stage_two(config, data, state, training, device, procs, reference_spread=Non
 
 def milestones(config):
     """{epoch: checkpoints written after it}: lc.pt at the end."""
-    return {config["lc"]["epochs"] + config["lc"]["decay_epochs"]: ["lc.pt"]}
+    return {config.lc.epochs + config.lc.decay_epochs: ["lc.pt"]}
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from mtlc.train.presets import (CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset,
                           preset_help, stage_lengths)
 from mtlc.train.objectives import CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, objective_help
 from mtlc.train.objectives.fixmatch import PSEUDO_LABEL_SOURCES, ThresholdParam
+from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
@@ -143,7 +144,7 @@ def main(**options):
     with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if o.resume:
             state, path = resume_checkpoint(out, "mt", write=procs.main)
-            note_ignored_by_resume(state["config"], ("out", "device", "tensorboard"), procs.echo)
+            note_ignored_by_resume(state["config"].as_dict(), ("out", "device", "tensorboard"), procs.echo)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
@@ -166,7 +167,7 @@ def main(**options):
         if o.benchmark:
             report_benchmark(trainer, o.benchmark, out if outputs else None)
             return
-        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config["tensorboard"])
+        run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config.tensorboard)
 
 
 def check_labels(o, own):
@@ -242,23 +243,23 @@ def run_config(o, data, split, labels, objective, own, procs, device):
         procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "
                    f"out (test/, --val), they count as errors in the calibration of --max-error")
     mean, std = channel_stats(data.train_x)
-    config = dict(dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed,
-                  val=o.val, labeled_batch=o.labeled_batch, width=o.width,
-                  num_classes=data.num_classes, classes=data.classes, mean=mean.tolist(), std=std.tolist(),
-                  image_size=o.image_size, skip_bad_images=o.skip_bad_images, files=data.files, contents=data.contents,
-                  leaked_test=leaked, relabeled=relabeled,
-                  seed=o.seed, lr=o.lr, ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
-                  forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
-                  eval_every=o.eval_every or defaults["eval_every"], compress=o.compress,
-                  precision=resolve_precision(o.precision, device), compile=o.compile_, step_mode=o.step_mode,
-                  tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
-    total = (config["epochs"] + config["decay_epochs"]) * steps_per_epoch
+    config = RunSettings(
+        dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed, val=o.val,
+        labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
+        mean=mean.tolist(), std=std.tolist(), image_size=o.image_size, skip_bad_images=o.skip_bad_images,
+        files=data.files, contents=data.contents, leaked_test=leaked, relabeled=relabeled, seed=o.seed, lr=o.lr,
+        ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
+        forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
+        eval_every=o.eval_every or defaults["eval_every"], compress=o.compress,
+        precision=resolve_precision(o.precision, device), compile=o.compile_, step_mode=o.step_mode,
+        tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
+    total = (config.epochs + config.decay_epochs) * steps_per_epoch
     procs.echo(f"train_mt: {o.dataset}, {labels} labeled / {len(split['unlabeled_idx'])} unlabeled / "
                f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, width {o.width}, "
-               f"{config['epochs']}+{config['decay_epochs']} epochs of {steps_per_epoch} steps ({total:,} steps, "
-               f"consistency ramp {round(config['cons_rampup'] * steps_per_epoch):,}; mt.pt after epoch "
-               f"{config['lc_start_epoch']}), {config['forward']} forward, device {device} x {procs.world}, "
-               f"{config['precision']}; unlabeled objective {objective_name(config)}, lambda1 {config['cons_weight']:g}")
+               f"{config.epochs}+{config.decay_epochs} epochs of {steps_per_epoch} steps ({total:,} steps, "
+               f"consistency ramp {round(config.cons_rampup * steps_per_epoch):,}; mt.pt after epoch "
+               f"{config.lc_start_epoch}), {config.forward} forward, device {device} x {procs.world}, "
+               f"{config.precision}; unlabeled objective {objective_name(config)}, lambda1 {config.cons_weight:g}")
     return config
 
 
@@ -279,8 +280,8 @@ def objective_settings(consistency, **given):
 
 def milestones(config):
     """{epoch: checkpoints written after it}: mt.pt where LC starts, mt_final.pt at the end."""
-    written = {config["lc_start_epoch"]: ["mt.pt"]}
-    written.setdefault(config["epochs"] + config["decay_epochs"], []).append("mt_final.pt")
+    written = {config.lc_start_epoch: ["mt.pt"]}
+    written.setdefault(config.epochs + config.decay_epochs, []).append("mt_final.pt")
     return written
 
 

@@ -101,12 +101,12 @@ def main(more_ckpts, ckpts, truth, lam):
         data = restore_data(state, echo=lambda line: None)
         student, _ = restore_models(state, torch.device("cpu"))
         batches = Batches(data, checkpoint_split(state), config, torch.device("cpu"))
-        feats = list(lc_features(student, batches, config["forward"] == "split"))
-        lc = config.get("lc") or {}
+        feats = list(lc_features(student, batches, config.forward == "split"))
+        lc = config.lc
         distances = PairDistances.of_batches(feats)
-        ratio = lc.get("eps_ratio") or distances.choose_eps() / distances.mean_d2  # as --eps auto would
-        unit = lc.get("loss_unit") or distances.mean_d2  # as a run starting here would divide the relative loss by
-        weight = lam if lam is not None else lc.get("lam", preset(config["dataset"], config["labels"])["lam"])
+        ratio = (lc and lc.eps_ratio) or distances.choose_eps() / distances.mean_d2  # as --eps auto would
+        unit = (lc and lc.loss_unit) or distances.mean_d2  # as a run starting here would divide the relative loss by
+        weight = lam if lam is not None else lc.lam if lc else preset(config.dataset, config.labels)["lam"]
         student.train()
         rows = []
         for (z_labeled, z_unlabeled, labels), classes in zip(feats, pair_classes(batches, true_classes(data, truth))):

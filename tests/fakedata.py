@@ -52,23 +52,33 @@ def write_folder(root, classes=("cat", "dog", "owl"), n_train=8, n_test=3, seed=
                 Image.fromarray(pixels.squeeze(-1) if mode == "L" else pixels, mode).save(folder / f"{i}.png")
 
 
+# A run's settings where a test's leaves them out: digits' shapes, a narrow network, a short schedule.
+SETTINGS = dict(dataset="digits", data_dir=".", labels=100, labeled_batch=16, unlabeled_batch=64, width=0.0625,
+                num_classes=10, mean=[0.5] * 3, std=[0.25] * 3, seed=0, lr=0.05, ema=0.99, cons_weight=10.0, epochs=2,
+                decay_epochs=1, cons_rampup=1, lc_start_epoch=2, bn_momentum=0.02, eval_every=1)
+
+
+def run_settings(**values):
+    """A RunSettings of `values`, SETTINGS where they leave one out (and what runs from before a
+    setting had it), its classes named after their number."""
+    from mtlc.train.settings import RunSettings
+    values = dict(SETTINGS, **values)
+    values.setdefault("classes", [str(c) for c in range(values["num_classes"])])
+    return RunSettings.of(values)
+
+
 def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None, **trainer_options):
-    """A Trainer on CPU for `config` (what it leaves out as a run from before those settings had it, the
-    images' side as the data's; seed 0 weights, data-initialized on the first labeled images);
-    trainer_options go to Trainer."""
+    """A Trainer on CPU for the settings `config` gives (run_settings; the images' side as the data's;
+    seed 0 weights, data-initialized on the first labeled images); trainer_options go to Trainer."""
     import torch
 
     from mtlc.data.views import augment
-    from mtlc.train.checkpoints import LC_DEFAULTS, RUN_DEFAULTS
     from mtlc.train.model import ModelConfig, build_models
     from mtlc.train.trainer import Trainer, make_optimizer
-    config = {**RUN_DEFAULTS, "image_size": data.train_x.shape[-1], **config}
-    if stage.name == "lc":
-        config["lc"] = dict(LC_DEFAULTS, **config.get("lc", {}))
+    config = run_settings(**{"image_size": data.train_x.shape[-1], **config})
     torch.manual_seed(0)
     student, teacher = build_models(ModelConfig.of_run(config), torch.device("cpu"))
-    student.data_init(augment(data.train_x[labeled[:16]], torch.tensor(config["mean"]),
-                                     torch.tensor(config["std"]), False))
+    student.data_init(augment(data.train_x[labeled[:16]], torch.tensor(config.mean), torch.tensor(config.std), False))
     teacher.load_state_dict(student.state_dict())
     optimizer = make_optimizer(student, 0.05)
     split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled,

@@ -15,7 +15,7 @@ from PIL import Image
 import evaluate
 import label
 from conftest import invoke, run, save_labels, snapshot, write_labels
-from fakedata import write_own_folder
+from fakedata import run_settings, write_own_folder
 from mtlc.use.audit import AUDIT_HEADER, KINDS, outlier_findings
 from mtlc.use import audit as audit_module
 from mtlc.data import nearest
@@ -24,7 +24,7 @@ from mtlc.data.datasets import ImageData
 from mtlc.data.files import file_digest
 from mtlc.train.inference import at_chance
 from mtlc.use.crossfit import fold_config
-from mtlc.train.schedule import learning_rate
+from mtlc.train.settings import learning_rate
 from mtlc.data.images import decode
 
 
@@ -104,11 +104,11 @@ def test_few_labels_right_on_all_are_not_at_chance():
 def test_the_fold_schedule_is_the_steps_asked_whatever_the_folder(n_unlabeled):
     """200 steps at 10 images a step: on 100 unlabeled images and on a million alike, the lr stays
     full for 160 steps, decays to 0 at step 200, and the consistency ramp ends at step 40."""
-    config = dict(unlabeled_batch=10, epochs=999, decay_epochs=99, eval_every=5, cons_rampup=300.0)
+    config = run_settings(unlabeled_batch=10, epochs=999, decay_epochs=99, eval_every=5, cons_rampup=300.0)
     fold = fold_config(config, n_unlabeled=n_unlabeled, steps=200)
     per_epoch = n_unlabeled // 10
-    lr = [learning_rate(step / per_epoch, 1.0, fold["epochs"], fold["decay_epochs"]) for step in (159, 180, 200)]
-    assert lr == pytest.approx([1.0, 0.5, 0.0]) and fold["cons_rampup"] * per_epoch == pytest.approx(40)
+    lr = [learning_rate(step / per_epoch, 1.0, fold.epochs, fold.decay_epochs) for step in (159, 180, 200)]
+    assert lr == pytest.approx([1.0, 0.5, 0.0]) and fold.cons_rampup * per_epoch == pytest.approx(40)
 
 
 def smooth_images(n, seed=0):

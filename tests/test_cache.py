@@ -30,7 +30,7 @@ from mtlc.train.devices import Processes
 from conftest import ROOT, run
 from fakedata import tiny_trainer, write_own_folder
 from mtlc.errors import UserError
-from mtlc.train.schedule import Stage
+from mtlc.train.settings import Stage
 
 
 

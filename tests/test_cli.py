@@ -11,7 +11,7 @@ from mtlc.train.lc import MIN_LOSS_UNIT
 from mtlc.train.checkpoints import CHECKPOINT_KEYS
 from mtlc.use.figures import stage_label
 from mtlc.train.epochs import fit
-from mtlc.train.schedule import Stage
+from mtlc.train.settings import Stage
 import evaluate
 import finetune_lc
 import train_mt

@@ -16,7 +16,7 @@ from mtlc.data.splits import balanced_split
 from mtlc.train.devices import Processes
 from mtlc.train import lc as neighbours
 from mtlc.train.epochs import fit
-from mtlc.train.schedule import Stage
+from mtlc.train.settings import Stage
 from conftest import ROOT, TINY_RUN
 from fakedata import tiny_trainer
 from kernels import lc_loss
@@ -39,9 +39,9 @@ def digits_trainer(procs, scope="global", pairs="all", **objective):
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=64, dataset="digits", num_classes=10, width=0.0625,
-                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", lc=dict(scope=scope), **objective)
+                  bn_momentum=0.02, mean=[0.2] * 3, std=[0.3] * 3, precision="fp32", **objective)
     stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.9, cons_weight=10.0, cons_rampup=1,
-                         eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0, lc_pairs=pairs)
+                  eval_every=5, first_step=0, lc_eps=2.0, lc_weight=5.0, lc_rampup=0, lc_pairs=pairs, lc_scope=scope)
     return tiny_trainer(data, labeled, unlabeled, config, stage, procs)
 
 

@@ -12,7 +12,7 @@ from mtlc.data.datasets import load_digits
 from mtlc.errors import TrainingFailed, UserError
 from mtlc.train.graphed import DeviceGuards, GraphedSteps, resolve_step_mode
 from mtlc.data.splits import balanced_split
-from mtlc.train.schedule import Stage
+from mtlc.train.settings import Stage
 from mtlc.train.trainer import EagerSteps
 from conftest import TINY_RUN, invoke, run
 from fakedata import tiny_trainer

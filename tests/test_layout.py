@@ -46,3 +46,11 @@ def test_no_module_outside_the_wings():
     loose = sorted(p.name for p in (ROOT / "mtlc").glob("*.py")) + sorted(
         p.name for p in (ROOT / "mtlc").iterdir() if p.is_dir() and p.name not in WINGS and p.name != "__pycache__")
     assert loose == ["__init__.py", "errors.py"], loose
+
+
+def test_every_package_of_the_wings_is_installed():
+    """pyproject.toml lists each folder of mtlc/ that holds modules: pip installs only those it names."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mtlc").rglob("__init__.py")}
+    assert folders | {"mtlc.kernels"} == listed

@@ -31,7 +31,7 @@ def error_without_labels(checkpoint):
     state = load_checkpoint(checkpoint)
     data = restore_data(state, echo=lambda *args, **kwargs: None)
     _, teacher = restore_models(state, "cpu")
-    mean, std = (torch.tensor(state["config"][key]) for key in ("mean", "std"))
+    mean, std = torch.tensor(state["config"].mean), torch.tensor(state["config"].std)
     pool = state["unlabeled_idx"]
     images = torch.cat([data.train_x[pool], data.test_x])
     return inference.test_error(teacher, images, torch.cat([data.train_y[pool], data.test_y]), mean, std)

@@ -14,7 +14,7 @@ from mtlc.train.model import Dropout, WeightNormMeanOnlyBN
 from mtlc.train.lc import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
 from mtlc.train import trainer as training
 from mtlc.train.epochs import fit
-from mtlc.train.schedule import Stage
+from mtlc.train.settings import Stage
 
 
 def digits_config(**changes):

@@ -59,7 +59,7 @@ def test_teacher_and_student_predict_with_their_own_weights(trained, tmp_path):
     data, ckpt = trained
     state = load_checkpoint(ckpt)
     student, teacher = restore_models(state, torch.device("cpu"))
-    mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+    mean, std = torch.tensor(state["config"].mean), torch.tensor(state["config"].std)
     paths = sorted((data / "test").rglob("*.png"))
     x = torch.stack([decode(p, 32) for p in paths])
     confidences = {}
@@ -72,7 +72,7 @@ def test_teacher_and_student_predict_with_their_own_weights(trained, tmp_path):
         assert result.exit_code == 0, result.output
         rows = read_rows(result.stdout)
         assert [Path(r["path"]) for r in rows] == paths
-        classes = state["config"]["classes"]
+        classes = state["config"].classes
         assert [r["prediction"] for r in rows] == [classes[i] for i in probs.argmax(1)]
         assert [r["runner_up"] for r in rows] == [classes[i] for i in probs.topk(2).indices[:, 1]]
         assert [float(r["confidence"]) for r in rows] == pytest.approx(probs.max(1).values.tolist(), abs=1e-4)
@@ -245,7 +245,7 @@ def test_confidences_are_calibrated_on_the_held_out_images(trained, tmp_path):
     summary = json.loads(res.stdout)
     state = load_checkpoint(ckpt)
     _, teacher = restore_models(state, torch.device("cpu"))
-    mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+    mean, std = torch.tensor(state["config"].mean), torch.tensor(state["config"].std)
     paths = sorted((data / "test").rglob("*.png"))
     logits = inference.outputs(teacher, torch.stack([decode(p, 32) for p in paths]), mean, std)[1]
     assert summary["temperature"] == pytest.approx(fit_temperature(logits.numpy(), [classes_of(p) for p in paths]))
@@ -316,7 +316,7 @@ def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_h
     assert res.stderr.count("uncalibrated") == 1 and json.loads(res.stdout)["temperature"] is None
     state = load_checkpoint(ckpt)
     _, teacher = restore_models(state, torch.device("cpu"))
-    mean, std = (torch.tensor(state["config"][k]) for k in ("mean", "std"))
+    mean, std = torch.tensor(state["config"].mean), torch.tensor(state["config"].std)
     rows = read_rows((tmp_path / "p.csv").read_text())
     x = torch.stack([decode(r["path"], 32) for r in rows])
     raw = torch.softmax(inference.model_outputs(teacher, x, mean, std)[1], 1).max(1).values

@@ -11,6 +11,7 @@ from torchvision.transforms.v2 import functional as TF
 from mtlc.train.presets import CONSISTENCY
 from mtlc.train.objectives.fixmatch import ADAPTIVE_MOMENTUM, FixMatch, is_threshold
 from mtlc.data.views import CUTOUT_FILL, StrongAugment
+from fakedata import run_settings
 
 # RandAugment's ops at torchvision's magnitude 9 of 31 bins (0 .. 30), written out independently:
 # the op, its magnitude at bin 9, and the functional call it stands for.
@@ -108,7 +109,7 @@ def test_cutout_is_one_square_per_image_cut_by_the_border(size):
 
 
 def fixmatch(threshold, classes):
-    return FixMatch(dict(threshold=threshold, num_classes=classes, pseudo_labels="teacher"), torch.device("cpu"))
+    return FixMatch(run_settings(threshold=threshold, num_classes=classes), torch.device("cpu"))
 
 
 def test_fixed_threshold_loss_is_fixmatchs():

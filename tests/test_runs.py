@@ -85,7 +85,7 @@ def test_distribution_collapse_stops():
     from mtlc.data.splits import balanced_split
     from fakedata import tiny_trainer
     from mtlc.errors import TrainingFailed
-    from mtlc.train.schedule import Stage
+    from mtlc.train.settings import Stage
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     config = dict(seed=3, labeled_batch=16, unlabeled_batch=256, dataset="digits", num_classes=10, width=0.0625,

@@ -10,7 +10,7 @@ from mtlc.data.batches import BatchStream
 from mtlc.data.views import augment
 from mtlc.data.splits import balanced_split
 from mtlc.errors import UserError
-from mtlc.train.schedule import Stage, learning_rate, sigmoid_rampup
+from mtlc.train.settings import Stage, learning_rate, sigmoid_rampup
 from mtlc.train.objectives.mean_teacher import consistency_loss
 from mtlc.train.trainer import ema_update
 

@@ -85,7 +85,7 @@ def main(ckpt, faults, folds, steps, out, only):
         measure_labels(record, state, data, device, folds, steps, planted, where, n_train, train_features, test_logits,
                        test_features)
     paths = names
-    root = Path(config["data_dir"])
+    root = Path(config.data_dir)
     if "copies" in parts:
         measure_copies(record, data, planted, where, n_train, paths, root, test_logits, train_features, test_features)
     if "outliers" in parts:

@@ -21,12 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc, kernels
 from mtlc.data.batches import channel_stats, seed_step  # noqa: E402
-from mtlc.train.checkpoints import RUN_DEFAULTS, LC_DEFAULTS  # noqa: E402
 from mtlc.data.datasets import load_digits  # noqa: E402
 from mtlc.train.devices import Processes, pick_device  # noqa: E402
 from mtlc.train.model import ModelConfig, build_models  # noqa: E402
 from mtlc.data.splits import balanced_split  # noqa: E402
-from mtlc.train.schedule import Stage  # noqa: E402
+from mtlc.train.settings import RunSettings, Stage  # noqa: E402
 from mtlc.train.trainer import Trainer, make_optimizer  # noqa: E402
 
 # torch.testing's defaults for the dtypes the steps compute in (bf16: two of its ulps).
@@ -53,10 +52,13 @@ def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch
     data = load_digits()
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     mean, std = channel_stats(data.train_x)
-    config = dict(RUN_DEFAULTS, dataset="digits", seed=SEED, labeled_batch=labeled_batch,
-                  unlabeled_batch=unlabeled_batch, width=width, num_classes=10, bn_momentum=0.001,
-                  mean=mean.tolist(), std=std.tolist(), precision=precision, forward="split",
-                  lc=dict(LC_DEFAULTS), **(objective or {}))
+    config = RunSettings.of(dict(
+        dict(dataset="digits", data_dir=".", labels=100, seed=SEED, labeled_batch=labeled_batch,
+             unlabeled_batch=unlabeled_batch, width=width, num_classes=10, classes=data.classes, bn_momentum=0.001,
+             mean=mean.tolist(), std=std.tolist(), precision=precision, forward="split", lr=stage.lr, ema=stage.ema,
+             cons_weight=stage.cons_weight, cons_rampup=stage.cons_rampup, epochs=stage.epochs,
+             decay_epochs=stage.decay_epochs, lc_start_epoch=stage.epochs, eval_every=stage.eval_every),
+        **(objective or {})))
     split = dict(labeled_idx=labeled, unlabeled_idx=unlabeled, val_idx=torch.zeros(0, dtype=torch.long))
     pair = []
     for mode in ("eager", "graphed"):
@@ -65,7 +67,7 @@ def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch
         student.data_init(torch.randn(labeled_batch, 3, 32, 32, device=device))
         teacher.load_state_dict(student.state_dict())
         trainer = Trainer(student, teacher, make_optimizer(student, stage.lr), data, split,
-                          dict(config, step_mode=mode), stage, device, Processes())
+                          config.replace(step_mode=mode), stage, device, Processes())
         trainer.batches.flip = True  # CIFAR-10's augmentation
         pair.append(trainer)
     return pair

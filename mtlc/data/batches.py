@@ -130,20 +130,20 @@ class Batches:
 
     def __init__(self, data, split, config, device, rank=0, world=1, strong_view=False):
         for key in ("labeled_batch", "unlabeled_batch"):
-            if config[key] % world:
-                raise UserError(f"--{key.replace('_', '-')} {config[key]} does not split evenly over "
+            if getattr(config, key) % world:
+                raise UserError(f"--{key.replace('_', '-')} {getattr(config, key)} does not split evenly over "
                                 f"{world} processes")
-        self.device, self.seed, self.rank = device, config["seed"], rank
-        self.n_lab, self.n_unl = config["labeled_batch"] // world, config["unlabeled_batch"] // world
+        self.device, self.seed, self.rank = device, config.seed, rank
+        self.n_lab, self.n_unl = config.labeled_batch // world, config.unlabeled_batch // world
         self.lab_idx, self.unl_idx, self.val_idx = (split[k].cpu() for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
-        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config["labeled_batch"],
-                                  config["unlabeled_batch"], config["seed"])
+        self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config.labeled_batch,
+                                  config.unlabeled_batch, config.seed)
         self.train_x, self.train_y = data.train_x, data.train_y
         self.mean, self.std = normalization(config, device)
-        self.flip = config["dataset"] == "cifar10"
-        self.max_shift = max_shift(config["image_size"])
+        self.flip = config.dataset == "cifar10"
+        self.max_shift = max_shift(config.image_size)
         # strong_view: the objective trains the student on strong views of the unlabeled images (FixMatch's).
-        self.strong = StrongAugment(config["image_size"]) if strong_view else None
+        self.strong = StrongAugment(config.image_size) if strong_view else None
 
     def indices(self, step):
         """The training-set indices of this process's share of the step's images, labeled ones first."""

@@ -87,8 +87,8 @@ def true_classes(data, truth_csv=None, option="--truth"):
 
 def unleaked_test(config, names):
     """The positions of the test images (their names) that copy no training image, which
-    config["leaked_test"] names (train_mt.py looks for them); None where none does."""
-    leaked = set(config.get("leaked_test") or ())
+    config.leaked_test names (train_mt.py looks for them); None where none does."""
+    leaked = set(config.leaked_test or ())
     if not leaked or names is None:
         return None
     return torch.tensor([i for i, name in enumerate(names) if name not in leaked], dtype=torch.long)

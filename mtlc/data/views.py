@@ -50,7 +50,7 @@ def normalize(x, mean, std):
 def normalization(config, device=None):
     """A run's per-channel (mean, std) of its training images (channel_stats, kept in its config), as
     tensors on device: what normalize takes."""
-    return tuple(torch.tensor(config[k], device=device) for k in ("mean", "std"))
+    return tuple(torch.tensor(getattr(config, k), device=device) for k in ("mean", "std"))
 
 
 @functools.cache

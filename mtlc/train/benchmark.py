@@ -43,12 +43,12 @@ def benchmark(trainer, steps, echo=click.echo):
              f"{warmup if i < warmup else steps}: {seconds:.4f} s (data {data_seconds:.4f} s)")
     sec = statistics.median(step_times)
     flops = step_flops(trainer, *trainer.batches.views(first)[:2]) * trainer.procs.world
-    batch = trainer.config["labeled_batch"] + trainer.config["unlabeled_batch"]
+    batch = trainer.config.labeled_batch + trainer.config.unlabeled_batch
     return dict(sec_per_step=sec, images_per_sec=batch / sec, gflops_per_sec=flops / 1e9 / sec,
                 data_share=statistics.median(data_times) / sec, precision=trainer.precision,
                 gflop_per_step=flops / 1e9, steps=steps, warmup=warmup, steps_per_epoch=trainer.steps_per_epoch, stage=trainer.stage.name,
-                dataset=trainer.config["dataset"], width=trainer.config["width"], batch=batch,
-                processes=trainer.procs.world, compile=bool(trainer.config["compile"]), step_mode=trainer.step_mode,
+                dataset=trainer.config.dataset, width=trainer.config.width, batch=batch,
+                processes=trainer.procs.world, compile=bool(trainer.config.compile), step_mode=trainer.step_mode,
                 captured=getattr(trainer.steps, "graph", None) is not None,
                 device=device_name(trainer.device), threads=torch.get_num_threads())
 

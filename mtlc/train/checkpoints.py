@@ -1,13 +1,12 @@
 """A checkpoint described once: what the file holds (loaded without running code, checked for
-every key the scripts read), the settings a run from before they existed gets (filled here and
-nowhere else), and what it builds: the models, the optimizer, a stage's trainer, a resumed run, and
-its data (checked to be the very files it trained on).
+every key the scripts read; its settings by settings.RunSettings), and what it gives back: the
+models, the optimizer, a resumed run, and its data (checked to be the very files it trained on).
 
 A checkpoint is a plain dict: the student's and teacher's weights, the optimizer, `model_args`
-(model.ModelConfig: what builds the network), `config` (the run's settings, the class names, the
-normalization and, for an image folder, its files), the split, the RNG states and the metrics.
+(model.ModelConfig: what builds the network), `config` (the run's settings, RunSettings.as_dict: the
+class names, the normalization and, for an image folder, its files), the split, the RNG states, the
+metrics, and the objective's state (`adaptive_threshold`). Loaded, `config` is a RunSettings.
 """
-import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,12 +14,11 @@ import click
 import torch
 from torch.torch_version import TorchVersion
 
-
-from ..data.datasets import DATASETS, load_dataset
+from ..data.datasets import load_dataset
 from ..errors import UserError
-from .model import MIN_IMAGE_SIZE, ModelConfig, build_models
-from .objectives import CONSISTENCIES, OBJECTIVES
-from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
+from .model import ModelConfig, build_models
+from .objectives import OBJECTIVES
+from .settings import MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
 from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from .trainer import make_optimizer
 
@@ -28,21 +26,6 @@ CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config",
                    "stage")
 # The first torch whose torch.load(weights_only=True) a crafted file cannot get round (CVE-2025-32434).
 SAFE_TORCH = "2.6"
-# The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
-MAX_IMAGE_SIZE = 4096
-
-
-def is_int(value, low=None):
-    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
-
-
-def is_number(value, low=None):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and (low is None or value >= low))
-
-
-def is_names(value):
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def is_index(value):
@@ -51,26 +34,15 @@ def is_index(value):
             and (value.numel() == 0 or int(value.min()) >= 0))
 
 
-# The widest network a checkpoint may name (the paper's is 1): each layer is built before its weights load.
-MAX_WIDTH = 16
-
-
-def is_width(value):
-    return is_number(value) and 0 < value <= MAX_WIDTH
-
-
 def finite_weights(weights):
     """Whether every floating-point tensor of a state dict is finite (weights of NaN predict NaN)."""
     return isinstance(weights, dict) and all(bool(torch.isfinite(t).all()) for t in weights.values()
                                              if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
-def is_part_dict(value, check):
-    return isinstance(value, dict) and set(value) == {"train", "test"} and all(check(v) for v in value.values())
-
-
-# What the scripts read from a checkpoint, each with the check of what this project writes there; a
-# value that fails it ends the run in one line (exit 2), never in a traceback or a silently wrong run.
+# What the scripts read from a checkpoint besides its settings (settings.RunSettings checks those),
+# each with the check of what this project writes there; a value that fails it ends the run in one
+# line (exit 2), never in a traceback or a silently wrong run.
 STATE_CHECKS = dict(
     stage=lambda v: v in ("mt", "lc"), epoch=lambda v: is_int(v, 0), step=lambda v: is_int(v, 0),
     labeled_idx=is_index, unlabeled_idx=is_index, val_idx=is_index,
@@ -78,35 +50,8 @@ STATE_CHECKS = dict(
     reference_spread=lambda v: v is None or is_number(v),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
     model_args=lambda v: (isinstance(v, dict) and set(v) == {"num_classes", "width", "bn_momentum"} and
-                          is_int(v["num_classes"], 2) and is_width(v["width"]) and is_number(v["bn_momentum"])
-                          and 0 < v["bn_momentum"] <= 1))
-CONFIG_CHECKS = dict(
-    dataset=lambda v: v in DATASETS, data_dir=lambda v: isinstance(v, str) and v and "\0" not in v,
-    labels=is_int, labeled_batch=lambda v: is_int(v, 1), unlabeled_batch=lambda v: is_int(v, 1),
-    width=lambda v: is_width(v), num_classes=lambda v: is_int(v, 2), seed=is_int,
-    classes=lambda v: is_names(v) and len(set(v)) == len(v), lr=is_number, ema=is_number, cons_weight=is_number,
-    cons_rampup=is_number, epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
-    eval_every=lambda v: is_int(v, 1), bn_momentum=is_number, lc_start_epoch=lambda v: is_int(v, 1),
-    mean=lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) for x in v),
-    std=lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) and x > 0 for x in v),
-    image_size=lambda v: is_int(v, MIN_IMAGE_SIZE) and v <= MAX_IMAGE_SIZE,
-    skip_bad_images=lambda v: isinstance(v, bool), compile=lambda v: isinstance(v, bool),
-    files=lambda v: v is None or is_part_dict(v, is_names), contents=lambda v: v is None or is_part_dict(v, lambda c: isinstance(c, str)),
-    leaked_test=lambda v: v is None or is_names(v), relabeled=is_names, forward=lambda v: v in ("joint", "split"),
-    precision=lambda v: v in ("fp32", "bf16"), step_mode=lambda v: isinstance(v, str),
-    compress=lambda v: is_number(v) and v > 0, tensorboard=lambda v: v is None or isinstance(v, str),
-    consistency=lambda v: v in CONSISTENCIES, threshold=is_threshold, pseudo_labels=lambda v: v in PSEUDO_LABEL_SOURCES)
-LC_CONFIG_CHECKS = dict(
-    eps=lambda v: is_number(v) and v > 0, eps_auto=lambda v: isinstance(v, bool),
-    eps_scale=lambda v: v in ("fixed", "relative", "normalized"), lam=lambda v: is_number(v, 0),
-    lc_rampup=lambda v: is_number(v, 0), epochs=lambda v: is_int(v, 1), decay_epochs=lambda v: is_int(v, 0),
-    lr=is_number, eval_every=lambda v: is_int(v, 1), mt_step=lambda v: is_int(v, 0), mt_checkpoint=lambda v: isinstance(v, str),
-    start=lambda v: isinstance(v, dict) and all(is_number(v[k]) for k in METRIC_NUMBERS if k in v),
-    loss_unit=lambda v: is_number(v) and v > 0, pairs=lambda v: v in ("all", "same-prediction", "true-class"),
-    scope=lambda v: v in ("local", "global"), truth=lambda v: v is None or isinstance(v, str),
-    eps_ratio=lambda v: v is None or is_number(v))
-# What a metrics record may hold that the scripts read, by name: a number (or None: an error not measured).
-METRIC_NUMBERS = ("neighbour_fraction", "d2_ratio", "d2_mean", "student_error", "teacher_error")
+                          is_int(v["num_classes"], 2) and is_number(v["width"]) and 0 < v["width"] <= MAX_WIDTH
+                          and is_number(v["bn_momentum"]) and 0 < v["bn_momentum"] <= 1))
 
 
 def metrics_problem(metrics, required):
@@ -120,13 +65,6 @@ def metrics_problem(metrics, required):
     return None
 
 
-# Settings that runs from before they existed did not write, as those runs behaved.
-RUN_DEFAULTS = dict(image_size=32, skip_bad_images=False, files=None, contents=None, forward="joint",
-                    precision="fp32", compile=False, leaked_test=None, step_mode="eager", compress=1.0, tensorboard=None,
-                    relabeled=[], consistency="mt", threshold=0.95, pseudo_labels="teacher")
-LC_DEFAULTS = dict(loss_unit=1.0, pairs="all", scope="local", truth=None, eps_ratio=None)
-
-
 def unpickling_refusal(exc):
     """The line of torch's weights_only refusal that names what the file asked for, if it is one."""
     for line in str(exc).splitlines():
@@ -135,53 +73,40 @@ def unpickling_refusal(exc):
     return None
 
 
-def config_problem(state):
-    """What a checkpoint (with_defaults: the settings older runs did not write filled in) lacks or holds
-    of another type or value than this project writes, or None: every key the scripts read."""
-    wrong = [k for k, check in STATE_CHECKS.items() if not check(state.get(k))]
-    config = state.get("config") if isinstance(state.get("config"), dict) else {}
-    wrong_config = [k for k, check in CONFIG_CHECKS.items() if not check(config.get(k))]
-    if state.get("stage") == "lc":
-        lc = config.get("lc")
-        wrong_config += ["lc"] if not isinstance(lc, dict) else [f"lc.{k}" for k, check in LC_CONFIG_CHECKS.items()
-                                                              if not check(lc.get(k))]
-    problems = [f"{whose} lacks {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
-                for whose, keys in (("it", wrong), ("its config", wrong_config)) if keys]
-    if problems:
-        return "; ".join(problems) + " (or holds another type or value there)"
-    if len(config["classes"]) != config["num_classes"]:
-        return f"its config's {len(config['classes'])} classes do not fit its class count ({config['num_classes']})"
-    model_classes = state["model_args"].get("num_classes")
-    if model_classes != config["num_classes"]:  # a network of other outputs than the classes it names
-        return f"its network's {model_classes!r} outputs do not fit its {config['num_classes']} classes"
-    objective = OBJECTIVES[config["consistency"]].state_problem(state["adaptive_threshold"], config["num_classes"])
-    if objective:
-        return objective
-    return metrics_problem(state.get("metrics"), required=state["stage"] == "lc")
-
-
-def with_defaults(state):
-    """The checkpoint with what older runs did not write filled in: RUN_DEFAULTS, LC_DEFAULTS, mt.pt
-    at the end of the constant-lr phase, no validation hold-out, model_args from the config."""
-    config = dict(RUN_DEFAULTS, **state["config"])
-    config.setdefault("lc_start_epoch", config.get("epochs"))
-    if isinstance(config.get("lc"), dict):
-        config["lc"] = dict(LC_DEFAULTS, **config["lc"])
-    state = dict(state, config=config)
+def checked_state(state):
+    """The checkpoint with its settings as a RunSettings and what older runs did not write filled in
+    (no validation hold-out, model_args from the settings); ValueError naming what it lacks or holds
+    of another type or value than this project writes: every key the scripts read."""
+    state = dict(state)
     state.setdefault("val_idx", torch.zeros(0, dtype=torch.long))
     state.setdefault("reference_spread", None)
     state.setdefault("adaptive_threshold", None)
     state.setdefault("rng", {})
-    if "model_args" not in state:
-        try:
-            state["model_args"] = asdict(ModelConfig.of_run(config))
-        except (KeyError, TypeError, ValueError):
-            state["model_args"] = None  # config_problem names what is missing
-    return state
+    wrong = [k for k, check in STATE_CHECKS.items() if k != "model_args" and not check(state.get(k))]
+    try:
+        config = RunSettings.from_checkpoint(state["config"], state.get("stage"))
+    except ValueError as exc:
+        config, wrong_config = None, str(exc)
+    else:
+        wrong_config = None
+        state.setdefault("model_args", asdict(ModelConfig.of_run(config)))
+        wrong += [] if STATE_CHECKS["model_args"](state["model_args"]) else ["model_args"]
+    problems = ([f"it lacks {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''} (or holds another type or value "
+                 f"there)"] if wrong else []) + ([wrong_config] if wrong_config else [])
+    if problems:
+        raise ValueError("; ".join(problems))
+    if state["model_args"]["num_classes"] != config.num_classes:  # a network of other outputs than the classes it names
+        raise ValueError(f"its network's {state['model_args']['num_classes']!r} outputs do not fit its "
+                         f"{config.num_classes} classes")
+    problem = (OBJECTIVES[config.consistency].state_problem(state["adaptive_threshold"], config.num_classes)
+               or metrics_problem(state.get("metrics"), required=state["stage"] == "lc"))
+    if problem:
+        raise ValueError(problem)
+    return dict(state, config=config)
 
 
 def load_checkpoint(path):
-    """A checkpoint as a dict (with_defaults), loaded with weights_only=True (a checkpoint from
+    """A checkpoint as a dict (checked_state: its settings a RunSettings), loaded with weights_only=True (a checkpoint from
     elsewhere cannot run code) and checked to hold what the scripts read; any problem ends the run
     with exit code 2 and a one-line reason."""
     path = Path(path)
@@ -205,11 +130,10 @@ def load_checkpoint(path):
         raise UserError(f"{path} is not a checkpoint of this project (missing {', '.join(missing)})")
     if not isinstance(state["config"], dict) or not all(isinstance(k, str) for k in state["config"]):
         raise UserError(f"{path} is not a checkpoint this project can use: its config is not a dict of settings")
-    state = with_defaults(state)
-    problem = config_problem(state)
-    if problem:
-        raise UserError(f"{path} is not a checkpoint this project can use: {problem}")
-    return state
+    try:
+        return checked_state(state)
+    except ValueError as exc:
+        raise UserError(f"{path} is not a checkpoint this project can use: {exc}") from None
 
 
 def checkpoint_split(state):
@@ -232,7 +156,7 @@ def restore_models(state, device):
 def restore_training(state, device):
     """Student, teacher and optimizer of a checkpoint, ready to continue training."""
     student, teacher = restore_models(state, device)
-    optimizer = make_optimizer(student, state["config"]["lr"])
+    optimizer = make_optimizer(student, state["config"].lr)
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -253,10 +177,10 @@ def resume_checkpoint(out, stage_name, write=True):
     state = load_checkpoint(path)
     if state.get("stage") != stage_name:
         raise UserError(f"--resume: {path} holds stage {state.get('stage')!r}, not {stage_name!r}")
-    schedule = state["config"] if stage_name == "mt" else state["config"]["lc"]
-    if state["epoch"] >= schedule["epochs"] + schedule["decay_epochs"] and published(out, folder, stage_name, state):
+    stage = state["config"].stage(stage_name)
+    if state["epoch"] >= stage.epochs + stage.decay_epochs and published(out, folder, stage_name, state):
         raise UserError(f"--resume: {path} is a finished run (epoch {state['epoch']} of "
-                        f"{schedule['epochs'] + schedule['decay_epochs']}): nothing to resume; a new run replaces it "
+                        f"{stage.epochs + stage.decay_epochs}): nothing to resume; a new run replaces it "
                         f"with --overwrite")
     try:
         set_rng_state(state["rng"])
@@ -287,19 +211,19 @@ def restore_data(state, data_dir=None, echo=click.echo):
     a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
     is downloaded: a checkpoint never makes a tool fetch data or make a folder for it."""
     config = state["config"]
-    where = data_dir or config["data_dir"]
-    listing = None if config["files"] is None else (lambda now: check_names_held(config["files"], now, where))
-    data = load_dataset(config["dataset"], where, config["image_size"], config["skip_bad_images"], echo,
+    where = data_dir or config.data_dir
+    listing = None if config.files is None else (lambda now: check_names_held(config.files, now, where))
+    data = load_dataset(config.dataset, where, config.image_size, config.skip_bad_images, echo,
                         download=False, check_listing=listing)
-    if config["files"] is not None:
-        check_same_files(config["files"], data.files, where, config["contents"], data.contents)
+    if config.files is not None:
+        check_same_files(config.files, data.files, where, config.contents, data.contents)
     n_train = len(data.train_y)
     split = torch.cat(list(checkpoint_split(state).values()))
-    if (data.num_classes != config["num_classes"] or len(split) != n_train or split.max() >= n_train
+    if (data.num_classes != config.num_classes or len(split) != n_train or split.max() >= n_train
             or len(torch.unique(split)) != n_train):
-        raise UserError(f"the {config['dataset']} data in {data_dir or config['data_dir']} does not match the "
+        raise UserError(f"the {config.dataset} data in {data_dir or config.data_dir} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
-                        f"{config['num_classes']} and {len(split)} in the checkpoint)")
+                        f"{config.num_classes} and {len(split)} in the checkpoint)")
     return data
 
 

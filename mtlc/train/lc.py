@@ -199,10 +199,10 @@ def checkpoint_distances(config, data, split, student, device):
     batches (its config and split), and the eps that applies: the LC run's (a relative one at this
     feature scale) or, for an MT checkpoint, the one `finetune_lc.py --eps auto` would choose."""
     batches = Batches(data, split, config, device)
-    distances = PairDistances.of_batches(lc_features(student, batches, config["forward"] == "split"))
-    lc = config.get("lc")
+    distances = PairDistances.of_batches(lc_features(student, batches, config.forward == "split"))
+    lc = config.lc
     if lc is None:
         return distances, auto_eps(distances), "eps auto"
-    if lc.get("eps_ratio"):
-        return distances, lc["eps_ratio"] * distances.mean_d2, f"eps ({lc['eps_ratio']:.3g} x mean d2)"
-    return distances, lc["eps"], "eps"
+    if lc.eps_ratio:
+        return distances, lc.eps_ratio * distances.mean_d2, f"eps ({lc.eps_ratio:.3g} x mean d2)"
+    return distances, lc.eps, "eps"

@@ -29,7 +29,7 @@ class ModelConfig:
 
     @classmethod
     def of_run(cls, config):
-        return cls(config["num_classes"], config["width"], config["bn_momentum"])
+        return cls(config.num_classes, config.width, config.bn_momentum)
 
 
 def check_image_size(size):

@@ -60,8 +60,8 @@ def tensorboard_option(stage_name):
 def resumed_curves(config, tensorboard, echo):
     """The --tensorboard folder of a resumed run: the one given again on its command line, never the
     one its checkpoint names (which says where it wrote, and is said)."""
-    if tensorboard is None and config["tensorboard"]:
-        echo(f"this run wrote TensorBoard curves to {config['tensorboard']!r}; give --tensorboard with that "
+    if tensorboard is None and config.tensorboard:
+        echo(f"this run wrote TensorBoard curves to {config.tensorboard!r}; give --tensorboard with that "
              f"folder and --resume to go on writing them there")
     return tensorboard
 

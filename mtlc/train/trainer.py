@@ -26,7 +26,7 @@ from .inference import at_chance, chance_error, test_error
 from .lc import PairDistances, lc_features, lc_term
 from .model import ModelConfig, SplitForward, build_models, recompute_bn_means
 from .objectives import objective_of
-from .schedule import learning_rate, sigmoid_rampup, stage_of
+from .settings import learning_rate, sigmoid_rampup
 
 
 @torch.no_grad()
@@ -83,28 +83,28 @@ class Trainer:
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
         self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
         self.clean_test = unleaked_test(config, data.files and data.files["test"])  # the test images that are no copy of a training one
-        self.precision = config["precision"]
+        self.precision = config.precision
         self.all_neighbours_reported = False
-        self.lc_global = stage.name == "lc" and config["lc"]["scope"] == "global" and procs.world > 1
+        self.lc_global = stage.name == "lc" and stage.lc_scope == "global" and procs.world > 1
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest conv algorithms once
         student.train()
         teacher.train()  # dropout on and batch means, as in both reference implementations
         student.to(memory_format=torch.channels_last)  # faster convolutions on CPU and GPU alike
         teacher.to(memory_format=torch.channels_last)
-        self.split_forward = config["forward"] == "split"
+        self.split_forward = config.forward == "split"
         if self.split_forward:
             student, teacher = (SplitForward(m, self.batches.n_lab) for m in (student, teacher))
         # The BN running means are averaged over the processes after every step (average_buffers),
         # not broadcast from rank 0.
         model = student if procs.world == 1 else DDP(student, forward_sync_buffers=False)
-        compile_ = torch.compile if config["compile"] else (lambda m: m)
+        compile_ = torch.compile if config.compile else (lambda m: m)
         self.student_forward, self.teacher_forward = compile_(model), compile_(teacher)
         # The targets of the unlabeled objective: the teacher's outputs on its view, or the student's own
         # on that view (no gradient, no DDP).
         self.targets_forward = (compile_(student) if self.objective.targets_from() == "student"
                                 else self.teacher_forward)
-        self.step_mode = resolve_step_mode(config["step_mode"], device, procs.world, data.train_x.nbytes)
+        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, data.train_x.nbytes)
         self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
     def schedule(self, step):
@@ -265,7 +265,7 @@ class Trainer:
             group.update(lr=self.schedule(step - 1)[0], fused=None)
         return dict(student=self.student.state_dict(), teacher=self.teacher.state_dict(),
                     optimizer=optimizer, stage=self.stage.name, epoch=epoch, step=step,
-                    model_args=asdict(ModelConfig.of_run(self.config)), config=self.config, **self.split,
+                    model_args=asdict(ModelConfig.of_run(self.config)), config=self.config.as_dict(), **self.split,
                     rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics,
                     adaptive_threshold=self.objective.state_dict())
 
@@ -345,18 +345,18 @@ class EagerSteps:
 def fresh_training(config, data, labeled_idx, device):
     """(student, teacher, optimizer) of a new run: the config's seed, the student data-initialized on
     the first labeled batch (augmented as training augments it), the teacher its copy."""
-    torch.manual_seed(config["seed"])  # every process builds the same networks; DDP checks they agree
+    torch.manual_seed(config.seed)  # every process builds the same networks; DDP checks they agree
     student, teacher = build_models(ModelConfig.of_run(config), device)
     mean, std = normalization(config, device)
-    first_labeled = data.train_x[labeled_idx[:config["labeled_batch"]]].to(device)
-    student.data_init(augment(first_labeled, mean, std, config["dataset"] == "cifar10", max_shift(config["image_size"])))
+    first_labeled = data.train_x[labeled_idx[:config.labeled_batch]].to(device)
+    student.data_init(augment(first_labeled, mean, std, config.dataset == "cifar10", max_shift(config.image_size)))
     teacher.load_state_dict(student.state_dict())
-    return student, teacher, make_optimizer(student, config["lr"])
+    return student, teacher, make_optimizer(student, config.lr)
 
 
 def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None,
                  objective_state=None):
     """The Trainer of stage `name` of a run: its config, data and split, and `training` (student,
     teacher, optimizer) fresh or restored from a checkpoint (with its objective's state)."""
-    return Trainer(*training, data, split, config, stage_of(config, name), device, procs,
+    return Trainer(*training, data, split, config, config.stage(name), device, procs,
                    reference_spread=reference_spread, true_classes=true_classes, objective_state=objective_state)

@@ -223,8 +223,8 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
     config = state["config"]
     if data.files is None or not is_own_layout(root):
         raise UserError(f"--audit looks at an own-images folder (labeled/, unlabeled/, test/); "
-                        f"{root if data.files is not None else config['dataset']} is not one")
-    classes, (mean, std) = config["classes"], normalization(config, device)
+                        f"{root if data.files is not None else config.dataset} is not one")
+    classes, (mean, std) = config.classes, normalization(config, device)
     paths = FolderPaths(root, Names(data.files["train"], data.files["test"]))
     n_train = len(data.files["train"])
     images = ImageRows(data.train_x, data.test_x)

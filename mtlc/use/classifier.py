@@ -36,7 +36,7 @@ class Classifier:
         self.device = pick_device(device) if isinstance(device, str) else device
         student, teacher = restore_models(state, self.device)
         self.model_name, self.model = model, (teacher if model == "teacher" else student)
-        self.classes, self.image_size = self.config["classes"], self.config["image_size"]
+        self.classes, self.image_size = self.config.classes, self.config.image_size
         self.mean, self.std = normalization(self.config, self.device)
         self.calibration: Optional[Calibration] = None
         self.uncalibrated: Optional[str] = "not calibrated yet"
@@ -132,13 +132,13 @@ def labeled_features(state, model, device, data_dir=None, echo=lambda line: None
     """The pooled features (n, D) of the images labeled so far, which the choice of the images to
     label next covers first: an own-images folder's labeled/ as it is now (label.py's moves since
     training included), decoded a batch at a time; another dataset's labeled training images."""
-    root = Path(data_dir or state["config"]["data_dir"])
+    root = Path(data_dir or state["config"].data_dir)
     config = state["config"]
     mean, std = normalization(config, device)
-    if config["dataset"] == "folder" and is_own_layout(root):
+    if config.dataset == "folder" and is_own_layout(root):
         parts = []
         if (root / "labeled").is_dir():
-            for _, x, failed, _ in decode_batches(ImageFiles([root / "labeled"]), config["image_size"], 256):
+            for _, x, failed, _ in decode_batches(ImageFiles([root / "labeled"]), config.image_size, 256):
                 readable = [i for i in range(len(x)) if i not in failed]
                 if readable:
                     parts.append(model_outputs(model, x[readable].to(device), mean, std)[0].cpu())

@@ -27,10 +27,10 @@ def fold_config(config, n_unlabeled, steps):
     """The checkpoint's config with a schedule of exactly `steps` steps, however large the folder: 80%
     at constant lr, 20% decay, the consistency ramp over the first 20% (the schedule counts epochs of
     this fold's unlabeled set, here a fraction of one where the folder is large)."""
-    per_epoch = max(1, n_unlabeled // config["unlabeled_batch"])
+    per_epoch = max(1, n_unlabeled // config.unlabeled_batch)
     epochs, decay = 0.8 * steps / per_epoch, 0.2 * steps / per_epoch
-    return dict(config, epochs=epochs, decay_epochs=decay, cons_rampup=0.2 * steps / per_epoch, lc_start_epoch=epochs,
-                eval_every=epochs + decay, compile=False, step_mode="eager")
+    return config.replace(epochs=epochs, decay_epochs=decay, cons_rampup=0.2 * steps / per_epoch, lc_start_epoch=epochs,
+                          eval_every=epochs + decay, compile=False, step_mode="eager")
 
 
 def crossfit_logits(state, data, device, *, folds=DEFAULT_FOLDS, steps=DEFAULT_STEPS, seed=0, echo=lambda line: None,
@@ -41,19 +41,19 @@ def crossfit_logits(state, data, device, *, folds=DEFAULT_FOLDS, steps=DEFAULT_S
     trained again."""
     config, labeled, unlabeled = state["config"], state["labeled_idx"], state["unlabeled_idx"]
     y = data.train_y[labeled].numpy()
-    smallest = int(np.bincount(y, minlength=config["num_classes"]).min())
+    smallest = int(np.bincount(y, minlength=config.num_classes).min())
     folds = min(folds, smallest)
     if folds < 2:
         raise UserError(f"the doubtful-label audit needs at least 2 labeled images of every class (cross-fitting); "
                         f"the smallest class has {smallest}")
-    logits = torch.zeros(len(labeled), config["num_classes"])
+    logits = torch.zeros(len(labeled), config.num_classes)
     kept = work.state.setdefault("folds", []) if work else []
     estimate = TimeEstimate("audit", (folds - len(kept)) * steps, device, echo)  # the folds are alike in size
     splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
     for k, (fit_pos, held_pos) in enumerate(splitter.split(np.zeros(len(y)), y), 1):
         name = f"fold{k}.f32"
         if k in kept:
-            logits[held_pos] = torch.from_numpy(np.array(work.rows(name, np.float32, config["num_classes"])))
+            logits[held_pos] = torch.from_numpy(np.array(work.rows(name, np.float32, config.num_classes)))
             echo(f"audit: fold {k} of {folds}: kept from before")
             continue
         fit_pos, held_pos = torch.from_numpy(fit_pos), torch.from_numpy(held_pos)

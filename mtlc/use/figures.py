@@ -31,7 +31,7 @@ def save(fig, out, dpi=120):
 def checkpoint_title(state, result, what):
     """A figure's title: the checkpoint's dataset, labels, method and epoch, then what it shows."""
     config = state["config"]
-    return (f"{config['dataset']}, {config['labels']} labels, {result['method']} ({state['stage']} epoch "
+    return (f"{config.dataset}, {config.labels} labels, {result['method']} ({state['stage']} epoch "
             f"{state['epoch']}) {what}")
 
 
@@ -108,7 +108,7 @@ def plot_tsne(state, data, teacher, device, out, *, seed, max_points=2000):
         ax.set_title(title)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(f"t-SNE of the teacher's features: {config['dataset']}, {config['labels']} labels, "
+    fig.suptitle(f"t-SNE of the teacher's features: {config.dataset}, {config.labels} labels, "
                  f"{method_name(state)} ({state['stage']} epoch {state['epoch']})")
     fig.tight_layout()
     save(fig, out, dpi=110)

@@ -21,12 +21,12 @@ class HeldOut(NamedTuple):
     x: torch.Tensor        # uint8 images
     y: torch.Tensor        # their classes, as the folder gives them now
     source: str            # "test" or "validation"
-    relabeled: torch.Tensor  # bool per image: relabeled with label.py (config["relabeled"]) before the run
+    relabeled: torch.Tensor  # bool per image: relabeled with label.py (config.relabeled) before the run
 
 
 def held_out(state, data):
     """The labeled images a checkpoint never trained on (HeldOut): its test images but those that copy a
-    training image (config["leaked_test"]), else its --val hold-out; none where it has neither. Those
+    training image (config.leaked_test), else its --val hold-out; none where it has neither. Those
     label.py relabeled before the run (from the audit's suggestion, say) are marked: their labels are
     no longer independent of the models that suggested them, and calibration counts them as errors."""
     config = state["config"]
@@ -39,12 +39,12 @@ def held_out(state, data):
 
 def relabeled_mask(config, names, n):
     """Which of n held-out images (their names, None where the dataset has none) label.py relabeled."""
-    relabeled = set(config["relabeled"])
+    relabeled = set(config.relabeled)
     return torch.tensor([name in relabeled for name in names], dtype=torch.bool) if names else torch.zeros(n, dtype=torch.bool)
 
 
 def without_leaked(config, names, x, y):
-    """HeldOut of the test images whose names config["leaked_test"] does not list."""
+    """HeldOut of the test images whose names config.leaked_test does not list."""
     keep = unleaked_test(config, names)
     if keep is not None:
         x, y, names = x[keep], y[keep], [names[i] for i in keep.tolist()]
@@ -58,18 +58,18 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
     a --val hold-out (indices into the training files) needs the training files as they were. Exit
     2 with the real reason where the held-out images cannot be had."""
     config = state["config"]
-    where = Path(data_dir or config["data_dir"])
-    files = config["files"]
-    if config["dataset"] != "folder" or not files or not files["test"] or not is_own_layout(where):
+    where = Path(data_dir or config.data_dir)
+    files = config.files
+    if config.dataset != "folder" or not files or not files["test"] or not is_own_layout(where):
         return held_out(state, restore_data(state, data_dir, echo))
     groups, hidden = class_images(where / "test")
-    foreign = sorted(set(groups) - set(config["classes"]))
+    foreign = sorted(set(groups) - set(config.classes))
     if foreign:
         raise UserError(f"{where / 'test'} has class folders the checkpoint does not know: {', '.join(foreign)}")
-    test_files = listed([groups], config["classes"])
+    test_files = listed([groups], config.classes)
     check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where)
-    (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config["image_size"], echo)
-    if bad and not config["skip_bad_images"]:
+    (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config.image_size, echo)
+    if bad and not config.skip_bad_images:
         raise UserError(describe_bad(bad, where))
-    check_same_files(files, dict(test=names), where, config["contents"], dict(test=content), parts=("test",))
+    check_same_files(files, dict(test=names), where, config.contents, dict(test=content), parts=("test",))
     return without_leaked(config, names, x, y)

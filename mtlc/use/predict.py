@@ -144,7 +144,7 @@ def calibrated(path, state, device, o):
     threshold = None if o.max_error is None else (found.confidence if found else float("inf"))
     if o.coverage:
         plot_coverage(cal, o.max_error, found, o.coverage,
-                      f"{state['config']['dataset']}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
+                      f"{state['config'].dataset}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
         say(f"wrote {o.coverage}")
     return classifier, cal, found, threshold
 
@@ -183,7 +183,7 @@ def write_outputs(kept, r, o, studio):
         write_stdout(rows(), r.threshold, extra)
     predicted, cal = r.tally.rows - r.tally.failed, r.cal
     if o.review:
-        shown, _ = write_review(o.review, kept.rows(), config["classes"], per_class=o.review_per_class,
+        shown, _ = write_review(o.review, kept.rows(), config.classes, per_class=o.review_per_class,
                                 most=o.review_max, threshold=r.found.confidence if r.found else None,
                                 max_error=o.max_error, title=f"Review: {', '.join(map(str, r.targets))}",
                                 summary=f"{predicted:,} images predicted by the {o.model_name} of {r.path}"
@@ -193,10 +193,10 @@ def write_outputs(kept, r, o, studio):
         say(f"wrote {o.review}: {shown:,} images shown")
     if o.label_studio:
         studio_root, studio_storage = studio
-        tasks = label_studio.write_project(o.label_studio, rows(), config["classes"], studio_root,
+        tasks = label_studio.write_project(o.label_studio, rows(), config.classes, studio_root,
                                            f"mtlc {method_name(r.state)} {o.model_name} {r.path}")
         say(f"wrote {o.label_studio} ({tasks:,} tasks) and {label_studio.config_path(o.label_studio)}")
-        for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio, o.data_dir or config["data_dir"]):
+        for line in label_studio.setup_lines(studio_root, studio_storage, o.label_studio, o.data_dir or config.data_dir):
             say(line)
     return chosen
 
@@ -259,7 +259,7 @@ def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed,
     kind, and with `review` the page of doubtful labels and copies (at most `most` of each kind). The
     parts done are kept beside `out` until it is written: an interrupted audit goes on from there."""
     from .audit import audit, describe_audit, write_audit
-    root = data_dir or state["config"]["data_dir"]
+    root = data_dir or state["config"].data_dir
     data = restore_data(state, data_dir, echo=say)
     start = time.perf_counter()
     key = dict(step="audit", checkpoint=checkpoint_identity(path), root=os.path.abspath(root), folds=folds, steps=steps,
@@ -275,6 +275,6 @@ def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed,
         say(line)
     say(f"wrote {out} ({len(findings):,} findings, {time.perf_counter() - start:.0f} s)")
     if review:
-        shown, _ = write_audit_review(review, findings, state["config"]["classes"], most=most,
+        shown, _ = write_audit_review(review, findings, state["config"].classes, most=most,
                                       title=f"Audit: {root}", summary=f"{len(findings):,} findings in {root}")
         say(f"wrote {review}: {shown:,} doubtful labels shown, with the copies found")

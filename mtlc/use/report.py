@@ -21,9 +21,9 @@ CONTROL = ", continued (lambda2 0)"
 def objective_name(config):
     """Stage 1's objective: supervised (lambda1 0), else as the objective names itself (MT, FixMatch
     with its threshold and, where not the teacher, the source of its pseudo-labels)."""
-    if config["cons_weight"] == 0:
+    if config.cons_weight == 0:
         return "supervised"
-    return OBJECTIVES[config["consistency"]].describe(config)
+    return OBJECTIVES[config.consistency].describe(config)
 
 
 def method_name(state):
@@ -32,12 +32,11 @@ def method_name(state):
     lambda2 0, LC's control: stage 1's objective trained on for stage 2's schedule without LC."""
     base = objective_name(state["config"])
     if state["stage"] == "lc":
-        lc = state["config"]["lc"]
-        if lc.get("lam") == 0:
+        lc = state["config"].lc
+        if lc.lam == 0:
             return base + CONTROL
-        scale = lc.get("eps_scale")
-        pairs = ", same-prediction pairs" if lc.get("pairs") == "same-prediction" else ""
-        return f"{base}+LC ({scale} eps{pairs})" if scale else f"{base}+LC"
+        pairs = ", same-prediction pairs" if lc.pairs == "same-prediction" else ""
+        return f"{base}+LC ({lc.eps_scale} eps{pairs})"
     return base
 
 
@@ -46,15 +45,15 @@ def lc_diagnostics(state):
     of an epoch after the ramp, how far each model's test error rose above its value at LC's start
     (the MT checkpoint's), and the ratio of median same- to different-class d2 and the mean d2 (the
     feature scale) at LC's start and end. Empty for an MT checkpoint."""
-    lc = state["config"].get("lc")
-    if state["stage"] != "lc" or "start" not in lc:
+    if state["stage"] != "lc":
         return {}
-    start, records = lc["start"], state["metrics"]
+    lc = state["config"].lc
+    start, records = lc.start, state["metrics"]
     evaluated = [r for r in records if "d2_ratio" in r]
     if not evaluated or not {"d2_ratio", "d2_mean"} <= set(start):  # a resume checkpoint before LC's first evaluation
         return {}
-    after_ramp = [r["neighbour_fraction"] for r in records if r["epoch"] > lc["lc_rampup"]]
-    result = dict(eps=lc["eps"], eps_scale=lc["eps_scale"], eps_auto=lc["eps_auto"],
+    after_ramp = [r["neighbour_fraction"] for r in records if r["epoch"] > lc.lc_rampup]
+    result = dict(eps=lc.eps, eps_scale=lc.eps_scale, eps_auto=lc.eps_auto,
                   max_neighbour_fraction_after_ramp=max(after_ramp, default=None),
                   d2_ratio_start=start["d2_ratio"], d2_ratio_end=evaluated[-1]["d2_ratio"],
                   d2_mean_start=start["d2_mean"], d2_mean_end=evaluated[-1]["d2_mean"])
@@ -229,11 +228,11 @@ def evaluate_checkpoint(path, state, data, models, device, *, pool_y=None, model
     config = state["config"]
     mean, std = normalization(config, device)
     x, y = data.test_x, data.test_y
-    result = dict(checkpoint=str(path), dataset=config["dataset"], labels=config["labels"], method=method_name(state),
+    result = dict(checkpoint=str(path), dataset=config.dataset, labels=config.labels, method=method_name(state),
                   stage=state["stage"], epoch=state["epoch"], n_test=len(y), n_train=len(data.train_y),
                   image_files=data.files is not None)
     if state["stage"] == "lc":
-        result["mt_checkpoint"] = config["lc"]["mt_checkpoint"]  # what pairs a run with its control
+        result["mt_checkpoint"] = config.lc.mt_checkpoint  # what pairs a run with its control
     per_class, predictions = {}, {}
     for name, model in models.items():
         predictions[name] = predicted = predict_classes(model, x, mean, std)

@@ -13,7 +13,7 @@ OWN_SETTINGS = tuple(sorted({key for o in OBJECTIVES.values() for key in o.defau
 
 def objective_of(config, device, world=1, state=None):
     """The objective a run's config names, on the training device, its state (a checkpoint's) restored."""
-    objective = OBJECTIVES[config["consistency"]](config, device, world)
+    objective = OBJECTIVES[config.consistency](config, device, world)
     objective.load_state_dict(state)
     return objective
 

@@ -16,6 +16,9 @@ class Objective:
     # What it adds to every epoch's record, {key: (the epoch line's label, the TensorBoard group)}: the
     # epoch's mean of the values unlabeled_loss returns, in this order.
     metrics = {}
+    # What LC on top of it did in this project's measurements, where stage 2's default lambda2 is to be
+    # doubted (finetune_lc.py says so); None where LC helped or was level.
+    lc_on_top = None
 
     def __init__(self, config, device, world=1):
         self.config, self.device, self.world = config, device, world

@@ -56,16 +56,17 @@ class FixMatch(Objective):
     strong_view = True
     defaults = dict(cons_weight=1.0, unlabeled_batch=128, threshold="adaptive", pseudo_labels="teacher")
     metrics = {"above_threshold": ("above", "pseudo_labels")}  # the share of unlabeled images it trains on
+    lc_on_top = "on top of FixMatch LC has not helped in this project's measurements (docs/better-labels.md)"
 
     def __init__(self, config, device, world=1):
         super().__init__(config, device, world)
-        self.threshold, num_classes = config["threshold"], config["num_classes"]
+        self.threshold, num_classes = config.threshold, config.num_classes
         self.adaptive = self.threshold == "adaptive"
         self.confidence = torch.full((), 1.0 / num_classes, device=device)  # tau
         self.class_means = torch.full((num_classes,), 1.0 / num_classes, device=device)  # p~
 
     def targets_from(self):
-        return self.config["pseudo_labels"]
+        return self.config.pseudo_labels
 
     def state_dict(self):
         if not self.adaptive:
@@ -90,8 +91,8 @@ class FixMatch(Objective):
 
     @classmethod
     def describe(cls, config):
-        source = ", the student's pseudo-labels" if config["pseudo_labels"] == "student" else ""
-        return f"FixMatch (threshold {config['threshold']}{source})"
+        source = ", the student's pseudo-labels" if config.pseudo_labels == "student" else ""
+        return f"FixMatch (threshold {config.threshold}{source})"
 
     def thresholds(self, probs, confidence):
         """Each class's threshold this step, after FreeMatch's update with the batch (the processes' mean)."""
