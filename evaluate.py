@@ -42,19 +42,19 @@ from mtlc.use.audit import AUDIT_HEADER
 from mtlc.use.prediction_rows import CSV_HEADER
 
 
-# Options that belong to a job: given without it (on the command line), refused in one line.
-# {option's parameter: (its flag, the parameters of which one must be given)}
-NEEDS = dict(csv_path=("--csv", ["predict_paths"]), max_error=("--max-error", ["predict_paths"]),
-             coverage=("--coverage", ["predict_paths"]), suggest_n=("--suggest", ["predict_paths"]),
-             skip_bad_images=("--skip-bad-images", ["predict_paths"]), batch_size=("--batch-size", ["predict_paths"]),
-             review=("--review", ["predict_paths", "audit"]),
-             review_per_class=("--review-per-class", ["predict_paths"]),
-             review_max=("--review-max", ["review"]), audit_folds=("--audit-folds", ["audit"]),
-             audit_steps=("--audit-steps", ["audit"]), label_studio=("--label-studio", ["predict_paths"]),
-             label_studio_root=("--label-studio-root", ["label_studio"]), truth=("--truth", ["pool_error"]),
-             tsne_points=("--tsne-points", ["tsne"]), curves=("--curves", ["plot"]), plot=("--plot", ["curves"]))
-FLAGS = dict(predict_paths="--predict", audit="--audit", review="--review", label_studio="--label-studio",
-             pool_error="--pool-error", tsne="--tsne", curves="--curves", plot="--plot")
+class JobOption(cloup.Option):
+    """An option that belongs to a job: `needs`, the parameters of which one must be given with it (its
+    declaration says so, and check_request refuses it in one line without them)."""
+
+    def __init__(self, *args, needs=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.needs = tuple(needs)
+
+
+def job_option(*args, needs, **kwargs):
+    return cloup.option(*args, cls=JobOption, needs=needs, **kwargs)
+
+
 # What a one-checkpoint job (--predict, --audit, --onnx) does not take beside it.
 OTHER_OUTPUTS = ("table", "curves", "tsne", "distances", "confusion", "pool_error")
 # The outputs that replace a file only where it is what they write (earlier predictions, an earlier audit):
@@ -69,16 +69,18 @@ def given(ctx, name):
 
 def check_request(ctx, o):
     """Exit 2 in one line for options without their job, and for jobs that do not go together."""
-    for name, (flag, jobs) in NEEDS.items():
-        if given(ctx, name) and not any(getattr(o, job) for job in jobs):
-            raise UserError(f"{flag} goes with {' or '.join(FLAGS[job] for job in jobs)}")
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    for param in ctx.command.params:
+        jobs = getattr(param, "needs", ())
+        if jobs and given(ctx, param.name) and not any(getattr(o, job) for job in jobs):
+            raise UserError(f"{flags[param.name]} goes with {' or '.join(flags[job] for job in jobs)}")
     if o.table and Path(o.table).suffix not in (".md", ".csv"):
         raise UserError(f"--table must end in .md or .csv, got {o.table}")
     jobs = ("onnx", "audit", "predict_paths")
     for job in jobs:
         others = [n for n in jobs if n != job and getattr(o, n)]
         if getattr(o, job) and (len(o.ckpts) != 1 or others or any(getattr(o, n) for n in OTHER_OUTPUTS)):
-            raise UserError(f"{FLAGS.get(job, '--onnx')} takes exactly one --ckpt and no other output (--table, "
+            raise UserError(f"{flags[job]} takes exactly one --ckpt and no other output (--table, "
                             f"--curves, --tsne, --distances, --confusion, --pool-error, --predict, --audit, --onnx): "
                             f"run evaluate.py again for those")
     if o.as_json and (o.audit or o.onnx or (o.predict_paths and not o.csv_path)):
@@ -122,7 +124,7 @@ def check_outputs_of(o, states):
                   help="Also the error on the checkpoint's unlabeled training images, whose labels training never "
                        "used (more images than the test set: a steadier comparison of methods): their own labels for "
                        "svhn, cifar10 and digits, --truth's for a folder."),
-    cloup.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
+    job_option("--truth", needs=["pool_error"], type=click.Path(exists=True, dir_okay=False), default=None,
                   help="With --pool-error on a folder: a CSV with columns path,class for its unlabeled/ images (paths"
                        " as unlabeled/NAME; examples/own_images.py writes one beside the folders it builds)."),
     cloup.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the "
@@ -140,43 +142,43 @@ def check_outputs_of(o, states):
                        "one checkpoint: --predict a/ b.jpg c/. Prints the CSV path,prediction,confidence,runner_up "
                        "(the class, its softmax probability, the second most likely class), or writes it to --csv. An"
                        " unreadable file gets an empty prediction, a message on stderr and exit code 1 at the end."),
-    cloup.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+    job_option("--csv", "csv_path", needs=["predict_paths"], type=click.Path(dir_okay=False), default=None,
                   help="With --predict: write the rows to this file instead of stdout (it replaces an earlier "
                        "predictions CSV, never a file of another kind: a labels file corrected by hand is refused)."),
-    cloup.option("--max-error", type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=None,
+    job_option("--max-error", needs=["predict_paths"], type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=None,
                   help="With --predict: add a column `accepted` (1/0): 1 where the calibrated confidence is at least "
                        "the lowest threshold at which the checkpoint's held-out images above it are at most this % "
                        "wrong (a one-sided 95% upper bound, so that a few lucky images cannot set it). Prints how "
                        "many were accepted. Needs held-out images (test/, or train_mt.py --val N)."),
-    cloup.option("--coverage", type=click.Path(dir_okay=False), default=None,
+    job_option("--coverage", needs=["predict_paths"], type=click.Path(dir_okay=False), default=None,
                   help="With --predict: draw the held-out images' error against coverage (most confident first) to "
                        "this PNG, with the --max-error threshold."),
-    cloup.option("--skip-bad-images", is_flag=True,
+    job_option("--skip-bad-images", needs=["predict_paths"], is_flag=True,
                   help="With --predict: files that cannot be read still get a row with an empty prediction and a "
                        "message on stderr, but the run exits 0 when they were its only trouble (without it: exit code"
                        " 1)."),
-    cloup.option("--batch-size", type=click.IntRange(min=1), default=256,
+    job_option("--batch-size", needs=["predict_paths"], type=click.IntRange(min=1), default=256,
                   help="Images classified at a time by --predict, the next batch decoding meanwhile (its memory "
                        "bound: two batches)."),
 )
 @cloup.option_group(
     "What to label next", "with --predict",
-    cloup.option("--suggest", "suggest_n", type=click.IntRange(min=1), default=None,
+    job_option("--suggest", "suggest_n", needs=["predict_paths"], type=click.IntRange(min=1), default=None,
                   help="With --predict: instead of a row per image, the N images to label next, best first "
                        "(TypiClust: the most typical image of each feature cluster that holds no label yet; "
                        "docs/label-the-rest.md), with a column `cluster`."),
 )
 @cloup.option_group(
     "Review and audit", "pages to look at and correct; is the folder right?",
-    cloup.option("--review", type=click.Path(dir_okay=False), default=None,
+    job_option("--review", needs=["predict_paths", "audit"], type=click.Path(dir_okay=False), default=None,
                   help="With --predict: write a review page (one self-contained HTML file that opens in any browser):"
                        " thumbnails grouped by predicted class, least confident first, a class chooser for each and a"
                        " Save button that downloads labels.csv for label.py. Without --csv, no CSV is written. With "
                        "--audit: the doubtful labels (the suggested class one key away: y confirms the fix) and the "
                        "copies, leaks and outliers found."),
-    cloup.option("--review-per-class", type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
+    job_option("--review-per-class", needs=["predict_paths"], type=click.IntRange(min=1), default=DEFAULT_PER_CLASS,
                   help="With --review: at most this many images per predicted class on the page, the least confident."),
-    cloup.option("--review-max", type=click.IntRange(min=1), default=DEFAULT_MOST,
+    job_option("--review-max", needs=["review"], type=click.IntRange(min=1), default=DEFAULT_MOST,
                   help="With --review: at most this many images on the page in all, whatever the folder's size, so "
                        "that it opens at once: the least confident, taken from the classes in turn (with --audit: the"
                        " most likely problems, this many of each kind). The page says how many it leaves out; the CSV"
@@ -190,10 +192,10 @@ def check_outputs_of(o, states):
                        "suggestion its copy; leak: a test/ image also in training; outlier: an image like no class. "
                        "Rows of a kind by descending score; one line per kind on stderr. It replaces an earlier audit, "
                        "never a file of another kind. docs/audit.md."),
-    cloup.option("--audit-folds", type=click.IntRange(min=2), default=DEFAULT_FOLDS,
+    job_option("--audit-folds", needs=["audit"], type=click.IntRange(min=2), default=DEFAULT_FOLDS,
                   help="With --audit: folds of the labeled images' cross-fitting (fewer where a class has fewer "
                        "images)."),
-    cloup.option("--audit-steps", type=click.IntRange(min=1), default=DEFAULT_STEPS,
+    job_option("--audit-steps", needs=["audit"], type=click.IntRange(min=1), default=DEFAULT_STEPS,
                   help="With --audit: training steps of each fold's network, whatever the folder's size (80% at the "
                        "full learning rate, 20% of decay). An audit interrupted goes on from the parts it kept "
                        "(beside the CSV)."),
@@ -205,14 +207,14 @@ def check_outputs_of(o, states):
                        "H, W) at the checkpoint's image size in, calibrated class probabilities out (the "
                        "normalization and the temperature fitted on its held-out images inside), any N; the class "
                        "names in its metadata. docs/onnx.md."),
-    cloup.option("--label-studio", type=click.Path(dir_okay=False), default=None,
+    job_option("--label-studio", needs=["predict_paths"], type=click.Path(dir_okay=False), default=None,
                   help="With --predict: write Label Studio import tasks to this JSON file, one per image (with "
                        "--suggest, per image to label next): the image served by Label Studio's local files storage, "
                        "its path and hash, and the prediction as a pre-annotation (its score the calibrated "
                        "confidence); the labeling config goes beside it (NAME.label-config.xml) and the steps to open"
                        " them in Label Studio are printed. label.py --apply reads the project's export back. Without "
                        "--csv, no CSV is written. docs/label-studio.md."),
-    cloup.option("--label-studio-root", type=click.Path(file_okay=False), default=None,
+    job_option("--label-studio-root", needs=["label_studio"], type=click.Path(file_okay=False), default=None,
                   help="With --label-studio: Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT; the images must "
                        "lie in a folder under it. [default: the folder above the deepest one holding every image]"),
 )
@@ -225,13 +227,13 @@ def check_outputs_of(o, states):
                   help="Write the results as the paper's Table 1 (methods x settings, mean +- std over the "
                        "checkpoints) to this .md or .csv file. A setting run on other images than the published "
                        "SVHN or CIFAR-10 (a subset, or image files such as the JPEG copy) says so."),
-    cloup.option("--curves", type=click.Path(dir_okay=False, exists=True), multiple=True,
+    job_option("--curves", needs=["plot"], type=click.Path(dir_okay=False, exists=True), multiple=True,
                   help="A *_metrics.jsonl file to draw with --plot (repeat: mt_metrics.jsonl and lc_metrics.jsonl)."),
-    cloup.option("--plot", type=click.Path(dir_okay=False), default=None,
+    job_option("--plot", needs=["curves"], type=click.Path(dir_okay=False), default=None,
                   help="PNG of the test error per epoch of the --curves files (the paper's Fig. 2)."),
     cloup.option("--tsne", type=click.Path(dir_okay=False), default=None,
                   help="PNG of a t-SNE of the first checkpoint's features (the paper's Figs. 5-6)."),
-    cloup.option("--tsne-points", type=click.IntRange(min=10), default=2000,
+    job_option("--tsne-points", needs=["tsne"], type=click.IntRange(min=10), default=2000,
                   help="Training and test images in each t-SNE panel (at most; t-SNE's time grows faster than "
                        "linearly)."),
     cloup.option("--distances", type=click.Path(dir_okay=False), default=None,

@@ -32,8 +32,8 @@ from mtlc.train.curves import check_folder
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.train.presets import (CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset,
                           preset_help, stage_lengths)
-from mtlc.train.objectives import CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, objective_help
-from mtlc.train.objectives.fixmatch import PSEUDO_LABEL_SOURCES, ThresholdParam
+from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
+                                   objective_options)
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
@@ -75,20 +75,8 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help=f"Epochs of linear lr decay to 0 after that. {preset_help('decay_epochs')}")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
 @click.option("--ema", type=click.FloatRange(0, 1), default=None, help=f"Teacher EMA decay alpha. {preset_help('ema')}")
-@click.option("--consistency", type=click.Choice(CONSISTENCIES), default=None,
-              help="The unlabeled images' objective. mt: Mean Teacher's (Eq. 1): the student's class probabilities "
-                   "near the EMA teacher's on another view of the image. fixmatch: pseudo-labels (FixMatch): the class "
-                   "given to a weak view (shift, flip) is the target of the student's cross-entropy on a strong view "
-                   "of the same image (torchvision's RandAugment and Cutout) wherever its confidence clears "
-                   "--threshold. The EMA teacher is the model kept and evaluated either way, and stage 2 adds LC to "
-                   f"the same objective. [default: {', '.join(f'{k} {v}' for k, v in CONSISTENCY.items())}]")
-@click.option("--threshold", type=ThresholdParam(), default=None,
-              help="fixmatch: the confidence a pseudo-label needs: a number in (0, 1] (FixMatch's 0.95) or adaptive: "
-                   "FreeMatch's self-adaptive threshold, global and per class, starting low and rising with the "
-                   f"network's confidence. {objective_help('threshold')}")
-@click.option("--pseudo-labels", type=click.Choice(PSEUDO_LABEL_SOURCES), default=None,
-              help="fixmatch: the network whose prediction on the weak view is the pseudo-label: the EMA teacher, or "
-                   f"the student itself (FixMatch's), without gradient. {objective_help('pseudo_labels')}")
+@click.option("--consistency", type=click.Choice(CONSISTENCIES), default=None, help=consistency_help(CONSISTENCY))
+@objective_options
 @click.option("--cons-weight", type=click.FloatRange(min=0), default=None,
               help="Weight lambda1 of the unlabeled objective (--consistency); 0 trains the supervised-only baseline. "
                    f"{objective_help('cons_weight')}")
@@ -155,9 +143,9 @@ def main(**options):
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
         check_image_size(o.image_size)
-        objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], threshold=o.threshold,
-                                       pseudo_labels=o.pseudo_labels, cons_weight=o.cons_weight,
-                                       unlabeled_batch=o.unlabeled_batch)
+        objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], cons_weight=o.cons_weight,
+                                       unlabeled_batch=o.unlabeled_batch,
+                                       **{key: options[key] for key in OWN_SETTINGS})
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, o.image_size, o.skip_bad_images, procs.echo))
         split, labels = split_of(o, data, own, procs.echo)

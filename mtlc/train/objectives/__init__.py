@@ -18,6 +18,20 @@ def objective_of(config, device, world=1, state=None):
     return objective
 
 
+def consistency_help(defaults):
+    """--consistency's help: each objective's, then the datasets' defaults {dataset: objective}."""
+    return ("The unlabeled images' objective. " + " ".join(f"{name}: {o.help}" for name, o in OBJECTIVES.items())
+            + " The EMA teacher is the model kept and evaluated either way, and stage 2 adds LC to the same "
+            f"objective. [default: {', '.join(f'{k} {v}' for k, v in defaults.items())}]")
+
+
+def objective_options(command):
+    """The command with every objective's own options (Objective.options), in their order."""
+    for option in reversed([option for o in OBJECTIVES.values() for option in o.options()]):
+        command = option(command)
+    return command
+
+
 def objective_help(key):
     """'[default: mt 100, fixmatch 1]' for an option whose default depends on --consistency."""
     values = ", ".join(f"{name} {o.defaults[key]:g}" if isinstance(o.defaults[key], float) else f"{name} {o.defaults[key]}"
@@ -25,4 +39,5 @@ def objective_help(key):
     return f"[default: {values}]"
 
 
-__all__ = ["CONSISTENCIES", "OBJECTIVES", "OWN_SETTINGS", "Objective", "objective_help", "objective_of"]
+__all__ = ["CONSISTENCIES", "OBJECTIVES", "OWN_SETTINGS", "Objective", "consistency_help", "objective_help",
+           "objective_of", "objective_options"]

@@ -11,6 +11,7 @@ class Objective:
     """One objective on one training device. Subclasses set the class attributes and unlabeled_loss."""
     name = ""                # its --consistency name
     title = ""               # how reports name it
+    help = ""                # what it does, in --consistency's help
     strong_view = False      # the student sees a strong view of the unlabeled images (views.StrongAugment)
     defaults = {}            # its own defaults of the run's settings (cons_weight, unlabeled_batch, ...)
     # What it adds to every epoch's record, {key: (the epoch line's label, the TensorBoard group)}: the
@@ -48,6 +49,17 @@ class Objective:
     def state_problem(cls, state, num_classes):
         """Why a checkpoint's state of this objective is not what it writes, or None."""
         return None if state is None else "it holds a state its objective does not keep"
+
+    @classmethod
+    def options(cls):
+        """The command-line options of the settings it alone takes (train_mt.py's), each defaulting to
+        None: its own default (defaults) where not given, refused with another objective."""
+        return []
+
+    @classmethod
+    def default_help(cls, key):
+        """'[default: fixmatch adaptive]': the default of a setting only this objective takes."""
+        return f"[default: {cls.name} {cls.defaults[key]}]"
 
     @classmethod
     def describe(cls, config):

@@ -53,6 +53,9 @@ class FixMatch(Objective):
     """The unlabeled loss and, for an adaptive threshold, its state (tau, p~) on the training device:
     tensors updated in place, so that a captured step updates them on every replay."""
     name, title = "fixmatch", "FixMatch"
+    help = ("pseudo-labels (FixMatch): the class given to a weak view (shift, flip) is the target of the student's "
+            "cross-entropy on a strong view of the same image (torchvision's RandAugment and Cutout) wherever its "
+            "confidence clears --threshold.")
     strong_view = True
     defaults = dict(cons_weight=1.0, unlabeled_batch=128, threshold="adaptive", pseudo_labels="teacher")
     metrics = {"above_threshold": ("above", "pseudo_labels")}  # the share of unlabeled images it trains on
@@ -64,6 +67,19 @@ class FixMatch(Objective):
         self.adaptive = self.threshold == "adaptive"
         self.confidence = torch.full((), 1.0 / num_classes, device=device)  # tau
         self.class_means = torch.full((num_classes,), 1.0 / num_classes, device=device)  # p~
+
+    @classmethod
+    def options(cls):
+        return [
+            click.option("--threshold", type=ThresholdParam(), default=None,
+                         help="fixmatch: the confidence a pseudo-label needs: a number in (0, 1] (FixMatch's 0.95) or "
+                              "adaptive: FreeMatch's self-adaptive threshold, global and per class, starting low and "
+                              f"rising with the network's confidence. {cls.default_help('threshold')}"),
+            click.option("--pseudo-labels", type=click.Choice(PSEUDO_LABEL_SOURCES), default=None,
+                         help="fixmatch: the network whose prediction on the weak view is the pseudo-label: the EMA "
+                              "teacher, or the student itself (FixMatch's), without gradient. "
+                              f"{cls.default_help('pseudo_labels')}"),
+        ]
 
     def targets_from(self):
         return self.config.pseudo_labels

@@ -13,6 +13,8 @@ def consistency_loss(student_logits, teacher_logits):
 
 class MeanTeacher(Objective):
     name, title = "mt", "MT"
+    help = ("Mean Teacher's (Eq. 1): the student's class probabilities near the EMA teacher's on another view of "
+            "the image.")
     defaults = dict(cons_weight=100.0, unlabeled_batch=128)
 
     def unlabeled_loss(self, logits, target_logits, n_labeled):
