@@ -24,22 +24,22 @@ import click
 import cloup
 import torch
 
-from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
-from mtlc.disk.console import robust_streams
 from mtlc.data.splits import true_classes
-from mtlc.train.devices import pick_device
+from mtlc.disk.console import robust_streams
+from mtlc.disk.outputs import check_outputs
 from mtlc.errors import UserError
-from mtlc.use.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
+from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
+from mtlc.train.devices import pick_device
 from mtlc.train.lc import DISTANCE_IMAGES, checkpoint_distances
+from mtlc.use.audit import AUDIT_HEADER
 from mtlc.use.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
+from mtlc.use.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
 from mtlc.use.label_studio import config_path as studio_config_path
 from mtlc.use.predict import PredictOptions, export, predict, run_audit
-from mtlc.use.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
-                         results_table, write_table)
-from mtlc.use.review import DEFAULT_MOST, DEFAULT_PER_CLASS
-from mtlc.disk.outputs import check_outputs
-from mtlc.use.audit import AUDIT_HEADER
 from mtlc.use.prediction_rows import CSV_HEADER
+from mtlc.use.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
+                             results_table, write_table)
+from mtlc.use.review import DEFAULT_MOST, DEFAULT_PER_CLASS
 
 
 class JobOption(cloup.Option):

@@ -17,21 +17,20 @@ from types import SimpleNamespace
 import click
 
 from mtlc.data.batches import Batches
-from mtlc.train.benchmark import report_benchmark
-from mtlc.train.checkpoints import (checkpoint_split, load_checkpoint, restore_data, restore_training,
-                              resume_checkpoint)
-from mtlc.disk.console import robust_streams
 from mtlc.data.splits import true_classes
-from mtlc.train.devices import processes, resolve_precision
-from mtlc.errors import UserError
+from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import STAGE_OUTPUTS, check_output_folder, check_outputs
-from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
+from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
+from mtlc.errors import UserError
+from mtlc.train.benchmark import report_benchmark
+from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_training, resume_checkpoint
 from mtlc.train.curves import check_folder
+from mtlc.train.devices import processes, resolve_precision
+from mtlc.train.epochs import run_stage
+from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
+from mtlc.train.objectives import OBJECTIVES
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.train.presets import preset, preset_help, stage_lengths
-from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
-from mtlc.train.epochs import run_stage
-from mtlc.train.objectives import OBJECTIVES
 from mtlc.train.settings import LCSettings
 from mtlc.train.trainer import make_trainer
 

@@ -35,9 +35,9 @@ from tqdm import tqdm
 from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME
 from mtlc.errors import UserError
+from mtlc.label.apply import apply, locked, undo
 from mtlc.label.inputs import ASIDE, ASIDE_KINDS, SOURCES, read_labels
 from mtlc.label.plan import plan
-from mtlc.label.apply import apply, locked, undo
 
 
 def aside_kinds(ctx, param, value):

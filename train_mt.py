@@ -17,29 +17,27 @@ from types import SimpleNamespace
 import click
 
 from mtlc.data.batches import channel_stats
-from mtlc.train.benchmark import report_benchmark
-from mtlc.train.checkpoints import (checkpoint_split, restore_data, restore_training,
-                              resume_checkpoint)
-from mtlc.disk.console import robust_streams
 from mtlc.data.copies import leaked_test
 from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
-from mtlc.train.devices import processes, resolve_precision
-from mtlc.errors import UserError
+from mtlc.data.splits import balanced_split, hold_out, own_split
+from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
+from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
+from mtlc.errors import UserError
 from mtlc.label.log import relabeled_images
-from mtlc.train.model import check_image_size
+from mtlc.train.benchmark import report_benchmark
+from mtlc.train.checkpoints import checkpoint_split, restore_data, restore_training, resume_checkpoint
 from mtlc.train.curves import check_folder
-from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.train.presets import (CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset,
-                          preset_help, stage_lengths)
+from mtlc.train.devices import processes, resolve_precision
+from mtlc.train.epochs import run_stage
+from mtlc.train.model import check_image_size
 from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
                                    objective_options)
+from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.train.presets import CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
-from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
-from mtlc.data.splits import balanced_split, hold_out, own_split
-from mtlc.train.epochs import run_stage
 
 OUTPUTS = STAGE_OUTPUTS["mt"]
 # A stage 2 in --out continued the stage 1 a new run there replaces: its outputs are replaced with it.

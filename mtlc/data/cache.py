@@ -19,16 +19,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..errors import UserError, WriteFailed
-from .images import pooled, read_for_cache
-from .cache_rows import Previous, SortedRows, entry_key
 from ..disk.json_arrays import json_array_items
-from .mapped import mapped_images, release_pages
 from ..disk.opening import check_folder, identity, read_kept
+from ..disk.outputs import CACHE_DIR_NAME, WORK_SUFFIX
 from ..disk.runs import atomic_write
 from ..disk.seal import holds, seal, secret
-from ..disk.outputs import CACHE_DIR_NAME, WORK_SUFFIX
 from ..disk.work import Work, remove_work
+from ..errors import UserError, WriteFailed
+from .cache_rows import Previous, SortedRows, entry_key
+from .images import pooled, read_for_cache
+from .mapped import mapped_images, release_pages
 
 # Bumped when the cache's contents would change for the same files (e.g. another resize). 2: EXIF
 # orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped

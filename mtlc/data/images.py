@@ -11,8 +11,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..disk.opening import read_regular
-from .files import FORMATS, READ_AS, file_digest
 from ..disk.spill import batched
+from .files import FORMATS, READ_AS, file_digest
 
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)

@@ -17,17 +17,14 @@ from pathlib import Path
 
 import click
 
-from ..errors import MoveFailed, UserError
 from ..data.files import DIGEST_COLUMN
-from .inputs import linked_folder
-from .log import Log, log_rows, next_batch, undone_batches
-from .plan import digest_problem, file_digest_or_error, no_bar
-
 from ..disk.opening import lock_folder
 from ..disk.renaming import rename_no_replace
 from ..disk.spill import CHUNK, Spill
-
-
+from ..errors import MoveFailed, UserError
+from .inputs import linked_folder
+from .log import Log, log_rows, next_batch, undone_batches
+from .plan import digest_problem, file_digest_or_error, no_bar
 
 # Changing the folder: one label.py at a time, logged, all or nothing ---------------------------------
 

@@ -10,11 +10,11 @@ import os
 import posixpath
 from typing import NamedTuple, Optional
 
-from ..use import label_studio
-from ..disk.console import PATH_ERRORS
-from ..errors import UserError
 from ..data.files import DIGEST_COLUMN
+from ..disk.console import PATH_ERRORS
 from ..disk.opening import open_regular
+from ..errors import UserError
+from ..use import label_studio
 
 # Where label.py sets an image aside (a copy, a leak into test/, an image like no class): training
 # reads labeled/, unlabeled/ and test/ only. The image keeps its path under it:

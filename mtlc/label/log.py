@@ -13,12 +13,12 @@ import re
 import time
 from typing import NamedTuple, Optional
 
-from ..disk.console import PATH_ENCODING, PATH_ERRORS, WholeWrites, csv_writer, shown
-from ..errors import MoveFailed, UserError
 from ..data.files import DIGEST_BYTES, DIGEST_COLUMN
-from .inputs import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
+from ..disk.console import PATH_ENCODING, PATH_ERRORS, WholeWrites, csv_writer, shown
 from ..disk.opening import open_kept
 from ..disk.outputs import LOG_NAME
+from ..errors import MoveFailed, UserError
+from .inputs import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
 
 # Paths relative to the folder; blake2b: the hash of the moved file's bytes (logs written before it
 # have the first six columns only).

@@ -7,8 +7,8 @@ import os
 import posixpath
 import unicodedata
 
-from ..disk.console import is_text
 from ..data.files import is_hidden
+from ..disk.console import is_text
 from .inputs import inside
 
 

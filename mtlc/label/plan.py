@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..disk.console import PATH_ENCODING, PATH_ERRORS, shown
-from ..errors import UserError
 from ..data.files import file_digest, is_hidden, is_image_name
+from ..disk.console import PATH_ENCODING, PATH_ERRORS, shown
 from ..disk.opening import read_regular
+from ..disk.spill import Spill, batched
+from ..errors import UserError
 from .inputs import ASIDE, SOURCES, linked_folder, outside_reason, remembered_realpath, target_part
 from .log import applied_moves, undone_batches
 from .names import Names, class_problem, known_classes, label_problem, loose, name_max
-from ..disk.spill import Spill, batched
 
 PLAN_CHUNK = 4096     # rows checked at a time (their files hashed together on a pool of threads)
 PROBLEMS_SHOWN = 10   # rows named in a refusal; the others are counted

@@ -11,8 +11,8 @@ import click
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .devices import device_name
 from ..disk.runs import atomic_write
+from .devices import device_name
 
 
 def step_flops(trainer, student_view, teacher_view):

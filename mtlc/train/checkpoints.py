@@ -15,11 +15,11 @@ import torch
 from torch.torch_version import TorchVersion
 
 from ..data.datasets import load_dataset
+from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from ..errors import UserError
 from .model import ModelConfig, build_models
 from .objectives import OBJECTIVES
 from .settings import MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
-from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from .trainer import make_optimizer
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx",

@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 import torch.distributed as dist
 
+from ..disk.runs import (prepare_staging, publish, read_metrics, remove_stale_staging, save_checkpoint, staging_folder,
+                         stop_on_signals, write_metrics, writing_folder)
 from .curves import TensorBoardCurves
 from .progress import TimeEstimate, epoch_progress
-from ..disk.runs import (prepare_staging, publish, read_metrics, remove_stale_staging, save_checkpoint, staging_folder,
-                   stop_on_signals, write_metrics, writing_folder)
 
 
 def describe_errors(record):

@@ -20,8 +20,8 @@ import click
 import torch
 
 from ..data.batches import seed_step
-from .devices import sync
 from ..errors import UserError
+from .devices import sync
 
 # Steps between reads of the guards (one host sync each), and at every epoch's end.
 GUARD_EVERY = 200

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from ..data.batches import image_batches
-
 from ..data.views import normalize
 
 BATCH = 500  # images per forward pass

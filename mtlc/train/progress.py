@@ -7,7 +7,6 @@ from tqdm import tqdm
 
 from .devices import sync
 
-
 # Steps between progress lines inside an epoch when no terminal shows a bar.
 PROGRESS_EVERY = 100
 

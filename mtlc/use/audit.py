@@ -27,20 +27,18 @@ import torch
 from tqdm import tqdm
 
 from ..data.batches import ImageRows
-
-from ..data.views import normalization
-from .calibration import fitted_or_one
-from ..train.inference import at_chance, chance_error
-from ..train.checkpoints import restore_models
-from ..disk.console import csv_writer, path_text
 from ..data.copies import exact_groups, near_pairs, thumbnail_vectors
-from .crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities
 from ..data.datasets import is_own_layout
-from ..errors import UserError
 from ..data.files import DIGEST_COLUMN
-from ..train.inference import model_outputs
 from ..data.nearest import BLOCK, Vectors, in_memory, nearest
+from ..data.views import normalization
+from ..disk.console import csv_writer, path_text
 from ..disk.runs import atomic_write
+from ..errors import UserError
+from ..train.checkpoints import restore_models
+from ..train.inference import at_chance, chance_error, model_outputs
+from .calibration import fitted_or_one
+from .crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities
 from .selection import unit_rows
 
 AUDIT_HEADER = ("kind", "path", "score", "suggestion", "given", "detail", DIGEST_COLUMN)

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
 ECE_BINS = 15
 COVERAGES = tuple(range(10, 101, 10))  # % of the held-out images, most confident first
 CONFIDENCE_LEVEL = 0.95                # of the promise an acceptance threshold makes, the search included

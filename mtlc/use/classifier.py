@@ -16,10 +16,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..data.views import normalization
 from ..data.datasets import is_own_layout
 from ..data.files import ImageFiles, image_paths
 from ..data.images import decode_batches
+from ..data.views import normalization
 from ..errors import UserError
 from ..train.checkpoints import load_checkpoint, restore_data, restore_models
 from ..train.devices import pick_device

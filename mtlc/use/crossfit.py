@@ -10,12 +10,12 @@ import torch
 from sklearn.model_selection import StratifiedKFold
 
 from ..data.views import normalization
-from .calibration import fitted_or_one
-from ..train.trainer import fresh_training, make_trainer
-from ..train.devices import Processes
 from ..errors import UserError
+from ..train.devices import Processes
 from ..train.inference import outputs
 from ..train.progress import TimeEstimate, epoch_progress
+from ..train.trainer import fresh_training, make_trainer
+from .calibration import fitted_or_one
 
 DEFAULT_FOLDS = 4
 # Steps of each fold's network, whatever the folder's size: an eighth of the folder schedule's first

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 from ..data.views import normalization
-from .calibration import CONFIDENCE_LEVEL, error_upper_bound, ranked, search_test_level
+from ..disk.runs import atomic_write, read_metrics
 from ..errors import UserError
 from ..train.inference import outputs
+from .calibration import CONFIDENCE_LEVEL, error_upper_bound, ranked, search_test_level
 from .report import method_name
-from ..disk.runs import atomic_write, read_metrics
 
 
 def pyplot():

@@ -9,11 +9,11 @@ from typing import NamedTuple
 import click
 import torch
 
-from ..train.checkpoints import check_names_held, check_same_files, restore_data
 from ..data.datasets import class_images, is_own_layout, listed, read_files
-from ..errors import UserError
 from ..data.files import describe_bad
 from ..data.splits import unleaked_test
+from ..errors import UserError
+from ..train.checkpoints import check_names_held, check_same_files, restore_data
 
 
 class HeldOut(NamedTuple):

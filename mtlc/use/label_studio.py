@@ -23,8 +23,8 @@ from pathlib import Path
 from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
-from ..errors import UserError
 from ..disk.json_arrays import JSON_SPACE, json_array_items
+from ..errors import UserError
 
 FROM_NAME, TO_NAME = "label", "image"  # the Choices control and the Image object of labeling_config
 LOCAL_FILES = "/data/local-files/?d="

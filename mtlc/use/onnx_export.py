@@ -10,8 +10,8 @@ import json
 
 import torch
 
-from ..errors import UserError
 from ..disk.runs import atomic_write
+from ..errors import UserError
 
 INPUT, OUTPUT = "images", "probabilities"
 OPSET = 18

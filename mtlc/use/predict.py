@@ -19,22 +19,20 @@ from typing import NamedTuple, Optional
 import click
 from tqdm import tqdm
 
-from . import label_studio
-from .classifier import Classifier
+from ..data.files import ImageFiles, describe_hidden, describe_others
 from ..disk.console import path_text, shown, stdout_rows
-from ..train.checkpoints import restore_data
-from ..errors import UserError
-from .figures import plot_coverage
-from ..data.files import describe_hidden, describe_others
 from ..disk.opening import identity
-from ..data.files import ImageFiles
-from .classifier import labeled_features
-from .prediction_rows import PredictionStore, is_accepted, write_rows
-from .selection import suggest_rows
-from .report import describe_acceptance, describe_calibration, method_name
-from .review import write_audit_review, write_review
 from ..disk.runs import atomic_write
 from ..disk.work import Work, work_folder
+from ..errors import UserError
+from ..train.checkpoints import restore_data
+from . import label_studio
+from .classifier import Classifier, labeled_features
+from .figures import plot_coverage
+from .prediction_rows import PredictionStore, is_accepted, write_rows
+from .report import describe_acceptance, describe_calibration, method_name
+from .review import write_audit_review, write_review
+from .selection import suggest_rows
 
 
 @dataclass

@@ -7,12 +7,12 @@ import statistics
 from pathlib import Path
 
 from ..data.views import normalization
-from .calibration import CONFIDENCE_LEVEL, images_needed
-from .held_out import held_out
+from ..disk.runs import atomic_write
 from ..train.inference import predict_classes, test_error
 from ..train.objectives import OBJECTIVES
+from .calibration import CONFIDENCE_LEVEL, images_needed
 from .classifier import held_out_calibration
-from ..disk.runs import atomic_write
+from .held_out import held_out
 
 # How a stage-2 run with lambda2 0 is named after its stage-1 objective: LC's control.
 CONTROL = ", continued (lambda2 0)"

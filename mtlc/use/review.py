@@ -14,8 +14,8 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..disk.console import is_text
 from ..data.images import thumbnail_jpeg
+from ..disk.console import is_text
 from ..disk.runs import atomic_write
 
 ASSETS = Path(__file__).resolve().parent / "review_page"
