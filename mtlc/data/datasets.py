@@ -16,8 +16,16 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from .cache import cache_dir, content_fingerprint, load_images
-from .files import (count_other, describe_bad, describe_hidden, describe_others, is_hidden, is_image_name, other_kind,
-                    scan_images)
+from .files import (
+    count_other,
+    describe_bad,
+    describe_hidden,
+    describe_others,
+    is_hidden,
+    is_image_name,
+    other_kind,
+    scan_images,
+)
 
 
 @dataclass

@@ -18,8 +18,7 @@ from pathlib import Path
 import click
 
 from ..data.files import DIGEST_COLUMN
-from ..disk.opening import lock_folder
-from ..disk.renaming import rename_no_replace
+from ..disk.opening import lock_folder, rename_no_replace
 from ..disk.spill import CHUNK, Spill
 from ..errors import MoveFailed, UserError
 from .inputs import linked_folder
