@@ -6,7 +6,7 @@ memory. The numbers go into docs/scale.md; they are not a test.
 
 Measured, in order (each a fresh `python` process; peak RSS from the kernel's accounting of that
 process, peak private memory (RssAnon) sampled every 0.1 s):
-  imports        python -c "import data, batches, training, model"
+  imports        python -c "import mtlc.data.datasets, mtlc.data.batches, mtlc.train.trainer, mtlc.train.model"
   first decode   load_dataset on an empty cache (MTLC_CACHE_DIR points at a fresh folder)
   second start   the same with the cache in place (start-up, imports excluded, printed by the child)
   training       train_mt.py --benchmark N on the folder (stats over every image, then N steps)
