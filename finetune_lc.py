@@ -29,6 +29,7 @@ from mtlc.train.devices import processes, resolve_precision
 from mtlc.train.epochs import run_stage
 from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.train.objectives import OBJECTIVES
+from mtlc.train.pretrained import CONVLARGE
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
 from mtlc.train.presets import preset, preset_help, stage_lengths
 from mtlc.train.settings import LCSettings
@@ -145,8 +146,8 @@ def main(**options):
         if chosen["pairs"] == "true-class":
             true_classes(data, o.truth)  # every unlabeled image's class known, before any work
         training = restore_training(state, device)
-        config = config.replace(precision=resolve_precision(o.precision, device), compile=o.compile_,
-                                step_mode=o.step_mode, processes=procs.world,
+        precision = resolve_precision(o.precision, device, convolutions=config.backbone == CONVLARGE)
+        config = config.replace(precision=precision, compile=o.compile_, step_mode=o.step_mode, processes=procs.world,
                                 tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None)
         batches = Batches(data, checkpoint_split(state), config, device)
         eps, start = procs.from_main(neighbourhood_at_start(chosen["eps"], training[0], batches,

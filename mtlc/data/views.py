@@ -44,7 +44,29 @@ def shift_and_flip(x, flip, max_shift=2):
 
 
 def normalize(x, mean, std):
+    """uint8 images in the run's units; features a trunk computed ahead (floats (N, views, D)): their
+    first view (as is), as they are."""
+    if x.dtype != torch.uint8:
+        return x[:, 0].float() if x.dim() == 3 else x.float()
     return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+# FixMatch's strong view of features embedded ahead: a share of them dropped, on top of the weak view.
+STRONG_FEATURE_DROPOUT = 0.5
+
+
+def feature_views(x, n_labeled, strong):
+    """(student view, teacher view) of a step's features (B, views, D) embedded ahead (as is, flipped):
+    each image's view drawn at random for each, independently; with `strong` the student's unlabeled
+    images with half their features dropped as well (FixMatch's strong view, in feature space)."""
+    def drawn():
+        pick = torch.randint(0, x.shape[1], (x.shape[0],), device=x.device)
+        return x[torch.arange(x.shape[0], device=x.device), pick].float()
+    student, teacher = drawn(), drawn()
+    if strong:
+        keep = torch.rand_like(student[n_labeled:]).ge_(STRONG_FEATURE_DROPOUT).div_(1 - STRONG_FEATURE_DROPOUT)
+        student = torch.cat([student[:n_labeled], student[n_labeled:] * keep])
+    return student, teacher
 
 
 def normalization(config, device=None):

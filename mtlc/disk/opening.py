@@ -106,11 +106,12 @@ def read_regular(path):
         return f.read()
 
 
-def lock_folder(path, busy, follow_link=False):
+def lock_folder(path, busy, follow_link=False, wait=None):
     """A file descriptor of the folder `path` (not through a link unless follow_link: a folder you
     named) holding the OS's exclusive lock on it: one process at a time, and the lock ends with the
-    process however it ends (never stale, no file written). UserError(busy) where another holds it;
-    UserError where the file system has no locks. Closing the descriptor lets go."""
+    process however it ends (never stale, no file written). UserError(busy) where another holds it,
+    or, given wait, wait() said once and the lock waited for; UserError where the file system has no
+    locks. Closing the descriptor lets go."""
     nofollow = 0 if follow_link else os.O_NOFOLLOW
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | nofollow | getattr(os, "O_CLOEXEC", 0))
@@ -119,8 +120,11 @@ def lock_folder(path, busy, follow_link=False):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
-        raise UserError(busy) from None
+        if wait is None:
+            os.close(fd)
+            raise UserError(busy) from None
+        wait()
+        fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:  # ENOLCK: a network file system without locks
         os.close(fd)
         raise UserError(f"cannot lock {path} ({exc.strerror}): run this on a local disk, where one run at a time "

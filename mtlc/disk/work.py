@@ -92,10 +92,11 @@ class Work:
     lock on it, from before its work is read until it is removed or the run ends): a second run
     writing the same output is refused in one line instead of sharing its work."""
 
-    def __init__(self, folder, key, echo=lambda line: None, busy=None):
+    def __init__(self, folder, key, echo=lambda line: None, busy=None, wait=None):
         self.folder, self.key, self.echo = Path(folder), dict(key, version=WORK_VERSION), echo
         self.busy = busy or (f"another run is writing the same output: its work folder {self.folder} is in use; let "
                              f"it finish, or give this run another output")
+        self.wait = wait  # where given, a busy folder is waited for (wait() says so) instead of refused
         check_folder(self.folder, "work folder")
         self.files, self.state, self.last_commit = {}, {}, time.monotonic()
         self.taken_up = {}  # {name: (length, its HMAC so far)} of the files earlier work left
@@ -120,7 +121,7 @@ class Work:
                 self.folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise WriteFailed(self.folder, exc) from None
-            fd = lock_folder(self.folder, self.busy)
+            fd = lock_folder(self.folder, self.busy, wait=self.wait)
             with contextlib.suppress(OSError):
                 if os.path.samestat(os.fstat(fd), os.lstat(self.folder)):
                     return fd
@@ -182,13 +183,14 @@ class Work:
             self.files[name] = Appended(self.folder / name, fd, length, mac)
         return self.files[name]
 
-    def rows(self, name, dtype, width):
+    def rows(self, name, dtype, width, mode="r"):
         """The rows (width values of dtype each) of the work file `name` written so far, memory-mapped
-        read-only (an empty array where none)."""
+        read-only, or with mode "c" copy-on-write (writes stay in this process: what torch's tensors
+        on it ask for), an empty array where none."""
         count = self.appended(name).length // (np.dtype(dtype).itemsize * width)
         if not count:
             return np.zeros((0, width), dtype)
-        return np.memmap(self.folder / name, dtype=dtype, mode="r", shape=(count, width))
+        return np.memmap(self.folder / name, dtype=dtype, mode=mode, shape=(count, width))
 
     def commit(self, force=False):
         """Write the manifest (the files' lengths and HMACs, the state) if COMMIT_EVERY seconds have

@@ -7,7 +7,6 @@ A checkpoint is a plain dict: the student's and teacher's weights, the optimizer
 class names, the normalization and, for an image folder, its files), the split, the RNG states, the
 metrics, and the objective's state (`adaptive_threshold`). Loaded, `config` is a RunSettings.
 """
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -19,6 +18,8 @@ from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_fold
 from ..errors import UserError
 from .model import ModelConfig, build_models
 from .objectives import OBJECTIVES
+from .embeddings import embed
+from .pretrained import BACKBONE_NAMES, CONVLARGE
 from .settings import MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
 from .trainer import make_optimizer
 
@@ -49,9 +50,10 @@ STATE_CHECKS = dict(
     student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
     reference_spread=lambda v: v is None or is_number(v),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
-    model_args=lambda v: (isinstance(v, dict) and set(v) == {"num_classes", "width", "bn_momentum"} and
-                          is_int(v["num_classes"], 2) and is_number(v["width"]) and 0 < v["width"] <= MAX_WIDTH
-                          and is_number(v["bn_momentum"]) and 0 < v["bn_momentum"] <= 1))
+    model_args=lambda v: (isinstance(v, dict) and set(v) - {"backbone"} == {"num_classes", "width", "bn_momentum"}
+                          and is_int(v["num_classes"], 2) and is_number(v["width"]) and 0 < v["width"] <= MAX_WIDTH
+                          and is_number(v["bn_momentum"]) and 0 < v["bn_momentum"] <= 1
+                          and v.get("backbone", CONVLARGE) in BACKBONE_NAMES))
 
 
 def metrics_problem(metrics, required):
@@ -89,7 +91,7 @@ def checked_state(state):
         config, wrong_config = None, str(exc)
     else:
         wrong_config = None
-        state.setdefault("model_args", asdict(ModelConfig.of_run(config)))
+        state.setdefault("model_args", ModelConfig.of_run(config).as_dict())
         wrong += [] if STATE_CHECKS["model_args"](state["model_args"]) else ["model_args"]
     problems = ([f"it lacks {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''} (or holds another type or value "
                  f"there)"] if wrong else []) + ([wrong_config] if wrong_config else [])
@@ -205,7 +207,7 @@ def published(out, folder, stage_name, state):
         return False
 
 
-def restore_data(state, data_dir=None, echo=click.echo):
+def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
     """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
     image folder must hold the very files it was trained on, by name before anything is decoded (so
     a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
@@ -213,7 +215,7 @@ def restore_data(state, data_dir=None, echo=click.echo):
     config = state["config"]
     where = data_dir or config.data_dir
     listing = None if config.files is None else (lambda now: check_names_held(config.files, now, where))
-    data = load_dataset(config.dataset, where, config.image_size, config.skip_bad_images, echo,
+    data = load_dataset(config.dataset, where, config.decode_size, config.skip_bad_images, echo,
                         download=False, check_listing=listing)
     if config.files is not None:
         check_same_files(config.files, data.files, where, config.contents, data.contents)
@@ -224,6 +226,8 @@ def restore_data(state, data_dir=None, echo=click.echo):
         raise UserError(f"the {config.dataset} data in {data_dir or config.data_dir} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
+    if config.backbone != CONVLARGE:  # the trunk's features of them, kept or computed (on device)
+        data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo)
     return data
 
 

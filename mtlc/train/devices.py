@@ -26,11 +26,15 @@ def pick_device(name):
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def resolve_precision(precision, device):
+def resolve_precision(precision, device, convolutions=True):
     """'auto' is bf16 where the device computes it natively (CUDA GPUs with bf16, CPUs with
-    AVX512-BF16 or AMX), else fp32."""
+    AVX512-BF16 or AMX), else fp32. A network without convolutions (a pretrained trunk's head on its
+    features) keeps fp32 on a CPU: its step took 4.5x as long in bf16 on this project's Xeon
+    (docs/pretrained.md)."""
     if precision != "auto":
         return precision
+    if device.type != "cuda" and not convolutions:
+        return "fp32"
     if device.type == "cuda":
         native = torch.cuda.is_bf16_supported()
     else:

@@ -7,6 +7,7 @@ weight normalization and mean-only batch normalization.
 f(x) = h(g(x; theta_g); theta_h) (Section 3): z = g(x; theta_g) is the globally average-pooled
 feature on which the LC loss acts (Eq. 4-5), logits = h(z; theta_h) the class scores.
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -22,14 +23,24 @@ MIN_IMAGE_SIZE = 16
 
 @dataclass
 class ModelConfig:
-    """What builds the network: a checkpoint keeps it apart from the run's settings ("model_args")."""
+    """What builds the network: a checkpoint keeps it apart from the run's settings ("model_args").
+    backbone: "convlarge" (this file's network, trained from scratch), or a pretrained trunk's name
+    (pretrained.py: a frozen trunk and a head of `width` x 256 units)."""
     num_classes: int = 10
     width: float = 1.0
     bn_momentum: float = 0.001
+    backbone: str = "convlarge"
 
     @classmethod
     def of_run(cls, config):
-        return cls(config.num_classes, config.width, config.bn_momentum)
+        return cls(config.num_classes, config.width, config.bn_momentum, config.backbone)
+
+    def as_dict(self):
+        """What a checkpoint keeps; the paper's network's without a backbone key, as it always was."""
+        values = dataclasses.asdict(self)
+        if values["backbone"] == "convlarge":
+            del values["backbone"]
+        return values
 
 
 def check_image_size(size):
@@ -201,8 +212,13 @@ def recompute_bn_means(model, batches):
 
 def build_models(model_config, device):
     """A student and its teacher (no gradients), as a ModelConfig sets them."""
-    student, teacher = (ConvLarge(model_config.num_classes, model_config.width, model_config.bn_momentum).to(device)
-                        for _ in range(2))
+    c = model_config
+    if c.backbone == "convlarge":
+        student, teacher = (ConvLarge(c.num_classes, c.width, c.bn_momentum).to(device) for _ in range(2))
+    else:
+        from .pretrained import PretrainedNet  # timm's import takes seconds: only where a backbone is used
+        student, teacher = (PretrainedNet(c.backbone, c.num_classes, c.width, c.bn_momentum).to(device)
+                            for _ in range(2))
     for p in teacher.parameters():
         p.requires_grad_(False)
     return student, teacher

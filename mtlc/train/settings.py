@@ -16,6 +16,7 @@ from ..data.datasets import DATASETS
 from .model import MIN_IMAGE_SIZE
 from .objectives import CONSISTENCIES
 from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
+from .pretrained import BACKBONE_NAMES, CONVLARGE
 
 # The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
 MAX_IMAGE_SIZE = 4096
@@ -170,6 +171,7 @@ class RunSettings(Settings):
     step_mode: str = setting(text, before="eager")
     tensorboard: Optional[str] = setting(optional(text), before=None)
     processes: int = setting(integer(1), before=1)
+    backbone: str = setting(one_of(BACKBONE_NAMES), before=CONVLARGE)  # the paper's network, or a pretrained trunk
     lc: Optional[LCSettings] = None
 
     @classmethod
@@ -197,6 +199,12 @@ class RunSettings(Settings):
         if values["lc"] is None:
             del values["lc"]
         return values
+
+    @property
+    def decode_size(self):
+        """The side its images are decoded at: image_size, but SVHN's and CIFAR-10's own 32 px, which a
+        pretrained trunk sees upscaled to image_size (embeddings.trunk_input)."""
+        return 32 if self.dataset in ("svhn", "cifar10") else self.image_size
 
     def stage(self, name):
         """Stage 1 ("mt") or stage 2 ("lc") of this run."""

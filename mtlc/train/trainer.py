@@ -6,7 +6,6 @@ the schedule and the guards on the host (graphed.py runs the same step with that
 device). The epoch loop is epochs.py's.
 """
 import time
-from dataclasses import asdict
 
 import click
 import torch
@@ -17,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data.batches import Batches
 from ..data.splits import unleaked_test
-from ..data.views import augment, max_shift, normalization
+from ..data.views import augment, max_shift, normalization, normalize
 from ..disk.runs import rng_state
 from ..errors import TrainingFailed
 from .devices import Processes, average_buffers, sync
@@ -81,7 +80,7 @@ class Trainer:
         self.batches = Batches(data, split, config, device, procs.rank, procs.world,
                                strong_view=self.objective.strong_view)
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
-        self.test_x, self.test_y = data.test_x, data.test_y  # read a batch at a time when evaluated
+        self.test_x, self.test_y = data.inputs("test"), data.test_y  # read a batch at a time when evaluated
         self.clean_test = unleaked_test(config, data.files and data.files["test"])  # the test images that are no copy of a training one
         self.precision = config.precision
         self.all_neighbours_reported = False
@@ -104,7 +103,7 @@ class Trainer:
         # on that view (no gradient, no DDP).
         self.targets_forward = (compile_(student) if self.objective.targets_from() == "student"
                                 else self.teacher_forward)
-        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, data.train_x.nbytes)
+        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, self.batches.train_x.nbytes)
         self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
     def schedule(self, step):
@@ -265,7 +264,7 @@ class Trainer:
             group.update(lr=self.schedule(step - 1)[0], fused=None)
         return dict(student=self.student.state_dict(), teacher=self.teacher.state_dict(),
                     optimizer=optimizer, stage=self.stage.name, epoch=epoch, step=step,
-                    model_args=asdict(ModelConfig.of_run(self.config)), config=self.config.as_dict(), **self.split,
+                    model_args=ModelConfig.of_run(self.config).as_dict(), config=self.config.as_dict(), **self.split,
                     rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics,
                     adaptive_threshold=self.objective.state_dict())
 
@@ -348,8 +347,9 @@ def fresh_training(config, data, labeled_idx, device):
     torch.manual_seed(config.seed)  # every process builds the same networks; DDP checks they agree
     student, teacher = build_models(ModelConfig.of_run(config), device)
     mean, std = normalization(config, device)
-    first_labeled = data.train_x[labeled_idx[:config.labeled_batch]].to(device)
-    student.data_init(augment(first_labeled, mean, std, config.dataset == "cifar10", max_shift(config.image_size)))
+    first_labeled = data.inputs("train")[labeled_idx[:config.labeled_batch]].to(device)
+    student.data_init(augment(first_labeled, mean, std, config.dataset == "cifar10", max_shift(config.image_size))
+                      if first_labeled.dtype == torch.uint8 else normalize(first_labeled, mean, std))
     teacher.load_state_dict(student.state_dict())
     return student, teacher, make_optimizer(student, config.lr)
 

