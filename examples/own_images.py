@@ -134,6 +134,34 @@ def digits(out, per_class, seed):
         write_folder(out, labeled, unlabeled, test, seed)
 
 
+# Imagenette's classes (ImageNet's synsets), named as people name them.
+IMAGENETTE = dict(n01440764="tench", n02102040="springer", n02979186="cassette_player", n03000684="chain_saw",
+                  n03028079="church", n03394916="french_horn", n03417042="garbage_truck", n03425413="gas_pump",
+                  n03445777="golf_ball", n03888257="parachute")
+
+
+@main.command()
+@click.option("--val", "val_dir", type=click.Path(exists=True, file_okay=False), required=True,
+              help="Imagenette's val/ folder (one folder of JPEGs per synset), e.g. a checkout of "
+                   "github.com/thunderInfy/imagenette: photos ImageNet's training never saw.")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--per-class", type=int, default=10, help="Labeled images per class (a random draw).")
+@click.option("--test-per-class", type=int, default=100, help="Test images per class (a random draw).")
+@click.option("--seed", type=int, default=0, help="Seed of the draws and the unlabeled order.")
+def imagenette(val_dir, out, per_class, test_per_class, seed):
+    """Real photos: Imagenette's val/ (3,925 photos of 10 ImageNet classes, 160-500 px), --per-class
+    labeled, --test-per-class test, the rest unlabeled. Its classes are ImageNet's own, so an
+    ImageNet-trained backbone is at its best here: a ceiling, not a typical folder."""
+    rng = random.Random(seed)
+    labeled, unlabeled, test = {}, [], {}
+    for synset, name in IMAGENETTE.items():
+        files = sorted((Path(val_dir) / synset).iterdir())
+        rng.shuffle(files)
+        labeled[name], test[name] = files[:per_class], files[per_class:per_class + test_per_class]
+        unlabeled += [(f, name) for f in files[per_class + test_per_class:]]
+    write_folder(out, labeled, unlabeled, test, seed)
+
+
 LETTERS = "abdegnopqu"  # pairs a network can confuse: b d p q, a e o, n u
 
 

@@ -131,3 +131,33 @@ def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
     assert list(np.argmax(probabilities, 1)) == kept.tolist()
     result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout.splitlines()[-1])["teacher_error"] is not None
+
+
+def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path):
+    """--suggest, --review, --label-studio, --audit (its folds train heads on the kept features) and
+    mtlc.load on a backbone checkpoint, and --resume of its run."""
+    import mtlc
+    run = tmp_path / "run"
+    args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
+            "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "2", "--decay-epochs",
+            "1", "--device", "cpu", "--out", run]
+    assert invoke(train_mt, args).exit_code == 0
+    (run / "mt_last.pt").rename(run / "kept.pt")
+    state = torch.load(run / "kept.pt", weights_only=True)
+    torch.save(dict(state, epoch=2, metrics=state["metrics"][:2]), run / "mt_last.pt")
+    result = invoke(train_mt, [*args, "--resume"])
+    assert result.exit_code == 0 and "resuming" in result.output, result.output
+    unlabeled = folder / "d" / "unlabeled"
+    result = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--predict", unlabeled, "--suggest", "3", "--csv",
+                               tmp_path / "next.csv", "--review", tmp_path / "page.html", "--label-studio",
+                               tmp_path / "tasks.json"])
+    assert result.exit_code == 0, result.output
+    assert len(read_rows((tmp_path / "next.csv").read_text(), more=("cluster",))) == 3
+    assert (tmp_path / "page.html").stat().st_size and len(json.loads((tmp_path / "tasks.json").read_text())) == 3
+    result = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--audit", tmp_path / "audit.csv", "--audit-steps", "20",
+                               "--audit-folds", "2"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "audit.csv").read_text().startswith("kind,path")
+    classifier = mtlc.load(run / "mt_final.pt", device="cpu")
+    predictions = classifier.predict([folder / "d" / "test"])
+    assert len(predictions) == 12 and all(p.label in classifier.classes for p in predictions)
