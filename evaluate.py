@@ -31,6 +31,7 @@ from mtlc.errors import UserError
 from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
 from mtlc.train.devices import pick_device
 from mtlc.train.lc import DISTANCE_IMAGES, checkpoint_distances
+from mtlc.train.options import Number
 from mtlc.use.audit import AUDIT_HEADER
 from mtlc.use.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
 from mtlc.use.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
@@ -145,7 +146,7 @@ def check_outputs_of(o, states):
     job_option("--csv", "csv_path", needs=["predict_paths"], type=click.Path(dir_okay=False), default=None,
                   help="With --predict: write the rows to this file instead of stdout (it replaces an earlier "
                        "predictions CSV, never a file of another kind: a labels file corrected by hand is refused)."),
-    job_option("--max-error", needs=["predict_paths"], type=click.FloatRange(min=0, max=100, min_open=True, max_open=True), default=None,
+    job_option("--max-error", needs=["predict_paths"], type=Number(min=0, max=100, min_open=True, max_open=True), default=None,
                   help="With --predict: add a column `accepted` (1/0): 1 where the calibrated confidence is at least "
                        "the lowest threshold at which the checkpoint's held-out images above it are at most this % "
                        "wrong (a one-sided 95% upper bound, so that a few lucky images cannot set it). Prints how "

@@ -30,7 +30,8 @@ from mtlc.train.epochs import run_stage
 from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.train.objectives import OBJECTIVES
 from mtlc.train.pretrained import CONVLARGE
-from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.train.options import (Number, note_ignored_by_resume, resumed_curves, run_options, speed_options,
+                                tensorboard_option)
 from mtlc.train.presets import preset, preset_help, stage_lengths
 from mtlc.train.settings import LCSettings
 from mtlc.train.trainer import make_trainer
@@ -61,9 +62,10 @@ class EpsParam(click.ParamType):
         if value == "auto" or isinstance(value, float):
             return value
         try:
-            return float(value)
+            float(value)
         except ValueError:
             self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+        return Number(min=0, min_open=True).convert(value, param, ctx)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -80,18 +82,18 @@ class EpsParam(click.ParamType):
               help=LC_PAIRS_HELP)
 @click.option("--truth", type=click.Path(exists=True, dir_okay=False), default=None,
               help="With --lc-pairs true-class on a folder: a CSV with columns path,class for its unlabeled/ images.")
-@click.option("--lam", type=float, default=None,
+@click.option("--lam", type=Number(), default=None,
               help="LC weight lambda2; 0 runs LC's control (MT trained on for the same schedule). With fixed eps it "
                    "weighs the loss in the features' units (the paper's); with relative eps the loss is first divided "
                    "by the features' mean d2 at LC's start, so that lambda2 means the same on any data; the "
                    f"normalized loss is unit-free. {preset_help('lam')}")
-@click.option("--lc-rampup", type=click.FloatRange(min=0), default=None,
+@click.option("--lc-rampup", type=Number(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda2, from the start of fine-tuning. {preset_help('lc_rampup')}")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
               help=f"Epochs at constant lr. {preset_help('lc_epochs')}")
 @click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
               help=f"Epochs of linear lr decay to 0 after that. {preset_help('lc_decay_epochs')}")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="SGD learning rate. [default: the checkpoint's]")
+@click.option("--lr", type=Number(min=0, min_open=True), default=None, help="SGD learning rate. [default: the checkpoint's]")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,
               help="Test errors every this many epochs (and at the end). [default: the checkpoint's]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the checkpoint's]")

@@ -9,7 +9,6 @@ Writes to --out: mt.pt (the state LC starts from: the end of the constant-lr pha
 mt_final.pt (after the lr decay: the MT baseline), mt_metrics.jsonl (one JSON line per epoch) and
 mt_last.pt (the state after the latest epoch, from which --resume continues).
 """
-import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +32,8 @@ from mtlc.train.epochs import run_stage
 from mtlc.train.model import check_image_size
 from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
                                    objective_options)
-from mtlc.train.options import note_ignored_by_resume, resumed_curves, run_options, speed_options, tensorboard_option
+from mtlc.train.options import (Number, note_ignored_by_resume, resumed_curves, run_options, speed_options,
+                                tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
 from mtlc.train.pretrained import (BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, default_image_size,
@@ -68,20 +68,20 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
 @click.option("--unlabeled-batch", type=click.IntRange(min=1), default=None,
               help="Unlabeled images per step; an epoch is one pass over the unlabeled set. "
                    f"{objective_help('unlabeled_batch')}")
-@click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--width", type=Number(min=0, min_open=True), default=1.0,
               help="Channel multiplier of the 13-layer ConvNet; 1.0 is the paper's network.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
               help=f"Epochs at constant lr. {preset_help('epochs')}")
 @click.option("--decay-epochs", type=click.IntRange(min=0), default=None,
               help=f"Epochs of linear lr decay to 0 after that. {preset_help('decay_epochs')}")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
-@click.option("--ema", type=click.FloatRange(0, 1), default=None, help=f"Teacher EMA decay alpha. {preset_help('ema')}")
+@click.option("--lr", type=Number(min=0, min_open=True), default=0.05, help="SGD learning rate (Nesterov, momentum 0.9, weight decay 1e-4).")
+@click.option("--ema", type=Number(0, 1), default=None, help=f"Teacher EMA decay alpha. {preset_help('ema')}")
 @click.option("--consistency", type=click.Choice(CONSISTENCIES), default=None, help=consistency_help(CONSISTENCY))
 @objective_options
-@click.option("--cons-weight", type=click.FloatRange(min=0), default=None,
+@click.option("--cons-weight", type=Number(min=0), default=None,
               help="Weight lambda1 of the unlabeled objective (--consistency); 0 trains the supervised-only baseline. "
                    f"{objective_help('cons_weight')}")
-@click.option("--cons-rampup", type=click.FloatRange(min=0), default=None,
+@click.option("--cons-rampup", type=Number(min=0), default=None,
               help=f"Epochs of the sigmoid ramp-up of lambda1. {preset_help('cons_rampup')}")
 @click.option("--lc-start-epoch", type=click.IntRange(min=1), default=None,
               help="The epoch whose state mt.pt holds: the MT state LC starts from (the paper: the end of the "
@@ -91,11 +91,11 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help="joint: labeled and unlabeled images through the network in one pass (one set of BN batch "
                    "means); split: in two, as the authors' code does (each its own batch means, two running-mean "
                    f"updates a step). Stage 2 keeps the checkpoint's. {preset_help('forward')}")
-@click.option("--bn-momentum", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--bn-momentum", type=Number(0, 1, min_open=True), default=None,
               help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
                    f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
-@click.option("--compress", type=click.FloatRange(min=0.01, max=1e6), default=1.0,
+@click.option("--compress", type=Number(min=0.01, max=1e6), default=1.0,
               help="Train the dataset's schedule this many times shorter: the paper's shape on a budget. Its "
                    "constant-lr and decay epochs, consistency ramp-up, LC's start (--lc-start-epoch) and evaluation "
                    f"interval are divided by it (whole epochs, at least 1; a ramp keeps at least {MIN_RAMP_STEPS} steps, or "
@@ -134,8 +134,6 @@ def main(**options):
     check_output_folder("--tensorboard", o.tensorboard)
     if o.tensorboard:
         check_folder(o.tensorboard)  # before any work
-    if math.isnan(o.compress):
-        raise UserError("--compress nan: give a number of times, 0.01 or more")
     outputs = ("mt_benchmark.json",) * (o.out is not None) if o.benchmark else OUTPUTS
     out = Path(o.out or ".")
     with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):

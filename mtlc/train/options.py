@@ -1,9 +1,28 @@
 """Command-line options that both training stages take, defined once."""
+import math
+import sys
+
 import click
 from click.core import ParameterSource
 
 from .devices import PRECISIONS
 from .graphed import GUARD_EVERY, STEP_MODES
+
+
+class Number(click.FloatRange):
+    """A number option: click's FloatRange, which lets NaN through (every comparison with it is false),
+    refusing NaN, the infinities and a number too small for a float to hold in full (1e-320
+    underflows to a subnormal), in one line before any work; 0 itself is a number."""
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if 0 < abs(number) < sys.float_info.min:
+            self.fail(f"{value!r} is too small to compute with (under {sys.float_info.min:.3g}): give 0 or a larger "
+                      f"number", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def decorated_by(options):

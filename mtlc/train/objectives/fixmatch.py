@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..options import Number
 from .base import Objective
 
 # FreeMatch's EMA momentum of tau and p~ per step.
@@ -35,12 +36,10 @@ class ThresholdParam(click.ParamType):
         if value == "adaptive" or (is_threshold(value) and not isinstance(value, str)):
             return value
         try:
-            number = float(value)
+            float(value)
         except ValueError:
             self.fail(f"{value!r} is neither a number nor 'adaptive'", param, ctx)
-        if not is_threshold(number):
-            self.fail(f"{value} is not in (0, 1]", param, ctx)
-        return number
+        return Number(min=0, max=1, min_open=True).convert(value, param, ctx)
 
 
 def is_probabilities(value):
