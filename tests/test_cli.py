@@ -144,10 +144,10 @@ def test_a_new_stage_one_takes_the_old_stage_two_with_it(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--eps", "0"], "--eps must be finite and > 0"),
-    (["--eps", "-1"], "--eps must be finite and > 0"),
-    (["--eps", "nan"], "--eps must be finite and > 0"),
-    (["--eps", "inf"], "--eps must be finite and > 0"),
+    (["--eps", "0"], "0.0 is not in the range x>0"),
+    (["--eps", "-1"], "-1.0 is not in the range x>0"),
+    (["--eps", "nan"], "'nan' is not a finite number"),
+    (["--eps", "inf"], "'inf' is not a finite number"),
     (["--lam", "-1"], "--lam must be finite and >= 0"),
     (["--eps", "often"], "'often' is neither a number nor 'auto'"),
     (["--eps-scale", "log"], "Invalid value for '--eps-scale'"),

@@ -79,9 +79,9 @@ def test_every_tool_after_training_takes_a_fixmatch_checkpoint(fixmatch_runs):
 @pytest.mark.parametrize("args, message", [
     (["--threshold", "0.9"], "--threshold goes with --consistency fixmatch, not mt"),
     (["--pseudo-labels", "student"], "--pseudo-labels goes with --consistency fixmatch, not mt"),
-    (["--consistency", "fixmatch", "--threshold", "1.5"], "1.5 is not in (0, 1]"),
+    (["--consistency", "fixmatch", "--threshold", "1.5"], "1.5 is not in the range 0<x<=1"),
     (["--consistency", "fixmatch", "--threshold", "high"], "'high' is neither a number nor 'adaptive'"),
-    (["--consistency", "fixmatch", "--threshold", "nan"], "nan is not in (0, 1]"),
+    (["--consistency", "fixmatch", "--threshold", "nan"], "'nan' is not a finite number"),
 ])
 def test_pseudo_label_options_out_of_place_are_refused(tmp_path, args, message):
     res = invoke(train_mt, [*args, "--width", "0.0625", "--out", tmp_path / "r"])
