@@ -39,7 +39,7 @@ def error_without_labels(checkpoint):
 
 @pytest.mark.slow
 def test_mean_teacher_beats_supervised_only_on_digits(tmp_path):
-    # Both runs at once, one core each (the two cores of the development machine).
+    # Both runs at once, one core each (the two cores of the development machine): two processes.
     env = dict(os.environ, OMP_NUM_THREADS="1")
     runs = {weight: subprocess.Popen([python_for_scripts(), "train_mt.py", *SETTINGS, "--cons-weight", weight,
                                       "--out", str(tmp_path / weight)],

@@ -18,7 +18,8 @@ def epochs_in(path):
 
 def kill_after_first_epoch(args, checkpoint):
     """Start a run, send it SIGTERM as soon as its first resume checkpoint is on disk (while it
-    writes the milestone checkpoint and the metrics, or trains on), and return what it said."""
+    writes the milestone checkpoint and the metrics, or trains on), and return what it said. A process
+    of its own: a signal goes to a process, and its exit status is the handler's."""
     proc = subprocess.Popen([python_for_scripts(), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
