@@ -105,9 +105,6 @@ def test_a_run_draws_as_a_fresh_process_draws(monkeypatch):
     differs from one fresh Python to the next), whatever the worker drew; the worker's own back after."""
     draws = "print(torch.initial_seed(), torch.rand(1).item(), random.random(), np.random.random())"
     monkeypatch.setattr(label, "robust_streams", lambda: sys.exit(exec(draws)))
-    fresh = [subprocess.run([sys.executable, "-c", f"import random, numpy as np, torch; {draws}"], capture_output=True,
-                            text=True).stdout for _ in range(2)]
-    assert fresh[0] != fresh[1] and all(len(f.split()) == 4 for f in fresh), fresh
 
     def seeded():
         torch.manual_seed(1)
