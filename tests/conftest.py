@@ -1,22 +1,18 @@
-"""What the tests share: the project's root, running a script as a user would (a child process)
-or in-process (click's runner), the CSV rows evaluate.py writes, a folder's files as bytes, and the
-tiny trained run that the prediction and review tests use, and a headless browser for the review pages."""
+"""What the tests share: the project's root, running a script as a user would (in this process as a
+fresh Python runs it, or as a process of its own where a test needs one) or by click's runner, the CSV
+rows evaluate.py writes, a folder's files as bytes, the tiny trained run that the prediction and review
+tests use, and a headless browser for the review pages."""
 import csv
 import hashlib
 import importlib.util
 import io
 import json
 import os
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
@@ -29,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-import script_server  # noqa: E402
+import in_process  # noqa: E402
 from fakedata import write_own_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,111 +58,26 @@ def pytest_collection_modifyitems(items):
 
 def run(*args, env=None, timeout=None, limit_kb=None, cwd=ROOT):
     """python ARGS in cwd (the project's root), as a user runs it: (returncode, stdout, stderr), text with
-    undecodable bytes kept as surrogate escapes. env: variables added; limit_kb: the largest file
-    it may write (ulimit -f, KiB). A script whose environment differs from the script server's only in
-    what the project reads when it runs is a fork of that server (tests/script_server.py), without
-    the seconds of imports a fresh Python spends; anything else is a process of its own, as is every
-    script under MTLC_TEST_FRESH_PROCESSES=1."""
-    environment = dict(os.environ, **(env or {}))
-    python = sys.executable
-    if str(args[0]).endswith(".py") and not os.environ.get("MTLC_TEST_FRESH_PROCESSES"):
-        if limit_kb is None:
-            result = SCRIPT_SERVER.run([str(a) for a in args], environment, timeout, cwd)
-            if result is not None:
-                return result
-        else:  # the launcher hands its limit, and pipes as a fresh Python's streams (not files: they have the limit)
-            python = python_for_scripts()
-    command = [python, *map(str, args)]
+    undecodable bytes kept as surrogate escapes. env: variables added; limit_kb: the largest file it may
+    write (ulimit -f, KiB). One of the project's four scripts (train_mt.py, finetune_lc.py, evaluate.py,
+    label.py) runs in this process as a fresh Python would run it (tests/in_process.py), with env for
+    the run and a timeout where the test runs in the main thread; anything else (another script, -c), a
+    limit, or an env that holds what a Python reads at its start (PYTHONIOENCODING, TRITON_INTERPRET, ...;
+    in_process.RUN_TIME_VARIABLES lists what a run in this process may be given) is a process of its own."""
+    if limit_kb is None and in_process.can_run(args, env, cwd):
+        return in_process.run(args, env, timeout, cwd)
+    command = [sys.executable, *map(str, args)]
     if limit_kb is not None:
         command = ["bash", "-c", f'ulimit -f {limit_kb} && exec "$@"', "limited", *command]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, errors="surrogateescape",
-                          env=environment, timeout=timeout)
-
-
-class ScriptServer:
-    """The test worker's script server, started at its first use; one script at a time (a run that
-    starts while another is under way gets a process of its own)."""
-
-    def __init__(self):
-        self.process = self.environment = self.python = None
-        self.lock, self.starting = threading.Lock(), threading.Lock()
-        self.pending = b""
-
-    def start(self):
-        with self.starting:
-            if self.process is None:
-                self.environment = dict(os.environ)
-                folder = tempfile.mkdtemp(prefix="script-server-")  # the launcher and its socket; the server removes it
-                self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py"), str(ROOT),
-                                                 folder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
-                                                env=self.environment)
-                self.python = self._reply(None)["launcher"]
-
-    def launcher(self):
-        """The server's launcher: `LAUNCHER SCRIPT ARGS` runs as `python SCRIPT ARGS` would, as a fork of
-        the server where it can (tests/script_server.py)."""
-        self.start()
-        return self.python
-
-    def unserved_variables(self, environment):
-        return script_server.unserved_variables(environment, self.environment)
-
-    def run(self, argv, environment, timeout, cwd=ROOT):
-        """The script's CompletedProcess, or None where it needs a process of its own."""
-        if not self.lock.acquire(blocking=False):
-            return None
-        try:
-            self.start()
-            if self.unserved_variables(environment):
-                return None
-            return self._run(argv, environment, timeout, cwd)
-        finally:
-            self.lock.release()
-
-    def _run(self, argv, environment, timeout, cwd):
-        with tempfile.TemporaryDirectory() as folder:
-            outputs = [os.path.join(folder, name) for name in ("stdout", "stderr")]
-            for path in outputs:
-                open(path, "w").close()
-            request = dict(argv=argv, cwd=str(cwd), env=environment, stdout=outputs[0], stderr=outputs[1])
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
-            self.process.stdin.flush()
-            pid = self._reply(None)["pid"]
-            try:
-                status = self._reply(timeout)["status"]
-            except subprocess.TimeoutExpired:
-                os.kill(pid, signal.SIGKILL)
-                self._reply(None)
-                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
-            stdout, stderr = (open(path, errors="surrogateescape").read() for path in outputs)
-        return subprocess.CompletedProcess([sys.executable, *argv], status, stdout, stderr)
-
-    def _reply(self, timeout):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.pending:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and (left <= 0 or not select.select([self.process.stdout], [], [], left)[0]):
-                raise subprocess.TimeoutExpired("script server", timeout)
-            chunk = os.read(self.process.stdout.fileno(), 4096)
-            assert chunk, "the script server ended"
-            self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
-        return json.loads(line)
-
-
-SCRIPT_SERVER = ScriptServer()
-
-
-def python_for_scripts():
-    """The Python to start `[python, SCRIPT, ...]` with where a test needs the process itself (to signal it,
-    its own streams): the script server's launcher, which runs the script as a fork of the server where it
-    can (tests/script_server.py); the real one under MTLC_TEST_FRESH_PROCESSES=1."""
-    return sys.executable if os.environ.get("MTLC_TEST_FRESH_PROCESSES") else SCRIPT_SERVER.launcher()
+                          env=dict(os.environ, **(env or {})), timeout=timeout)
 
 
 def invoke(command, args):
-    """A script's click command run in this process, as `python <script> ARGS` would."""
-    return CliRunner().invoke(command.main, [str(a) for a in args])
+    """A script's click command run in this process by click's runner, as `python <script> ARGS` would
+    (its output and exit code in click's Result); the worker's own state back after it (tests/in_process.py)."""
+    with in_process.worker_state_kept():
+        return CliRunner().invoke(command.main, [str(a) for a in args])
 
 
 def read_rows(text, more=()):
@@ -191,15 +102,6 @@ def write_labels(path, rows, header=("path", "label")):
         writer.writerow(header)
         writer.writerows(rows)
     return path
-
-
-@pytest.fixture(autouse=True)
-def environment_kept():
-    """What a test, or a library it calls, puts in os.environ ends with the test (torch.compile sets
-    inductor's variables in the process that compiles): later tests, and the scripts they start, see
-    the worker's own environment, and the script server's fork still serves them."""
-    with mock.patch.dict(os.environ):
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from mtlc.data.datasets import CIFAR10_CLASSES
-from conftest import ROOT, python_for_scripts, run
+from conftest import ROOT, run
 from fakedata import write_folder
 
 
@@ -83,7 +83,7 @@ def test_gpu_session_runs_the_parts_it_has_time_for(tmp_path):
     """The lent machine's one command: imports checked, a part run under its limit into OUT, a part
     with under 30 s left not started (and the exit says so)."""
     session = ["bash", "tools/gpu_session.sh"]
-    env = dict(os.environ, PYTHON=python_for_scripts())
+    env = dict(os.environ, PYTHON=sys.executable)
     res = subprocess.run([*session, tmp_path, "60", "env"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert res.returncode == 0 and "imports ok" in res.stdout, res.stdout + res.stderr
     assert list(json.loads((tmp_path / "summary.json").read_text())) == ["env"]

@@ -4,8 +4,6 @@ one place."""
 import csv
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from mtlc.label import log as label_log
 from mtlc.label import plan as label_plan
 from mtlc.label import apply as labeling
 from mtlc.disk import spill
-from conftest import ROOT, invoke, snapshot, write_labels
+from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
 
 
@@ -70,8 +68,7 @@ def test_bad_input(folder, tmp_path):
     assert invoke(label, ["--data-dir", folder]).exit_code == 2
     assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "missing.csv"]).exit_code == 2
     assert invoke(label, ["--data-dir", tmp_path / "nowhere", "--undo"]).exit_code == 2
-    res = subprocess.run([sys.executable, "label.py", "--data-dir", str(folder), "--apply", str(tmp_path / "x.csv")],
-                         cwd=ROOT, capture_output=True, text=True)
+    res = run("label.py", "--data-dir", folder, "--apply", tmp_path / "x.csv")
     assert res.returncode == 2 and "Traceback" not in res.stderr and "does not exist" in res.stderr
 
 

@@ -2,6 +2,7 @@
 whose labels training never saw."""
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from mtlc.train.checkpoints import restore_data
 from mtlc.train.checkpoints import load_checkpoint, restore_models
 from mtlc.train import inference
-from conftest import ROOT, python_for_scripts
+from conftest import ROOT
 # Digits, 100 labels, width 0.125, split and seed 1, at 16 x 16 pixels (the digits are 8 x 8; 32 x 32
 # costs 4x the time and MT gained less there), in 1,500 steps of 32 labeled + 64 unlabeled images
 # (50 + 25 epochs of the 1,337 unlabeled ones, the consistency ramp 15 epochs) in fp32: half the cost
@@ -39,9 +40,9 @@ def error_without_labels(checkpoint):
 
 @pytest.mark.slow
 def test_mean_teacher_beats_supervised_only_on_digits(tmp_path):
-    # Both runs at once, one core each (the two cores of the development machine).
+    # Both runs at once, one core each (the two cores of the development machine): two processes.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    runs = {weight: subprocess.Popen([python_for_scripts(), "train_mt.py", *SETTINGS, "--cons-weight", weight,
+    runs = {weight: subprocess.Popen([sys.executable, "train_mt.py", *SETTINGS, "--cons-weight", weight,
                                       "--out", str(tmp_path / weight)],
                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
               for weight in ("0", "100")}

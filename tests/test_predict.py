@@ -1,10 +1,8 @@
 """Using a trained model: predictions for image files, per-class errors, the confusion matrix, and
 the README's snippet that loads a checkpoint in your own code."""
 import json
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from mtlc.disk import seal
 from mtlc.use.calibration import fit_temperature, fitted_or_one
 from mtlc.data.images import decode
 from mtlc.train.checkpoints import load_checkpoint, restore_models
-from conftest import ROOT, invoke, python_for_scripts, read_rows, run
+from conftest import ROOT, invoke, read_rows, run
 from fakedata import write_own_folder
 
 
@@ -331,9 +329,8 @@ def test_without_held_out_images_confidences_are_uncalibrated_and_said_once(no_h
 @pytest.mark.slow
 def test_json_output_is_json_only_even_while_decoding(trained, tmp_path):
     _, ckpt = trained
-    env = dict(os.environ, MTLC_CACHE_DIR=str(tmp_path / "fresh-cache"))  # no cache: the folder is decoded
-    res = subprocess.run([python_for_scripts(), "evaluate.py", "--ckpt", str(ckpt), str(ckpt), "--json"], cwd=ROOT,
-                         capture_output=True, text=True, env=env)
+    env = dict(MTLC_CACHE_DIR=str(tmp_path / "fresh-cache"))  # no cache: the folder is decoded
+    res = run("evaluate.py", "--ckpt", ckpt, ckpt, "--json", env=env)
     assert res.returncode == 0 and "cached the decoded images" in res.stderr  # said, on stderr
     lines = [json.loads(line) for line in res.stdout.splitlines()]  # every line of stdout is JSON
     assert len(lines) == 3 and "teacher_error" in lines[0] and lines[2]["runs"] == 2

@@ -15,7 +15,7 @@ import pytest
 
 from mtlc.use.classifier import Prediction
 from mtlc.use.review import least_confident, write_review
-from conftest import ROOT, read_rows, save_labels
+from conftest import ROOT, read_rows, run, save_labels
 
 def page_data(page):
     found = re.search(r'<script type="application/json" id="review-data">(.*?)</script>', page, re.S)
@@ -115,8 +115,7 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
         [(first_path, other), (second_path, rows[second_path]["prediction"])])
     driver.save_screenshot(str(tmp_path / "page.png"))
 
-    applied = subprocess.run([sys.executable, "label.py", "--data-dir", str(folder), "--apply", str(saved)],
-                             cwd=ROOT, capture_output=True, text=True)
+    applied = run("label.py", "--data-dir", folder, "--apply", saved)
     assert applied.returncode == 0, applied.stderr
     assert (folder / "labeled" / other / Path(first_path).name).is_file() and not Path(first_path).exists()
     assert (folder / "labeled" / rows[second_path]["prediction"] / hostile.name).is_file() and not hostile.exists()

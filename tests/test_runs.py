@@ -2,12 +2,13 @@
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, python_for_scripts, run
+from conftest import ROOT, TINY_RUN, run
 
 TINY = [*TINY_RUN, "--unlabeled-batch", "256", "--seed", "5"]
 
@@ -18,8 +19,9 @@ def epochs_in(path):
 
 def kill_after_first_epoch(args, checkpoint):
     """Start a run, send it SIGTERM as soon as its first resume checkpoint is on disk (while it
-    writes the milestone checkpoint and the metrics, or trains on), and return what it said."""
-    proc = subprocess.Popen([python_for_scripts(), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+    writes the milestone checkpoint and the metrics, or trains on), and return what it said. A process
+    of its own: a signal goes to a process, and its exit status is the handler's."""
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not checkpoint.exists() and time.time() < deadline:
@@ -104,7 +106,7 @@ def test_distribution_collapse_stops():
 
 @pytest.mark.slow
 def test_sigint_stops_with_a_message(tmp_path):
-    proc = subprocess.Popen([python_for_scripts(), "train_mt.py", *TINY, "--epochs", "6", "--out", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "train_mt.py", *TINY, "--epochs", "6", "--out", str(tmp_path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (tmp_path / "mt_last.pt").exists() and time.time() < deadline:

@@ -17,7 +17,7 @@ import torch
 
 import evaluate
 import train_mt
-from conftest import ROOT, invoke, python_for_scripts, read_rows, run
+from conftest import ROOT, invoke, read_rows, run
 from mtlc.use import prediction_rows
 from mtlc.disk.runs import staging_folder
 from mtlc.use.audit import AUDIT_HEADER
@@ -230,8 +230,8 @@ def test_a_csv_to_stdout_cut_by_a_file_size_limit_ends_with_a_whole_row(trained,
     # First a run that may write: the folder's decode caches usable (another test's run, sealed under another
     # MTLC_CONFIG_DIR, may have left them not), so that only the CSV meets the limit.
     assert run("evaluate.py", "--ckpt", ckpt, "--predict", folder / "unlabeled").returncode == 0
-    with open(tmp_path / "labels.csv", "wb") as f:
-        res = subprocess.run(["bash", "-c", 'ulimit -f 1 && exec "$@"', "limited", python_for_scripts(), "evaluate.py",
+    with open(tmp_path / "labels.csv", "wb") as f:  # a process of its own: the limit, and stdout a file of its own
+        res = subprocess.run(["bash", "-c", 'ulimit -f 1 && exec "$@"', "limited", sys.executable, "evaluate.py",
                               "--ckpt", str(ckpt), "--predict", str(folder / "unlabeled")],
                              cwd=ROOT, stdout=f, stderr=subprocess.PIPE, text=True)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
@@ -290,6 +290,7 @@ def test_a_world_size_that_is_no_count_or_not_torchruns_is_one_line(tmp_path, va
 
 
 def test_a_closed_stdout_is_one_line(trained):
+    """A process started with fd 1 closed (Python then has no sys.stdout)."""
     folder, ckpt = trained
     res = subprocess.run(f"exec >&- ; {sys.executable} evaluate.py --ckpt {ckpt} --predict {folder / 'unlabeled'}",
                          shell=True, cwd=ROOT, stderr=subprocess.PIPE, text=True)
