@@ -181,10 +181,12 @@ def write_outputs(kept, r, o, studio):
         write_stdout(rows(), r.threshold, extra)
     predicted, cal = r.tally.rows - r.tally.failed, r.cal
     if o.review:
-        shown, _ = write_review(o.review, kept.rows(), config.classes, per_class=o.review_per_class,
+        # Every output holds what the run chose: with --suggest, the images to label next, not every one.
+        shown, _ = write_review(o.review, rows(), config.classes, per_class=o.review_per_class,
                                 most=o.review_max, threshold=r.found.confidence if r.found else None,
                                 max_error=o.max_error, title=f"Review: {', '.join(map(str, r.targets))}",
-                                summary=f"{predicted:,} images predicted by the {o.model_name} of {r.path}"
+                                summary=(f"the {len(chosen):,} to label next of " if chosen is not None else "")
+                                + f"{predicted:,} images predicted by the {o.model_name} of {r.path}"
                                         + (f"; {cal.source} images calibrated its confidences (temperature "
                                            f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
                                            else "; confidences uncalibrated"))
