@@ -10,6 +10,9 @@ time; confidences are calibrated on the checkpoint's held-out images where it ha
 be read (`classifier.calibration`; else `classifier.uncalibrated` says why and they are the raw
 softmax).
 """
+import numbers
+import os
+import re
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -28,12 +31,55 @@ from .calibration import Calibration, confidences
 from .held_out import restore_held_out
 
 
+MODELS = ("teacher", "student")
+
+
+def checked_model(model):
+    if model not in MODELS or not isinstance(model, str):
+        raise ValueError(f"model must be one of {', '.join(map(repr, MODELS))}, not {model!r}")
+    return model
+
+
+def checked_device(device):
+    if isinstance(device, torch.device):
+        return device
+    if not (isinstance(device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", device)):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, not {device!r}")
+    return pick_device(device)
+
+
+def checked_path(path, name):
+    """A str or os.PathLike (a pathlib.Path) as one path, as the scripts take it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (a str or a pathlib.Path), not {type(path).__name__}")
+    return Path(path)
+
+
+def checked_paths(targets, name="targets"):
+    """One path (a str or a pathlib.Path is one, never its characters), or an iterable of them."""
+    if isinstance(targets, (str, os.PathLike)):
+        return [checked_path(targets, name)]
+    if isinstance(targets, (bytes, bytearray)) or not hasattr(targets, "__iter__"):
+        raise TypeError(f"{name} must be a path (a str or a pathlib.Path) or a list of them, not "
+                        f"{type(targets).__name__}")
+    return [checked_path(target, f"each of {name}") for target in targets]
+
+
+def checked_batch_size(batch_size):
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+    return int(batch_size)
+
+
 class Classifier:
     """One model of a checkpoint (the teacher, or the student), ready to classify images."""
 
     def __init__(self, state, *, model="teacher", device="cpu"):
+        model = checked_model(model)
         self.state, self.config = state, state["config"]
-        self.device = pick_device(device) if isinstance(device, str) else device
+        self.device = checked_device(device)
         student, teacher = restore_models(state, self.device)
         self.model_name, self.model = model, (teacher if model == "teacher" else student)
         self.classes, self.image_size = self.config.classes, self.config.image_size
@@ -49,6 +95,7 @@ class Classifier:
         """Fit the temperature on the checkpoint's held-out images (data.restore_held_out, from its
         own data_dir unless one is given); returns the Calibration, or None where there are none or
         they cannot be read as they were trained (self.uncalibrated says why)."""
+        data_dir = None if data_dir is None else checked_path(data_dir, "data_dir")
         try:
             held = restore_held_out(self.state, data_dir, echo=echo)
         except UserError as e:
@@ -63,18 +110,27 @@ class Classifier:
         return self.calibration
 
     def predict_files(self, paths, batch_size=256):
-        """A Prediction for each file of paths, in order, a batch at a time (a generator)."""
-        return predict_files(self.model, paths, self.classes, self.image_size, self.mean, self.std,
-                             batch_size=batch_size, temperature=self.temperature)
+        """A Prediction for each file of paths (one path, or a list of them), in order, a batch at a
+        time (a generator)."""
+        return predict_files(self.model, checked_paths(paths, "paths"), self.classes, self.image_size, self.mean,
+                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature)
 
     def predict(self, targets, batch_size=256):
-        """[Prediction] for the image files among targets (files, or folders searched recursively)."""
-        paths, _, _ = image_paths(targets)
+        """[Prediction] for the image files among targets (a file or a folder searched recursively, or a
+        list of them)."""
+        batch_size = checked_batch_size(batch_size)
+        paths, _, _ = image_paths(checked_paths(targets))
         return list(self.predict_files(paths, batch_size))
 
     def classify(self, images):
         """(class indices, calibrated probabilities (n, classes)) of uint8 images (n, 3, S, S) at the
         checkpoint's image size."""
+        size = (3, self.image_size, self.image_size)
+        if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.dim() == 4
+                and tuple(images.shape[1:]) == size):
+            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            raise ValueError(f"images must be a uint8 tensor of shape (n, {', '.join(map(str, size))}), not "
+                             f"{getattr(images, 'dtype', '')} {shape}")
         logits = outputs(self.model, images, self.mean, self.std)[1]
         probabilities = torch.softmax(logits.double() / self.temperature, 1)
         return probabilities.argmax(1), probabilities
@@ -83,6 +139,11 @@ class Classifier:
 def load(path, *, model="teacher", device="auto", calibrate=True, data_dir=None):
     """The Classifier of a checkpoint (a .pt of train_mt.py or finetune_lc.py), calibrated on its
     held-out images where it can be (calibrate=True)."""
+    path, model, device = checked_path(path, "path"), checked_model(model), checked_device(device)
+    if data_dir is not None:
+        checked_path(data_dir, "data_dir")
+    if not isinstance(calibrate, bool):
+        raise TypeError(f"calibrate must be True or False, not {calibrate!r}")
     classifier = Classifier(load_checkpoint(path), model=model, device=device)
     if calibrate:
         classifier.calibrate(data_dir)
