@@ -20,7 +20,7 @@ A run gets what a fresh Python would start with, and the worker gets its own sta
     root logger's handlers (none during the run: logging's last resort prints to stderr, as in a
     fresh process) are put back after it;
   - what the project keeps per process is cleared before and after: the seal secret read from
-    MTLC_CONFIG_DIR (mtlc.seal.secret), torch.compile's compiled code (torch._dynamo.reset) and a
+    MTLC_CONFIG_DIR (mtlc.disk.seal.secret), torch.compile's compiled code (torch._dynamo.reset) and a
     process group left by torch.distributed; the non-daemon threads a script started are joined, as
     Python joins them at exit (a library's thread pool excepted: it waits for the pool's next use);
   - a timeout is honoured where the test runs in the main thread (SIGALRM interrupts the script, and
@@ -191,7 +191,7 @@ def signal_handlers():
 
 def forget_per_process_state():
     """What the project keeps for the rest of a process, read from the environment of the run that made it."""
-    from mtlc import seal
+    from mtlc.disk import seal
     seal.secret.cache_clear()
     if "torch._dynamo" in sys.modules:  # what torch.compile compiled: a fresh process compiles it again
         torch._dynamo.reset()

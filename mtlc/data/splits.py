@@ -1,11 +1,11 @@
 """Which training images are labeled, unlabeled or held out for validation (by seed alone), and,
 for measurements only, the true classes of the unlabeled ones.
 """
-import csv
 
 import numpy as np
 import torch
 
+from ..disk.csv_text import read_mapping
 from ..errors import UserError
 
 
@@ -71,11 +71,7 @@ def true_classes(data, truth_csv=None, option="--truth"):
     if truth_csv is None:
         raise UserError(f"the {len(unknown)} unlabeled images of this folder have no known classes: give {option}, "
                         f"a CSV of path,class for them")
-    try:
-        with open(truth_csv, newline="") as f:
-            rows = {r.get("path"): r.get("class") for r in csv.DictReader(f)}
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"cannot read {option} {truth_csv}: {exc}") from None
+    rows = read_mapping(truth_csv, "path", "class", option)
     names = [data.files["train"][i] for i in unknown]
     missing = [n for n in names if rows.get(n) not in data.classes]
     if missing:

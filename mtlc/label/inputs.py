@@ -3,16 +3,13 @@ rows, an audit CSV's findings to set aside, or a Label Studio export), and the c
 from it or from the log (log.py) names a place inside the folder, through no link. The file may
 come from someone else: nothing in it is trusted.
 """
-import csv
 import functools
-import io
 import os
 import posixpath
 from typing import NamedTuple, Optional
 
 from ..data.files import DIGEST_COLUMN
-from ..disk.console import PATH_ERRORS
-from ..disk.opening import open_regular
+from ..disk.csv_text import csv_records, delimiter_of, open_csv
 from ..errors import UserError
 from ..use import label_studio
 
@@ -38,50 +35,6 @@ class LabelRow(NamedTuple):
     aside: bool = False
 
 
-def text_of(binary, path, what):
-    """A text stream of a CSV file's bytes, read as needed: UTF-16 where it starts with that
-    byte-order mark (Excel's "Unicode text"), else UTF-8 (a BOM skipped) with undecodable bytes kept as
-    surrogate escapes: a path written from a name that is not UTF-8 reads back to the same name, and a
-    path in another encoding (cp1252) names no file and is refused as such."""
-    head = binary.peek(2)[:2] if hasattr(binary, "peek") else b""
-    if head in (b"\xff\xfe", b"\xfe\xff"):
-        return io.TextIOWrapper(binary, encoding="utf-16", newline="")
-    return io.TextIOWrapper(binary, encoding="utf-8-sig", errors=PATH_ERRORS, newline="")
-
-
-def csv_records(text, path, what, delimiter=","):
-    """(the columns, a stream of (line number, {column: value})) of a CSV text stream; exit 2 for a
-    file the csv module cannot parse (a NUL byte, an unclosed quote) or a UTF-16 file that is not."""
-    def guarded(step):
-        try:
-            return step()
-        except csv.Error as exc:
-            raise UserError(f"cannot read {what} {path} as CSV: {exc}") from None
-        except UnicodeDecodeError:
-            raise UserError(f"{what} {path} starts as UTF-16 but is not: save it as UTF-8") from None
-
-    reader = csv.DictReader(text, delimiter=delimiter)
-    columns = guarded(lambda: reader.fieldnames) or []
-
-    def records():
-        while True:
-            row = guarded(lambda: next(reader, None))
-            if row is None:
-                return
-            yield reader.line_num, row
-    return columns, records()
-
-
-def open_labels(csv_path):
-    """The labels file as a buffered binary file (a link you named is followed, a pipe refused)."""
-    try:
-        return open(open_regular(csv_path), "rb")
-    except FileNotFoundError:
-        raise UserError(f"--apply: {csv_path} does not exist") from None
-    except OSError as exc:
-        raise UserError(f"cannot read labels file {csv_path}: {exc.strerror or exc}") from None
-
-
 def read_labels(csv_path, accepted=False, set_aside=()):
     """(a stream of LabelRow, the Label Studio export or None) of a labels.csv (columns path,label;
     optional blake2b, the image each row was written for, and action: label or set-aside), or, with
@@ -94,21 +47,14 @@ def read_labels(csv_path, accepted=False, set_aside=()):
     a path or label, or with an action it does not know, exits 2 when it is reached, naming its line:
     before anything moves, since label.py plans every row first. The file may be a link (you named
     it), never a pipe."""
-    binary = open_labels(csv_path)
-    text = text_of(binary, csv_path, "labels file")
-    try:
-        header = text.readline()
-        text.seek(0)
-    except UnicodeDecodeError:
-        raise UserError(f"labels file {csv_path} starts as UTF-16 but is not: save it as UTF-8") from None
+    text, header = open_csv(csv_path, "labels file", missing=f"--apply: {csv_path} does not exist")
     if label_studio.is_export(csv_path, header):
         if accepted or set_aside:
             raise UserError(f"--accepted and --set-aside read evaluate.py's CSVs; {csv_path} is a Label Studio export")
         with text:
             export = label_studio.read_export(csv_path, text)
         return [LabelRow(n, path, label, digest) for n, (path, label, digest) in enumerate(export.rows, 1)], export
-    # Excel's "Unicode text" separates its columns with tabs: a header with tabs and no comma is read so.
-    columns, records = csv_records(text, csv_path, "labels file", "\t" if "\t" in header and "," not in header else ",")
+    columns, records = csv_records(text, csv_path, "labels file", delimiter_of(header))
     twice = sorted({c for c in columns if columns.count(c) > 1} & COLUMNS_READ)
     if twice:
         text.close()

@@ -15,10 +15,11 @@ from typing import NamedTuple, Optional
 
 from ..data.files import DIGEST_BYTES, DIGEST_COLUMN
 from ..disk.console import PATH_ENCODING, PATH_ERRORS, WholeWrites, csv_writer, shown
+from ..disk.csv_text import csv_records, csv_text
 from ..disk.opening import open_kept
 from ..disk.outputs import LOG_NAME
 from ..errors import MoveFailed, UserError
-from .inputs import ASIDE, SOURCES, csv_records, inside, remembered_realpath, target_part, text_of
+from .inputs import ASIDE, SOURCES, inside, remembered_realpath, target_part
 
 # Paths relative to the folder; blake2b: the hash of the moved file's bytes (logs written before it
 # have the first six columns only).
@@ -106,7 +107,7 @@ def log_rows(data_dir):
     except FileNotFoundError:
         return
     try:
-        text = text_of(io.BufferedReader(Prefix(fd, last_line_end(fd, os.fstat(fd).st_size))), path, "log")
+        text = csv_text(io.BufferedReader(Prefix(fd, last_line_end(fd, os.fstat(fd).st_size))))
         columns, records = csv_records(text, path, "log")
         if columns and tuple(columns) not in (LOG_HEADER, LOG_HEADER[:-1]):
             raise UserError(f"{path} cannot be trusted: its columns are not the log's ({', '.join(LOG_HEADER)}); the "
