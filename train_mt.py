@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import click
 
 from mtlc.data.batches import channel_stats
-from mtlc.data.copies import leaked_test
+from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
 from mtlc.data.splits import balanced_split, hold_out, own_split
-from mtlc.disk.console import robust_streams
+from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.errors import UserError
@@ -236,11 +236,23 @@ def test_copies(data, echo):
     return leaked
 
 
+def warn_label_conflicts(data, echo):
+    """Copies among the labeled and test images that disagree on their class, said: one of each pair
+    is trained (or tested) on a wrong label."""
+    conflicts = label_conflicts(data)
+    if conflicts:
+        named = "; ".join(f"{shown(a)} ({shown(ca)}) and {shown(b)} ({shown(cb)})" for a, ca, b, cb, _ in conflicts[:3])
+        echo(f"train_mt: warning: {len(conflicts)} labeled or test images are copies of one under another class (the "
+             f"same image or a near copy): {named}{'; ...' if len(conflicts) > 3 else ''}; one of each is wrong: "
+             f"evaluate.py --audit lists them as conflicts, and label.py moves the wrong one to its class")
+
+
 def run_config(o, data, split, labels, objective, own, procs, device):
     """A new run's config (what its checkpoints keep), said in one line."""
     steps_per_epoch = max(1, len(split["unlabeled_idx"]) // objective["unlabeled_batch"])
     defaults, schedule = schedule_of(o, labels, steps_per_epoch)
     leaked = test_copies(data, procs.echo)
+    warn_label_conflicts(data, procs.echo)
     relabeled = relabeled_images(Path(o.data_dir)) if own else []
     if relabeled:
         procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "

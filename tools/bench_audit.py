@@ -127,7 +127,10 @@ def measure_copies(record, data, planted, where, n_train, paths, root, test_logi
     images = torch.cat([data.train_x, data.test_x])
     is_test = np.arange(len(paths)) >= n_train
     start = time.perf_counter()
-    found = copy_findings([str(root / p) for p in paths], images, is_test)
+    # By the pixels alone (no digests), and every image as unlabeled: the planted copies are measured as
+    # copies, never as label conflicts.
+    found = copy_findings([str(root / p) for p in paths], images, is_test, [b""] * len(paths),
+                          np.full(len(paths), -1), data.classes)
     record["copies_s"] = round(time.perf_counter() - start, 1)
     def pair(a, b):
         return frozenset((a, b))

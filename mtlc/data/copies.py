@@ -160,3 +160,32 @@ def leaked_test(data):
     training images, sorted (at any size: nearest.py's search)."""
     leaked = {i for i, _, _ in copies_in(data.test_x, data.train_x)}
     return sorted(data.files["test"][i] for i in leaked)
+
+
+def labeled_copies(digests, images, labels):
+    """[(i, j, detail)] with i < j: the images with a label (labels >= 0) that are copies of each other,
+    exact (the same bytes, by digest) before near (near_pairs among the labeled ones only); images
+    and digests are indexed as labels are."""
+    labeled = np.flatnonzero(np.asarray(labels) >= 0)
+    found = {}
+    for group in exact_groups([digests[i] for i in labeled]):
+        for k in group[1:]:
+            found[(int(labeled[group[0]]), int(labeled[k]))] = "exact: the same bytes"
+    rows = images.gather(labeled) if isinstance(images, ImageRows) else images[torch.as_tensor(labeled)]
+    for a, b, distance in near_pairs(rows):
+        found.setdefault((int(labeled[a]), int(labeled[b])), f"near: standardized difference {distance:.3f}")
+    return [(i, j, detail) for (i, j), detail in sorted(found.items())]
+
+
+def label_conflicts(data):
+    """[(name, class, name of its copy, its class, detail)]: the copies among a folder's labeled
+    training images and test images that disagree on their class (the same image under two labels is
+    a label conflict, never a plain duplicate); [] for a dataset without file names."""
+    if not data.files:
+        return []
+    names = data.files["train"] + data.files["test"]
+    labels = np.concatenate([data.train_y.numpy(), data.test_y.numpy()])
+    digests = np.concatenate([data.digests["train"](), data.digests["test"]()])
+    rows = ImageRows(data.train_x, data.test_x)
+    return [(names[j], data.classes[labels[j]], names[i], data.classes[labels[i]], detail)
+            for i, j, detail in labeled_copies(digests, rows, labels) if labels[i] != labels[j]]

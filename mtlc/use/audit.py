@@ -42,7 +42,7 @@ from .crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_samp
 from .selection import unit_rows
 
 AUDIT_HEADER = ("kind", "path", "score", "suggestion", "given", "detail", DIGEST_COLUMN)
-KINDS = ("label", "duplicate", "leak", "outlier")
+KINDS = ("label", "conflict", "duplicate", "leak", "outlier")
 OUTLIER_NEIGHBOURS = 5  # labeled images an image's distance to the classes is measured to
 # How much farther than the farthest labeled image an outlier must be, set on the two 5% folders of
 # docs/audit.md and checked on the 10% ones: on digits with photos among them, 15 of 18 found and
@@ -57,8 +57,8 @@ class Finding:
     kind: str          # one of KINDS
     path: str          # as evaluate.py --predict writes paths: the folder joined with the file's name
     score: float       # higher: more likely a problem
-    suggestion: str    # label: the class it more likely is; duplicate, leak: the copy's path; outlier: ""
-    given: str = ""    # label: the class the folder gives it
+    suggestion: str    # label: the class it more likely is; conflict, duplicate, leak: the copy's path; outlier: ""
+    given: str = ""    # label, conflict: the class the folder gives it
     detail: str = ""
     digest: str = ""   # the hash of its file's bytes: label.py acts on a row only for that very image
 
@@ -118,11 +118,13 @@ def label_findings(paths, labels, probabilities, classes, where):
             for i in range(len(labels)) if predicted[i] != labels[i]]
 
 
-def copy_findings(paths, images, is_test, digests, progress=lambda n: None):
+def copy_findings(paths, images, is_test, digests, labels, classes, progress=lambda n: None):
     """Copies among the images (training, then test; ImageRows or a tensor): exact (the same bytes:
     the digest of each image's file) and near (copies.py). Each copy after the first of its group is
-    a finding pointing at the first; a copy that pairs a test image with a training one is a leak,
-    reported on the test image."""
+    a finding pointing at the first: a conflict where both carry a label and the labels differ (the
+    same image under two classes: one of them is wrong, and neither is a copy to set aside), else a
+    leak where it pairs a test image with a training one (reported on the test image), else a
+    duplicate. labels: each image's class, -1 for an unlabeled one."""
     found = {}
     for group in exact_groups(digests):
         for i in group[1:]:
@@ -131,14 +133,18 @@ def copy_findings(paths, images, is_test, digests, progress=lambda n: None):
         found.setdefault((i, j), (1.0 - distance, f"near: standardized difference {distance:.3f}"))
     findings, reported = [], set()
     for (i, j), (score, detail) in sorted(found.items()):
-        if is_test[i] != is_test[j]:
+        given = ""
+        if labels[i] >= 0 and labels[j] >= 0 and labels[i] != labels[j]:
+            kind, which, copy = "conflict", j, i
+            given, detail = classes[labels[j]], f"{detail}; labeled {classes[labels[j]]} here, {classes[labels[i]]} there"
+        elif is_test[i] != is_test[j]:
             test, train = (i, j) if is_test[i] else (j, i)
             kind, which, copy = "leak", test, train
         else:
             kind, which, copy = "duplicate", j, i
         if which not in reported:
             reported.add(which)
-            findings.append(Finding(kind, paths[which], score, paths[copy], detail=detail))
+            findings.append(Finding(kind, paths[which], score, paths[copy], given=given, detail=detail))
     return findings
 
 
@@ -251,8 +257,10 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
             findings += label_findings([paths[i] for i in held], labels_held.numpy(), held_probabilities, classes, where)
     digests = np.concatenate([data.digests["train"](), data.digests["test"]()])
     is_test = np.arange(len(images)) >= n_train
+    all_labels = np.concatenate([data.train_y.numpy(), data.test_y.numpy()])
     with tqdm(total=len(images), desc="audit: copies", unit="img", disable=None, leave=False) as bar:
-        findings += kept(work, "copies", lambda: copy_findings(paths, images, is_test, digests, bar.update))
+        findings += kept(work, "copies", lambda: copy_findings(paths, images, is_test, digests, all_labels, classes,
+                                                               bar.update))
     labeled = np.zeros(len(images), bool)
     labeled[labeled_idx.numpy()] = True
     findings += kept(work, "outliers", lambda: outlier_findings(paths, features, images, labeled))
@@ -281,10 +289,13 @@ def write_audit(path, findings):
 def describe_audit(findings):
     """One line per kind: how many, and the first few."""
     lines = []
-    for kind, what in (("label", "doubtful labels (labeled/ and test/)"), ("duplicate", "duplicates (within training, or within test/)"),
+    for kind, what in (("label", "doubtful labels (labeled/ and test/)"),
+                       ("conflict", "copies under two labels (one of the two is wrong)"), ("duplicate", "duplicates (within training, or within test/)"),
                        ("leak", "test images that are also in labeled/ or unlabeled/"),
                        ("outlier", "images like no class")):
         mine = [f for f in findings if f.kind == kind]
-        shown = ", ".join(Path(f.path).name + (f" -> {f.suggestion}" if kind == "label" else "") for f in mine[:3])
+        shown = ", ".join(Path(f.path).name + (f" -> {f.suggestion}" if kind == "label" else
+                                               f" ({f.given}) = {Path(f.suggestion).name}" if kind == "conflict" else "")
+                          for f in mine[:3])
         lines.append(f"audit: {len(mine):,} {what}" + (f": {shown}{', ...' if len(mine) > 3 else ''}" if mine else ""))
     return lines

@@ -118,7 +118,7 @@ function thumbnail(src, name) {
   return img;
 }
 
-// The copies, the leaks into test/ and the images like no class that an audit found, each with a box
+// The copies (those under two classes among them), the leaks into test/ and the images like no class that an audit found, each with a box
 // that sets it aside (label.py moves it into set-aside/, where training never looks).
 function renderFindings() {
   const list = document.getElementById("findings");
@@ -138,7 +138,9 @@ function renderFindings() {
       remember();
     });
     const label = document.createElement("label");
-    label.append(box, f.kind === "leak" ? " set this test image aside" : " set aside");
+    // A conflict is one image under two classes: one of the two is wrong, neither is a spare copy.
+    label.append(box, f.kind === "leak" ? " set this test image aside"
+      : f.kind === "conflict" ? " set this one aside (or fix the wrong label with label.py)" : " set aside");
     if (f.thumb) row.append(thumbnail(f.thumb, f.name));
     if (f.copy_thumb) row.append(thumbnail(f.copy_thumb, f.copy));
     row.append(what, label);
