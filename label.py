@@ -141,10 +141,10 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
         if dry_run:
             for move in moves:
                 click.echo(f"{shown(move.source)} -> {shown(move.target)}")
-            click.echo(f"would move {len(moves):,} images {describe_moves(moves)}{done}; nothing moved")
+            click.echo(f"would move {len(moves):,} image{'s' * (len(moves) != 1)} {describe_moves(moves)}{done}; nothing moved")
             return
         batch = apply(data_dir, moves, bar=progress_bar)
-        click.echo(f"moved {len(moves):,} images {describe_moves(moves)}{done}; logged as batch {batch} in "
+        click.echo(f"moved {len(moves):,} image{'s' * (len(moves) != 1)} {describe_moves(moves)}{done}; logged as batch {batch} in "
                    f"{shown(data_dir / LOG_NAME)}; python label.py --data-dir {shown(data_dir)} --undo puts them back")
 
 

@@ -92,7 +92,7 @@ def test_a_rerun_is_idempotent_and_undo_restores_the_folder_bitwise(folder, tmp_
     assert again.exit_code == 0 and "nothing to move: all 3 rows" in again.output and snapshot(folder) == moved
     more = write_labels(tmp_path / "m.csv", rows + [("unlabeled/u0003.png", "dog")])
     partly = invoke(label, ["--data-dir", folder, "--apply", more])
-    assert partly.exit_code == 0 and "moved 1 images" in partly.output and "3 applied before" in partly.output
+    assert partly.exit_code == 0 and "moved 1 image " in partly.output and "3 applied before" in partly.output
     assert "put back the 1 images of batch 2" in invoke(label, ["--data-dir", folder, "--undo"]).output
     assert snapshot(folder) == moved
     assert "put back the 3 images of batch 1" in invoke(label, ["--data-dir", folder, "--undo"]).output
@@ -123,7 +123,7 @@ def test_a_run_cut_short_leaves_each_file_in_one_place(folder, tmp_path, monkeyp
         places = [p for p in (source, f"labeled/cat/{name}") if p in now]
         assert len(places) == 1 and now[places[0]] == before[source]
     result = invoke(label, ["--data-dir", folder, "--apply", labels])  # the rerun finishes the batch
-    assert result.exit_code == 0 and "moved 1 images" in result.output and "2 applied before" in result.output
+    assert result.exit_code == 0 and "moved 1 image " in result.output and "2 applied before" in result.output
     assert all(f"labeled/cat/{Path(s).name}" in snapshot(folder)[0] for s, _ in rows)
 
 

@@ -166,3 +166,22 @@ def test_the_audits_copies_leaks_and_strays_are_set_aside_and_put_back(folder, t
     assert snapshot(folder) == before and not (folder / "set-aside").exists()
     bad = run("label.py", "--data-dir", folder, "--apply", audit, "--set-aside", "label")
     assert bad.returncode == 2 and "duplicate,leak,outlier" in bad.stderr
+
+
+def test_an_image_found_as_two_kinds_is_one_image_set_aside(folder, tmp_path):
+    """The audit lists an image once per kind it is found as (a duplicate and an outlier): the README's
+    --set-aside duplicate,leak,outlier moves it once, where it refused the audit's own CSV as 'listed twice'."""
+    path = folder / "unlabeled/a/u0001.png"
+    digest = file_digest(path.read_bytes())
+    audit = write_audit(tmp_path / "audit.csv", [
+        ("duplicate", str(path), "1.0", str(folder / "unlabeled/u0000.png"), "", "exact", digest),
+        ("outlier", str(path), "2.0", "", "", "", digest)])
+    res = run("label.py", "--data-dir", folder, "--apply", audit, "--set-aside", "duplicate,leak,outlier")
+    assert res.returncode == 0 and "moved 1 image into set-aside/ (1)" in res.stdout, res.stdout + res.stderr
+    assert (folder / "set-aside" / "unlabeled" / "a" / "u0001.png").is_file()
+    other = file_digest((folder / "unlabeled/u0003.png").read_bytes())
+    twice = write_audit(tmp_path / "twice.csv", [  # one path written for two different files: refused
+        ("duplicate", str(folder / "unlabeled/u0003.png"), "1.0", "", "", "", other),
+        ("outlier", str(folder / "unlabeled/u0003.png"), "2.0", "", "", "", "0" * len(other))])
+    res = run("label.py", "--data-dir", folder, "--apply", twice, "--set-aside", "duplicate,outlier")
+    assert res.returncode == 2 and "listed twice" in res.stderr, res.stdout + res.stderr

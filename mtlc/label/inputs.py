@@ -73,8 +73,11 @@ def read_labels(csv_path, accepted=False, set_aside=()):
 
 
 def label_rows(csv_path, text, records, accepted, set_aside):
-    """The LabelRows of a labels file's records (read_labels), the file closed at the end."""
+    """The LabelRows of a labels file's records (read_labels), the file closed at the end. An audit
+    CSV's image found as two kinds (a duplicate and an outlier) is one image set aside: one row, the
+    first (the same path for another file, another digest, stays two rows, refused as listed twice)."""
     column = "kind" if set_aside else "prediction" if accepted else "label"
+    aside_already = set()
     with text:
         for line, r in records:
             if accepted and (r.get("accepted") or "").strip() != "1":
@@ -93,6 +96,10 @@ def label_rows(csv_path, text, records, accepted, set_aside):
                 raise UserError(f"nothing was moved: line {line} of {csv_path} sets its image aside and gives it the "
                                 f"label {label!r}: one or the other")
             digest = (r.get(DIGEST_COLUMN) or "").strip().lower() or None
+            if set_aside:
+                if (r["path"], digest) in aside_already:
+                    continue
+                aside_already.add((r["path"], digest))
             yield LabelRow(line, r["path"], label, digest, action == "set-aside")
 
 
