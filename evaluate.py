@@ -32,6 +32,7 @@ from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_da
 from mtlc.train.devices import pick_device
 from mtlc.train.lc import DISTANCE_IMAGES, checkpoint_distances
 from mtlc.train.options import Number
+from mtlc.use.alike import alike_key, alike_settings, counted_once, mark_cells
 from mtlc.use.audit import AUDIT_HEADER
 from mtlc.use.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
 from mtlc.use.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
@@ -279,9 +280,13 @@ def main(more_paths, **options):
 def evaluate(o, states, device):
     """The errors of every checkpoint (and the first one's figures), then the means over them, LC's
     paired differences, the table and the curves."""
+    def note(line):
+        click.echo(line, err=o.as_json)  # --json: stdout is JSON only
+    paths, states = counted_once(o.ckpts, states, note)
     results = [evaluate_one(o, path, state, device, figures=k == 0)
-               for k, (path, state) in enumerate(zip(o.ckpts, states))]
-    tested = [r for r in results if r["n_test"]]
+               for k, (path, state) in enumerate(zip(paths, states))]
+    tested = [(r, s) for r, s in zip(results, states) if r["n_test"]]
+    tested = mark_cells([r for r, _ in tested], [s for _, s in tested], note)
     if len(tested) > 1:  # mean +- std per method and setting, the rows of the paper's Table 1
         _, _, rows = results_table(tested)
         for row in (r for r in rows if r["runs"] > 1):
@@ -303,6 +308,7 @@ def evaluate_one(o, path, state, device, figures):
     pool_y = true_classes(data, o.truth)[state["unlabeled_idx"]] if o.pool_error else None
     result, predicted = evaluate_checkpoint(path, state, data, dict(student=student, teacher=teacher), device,
                                             pool_y=pool_y, model_name=o.model_name)
+    result["alike"] = alike_key(alike_settings(state))  # runs of one key differ in their seeds only
     click.echo(json.dumps(result) if o.as_json else "\n".join(describe_result(result, state)))
     if not figures:
         return result

@@ -250,14 +250,14 @@ def test_same_seed_same_weights_on_cpu(mt_run, tmp_path):
 
 
 def test_evaluate_several_checkpoints(mt_run):
+    """Two checkpoints of one run at two epochs are evaluated each, and kept apart: no mean over them
+    (runs averaged differ in their seeds only: tests/test_alike_runs.py)."""
     result = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", "--ckpt", mt_run / "mt_final.pt", "--json"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.output.strip().splitlines()]
-    assert len(rows) == 3 and rows[-1]["runs"] == 2 and rows[-1]["method"] == "MT"
-    errors = [rows[0]["teacher_error"], rows[1]["teacher_error"]]
-    assert rows[-1]["teacher_mean"] == pytest.approx(sum(errors) / 2)
+    assert len(rows) == 2 and rows[0]["alike"] != rows[1]["alike"] and all("teacher_error" in r for r in rows)
     text = invoke(evaluate, ["--ckpt", mt_run / "mt.pt", mt_run / "mt_final.pt"]).output  # one --ckpt, two files
-    assert "MT, digits, 100 labels: mean +- std over 2 runs" in text
+    assert text.count("digits, 100 labels, MT") == 2 and "mean +- std over" not in text, text
 
 
 @pytest.mark.slow
@@ -267,11 +267,13 @@ def test_results_table_curves_and_tsne(mt_run, tmp_path):
                                "--tsne-points", 300])
     assert result.exit_code == 0, result.output
     table = (tmp_path / "t.md").read_text()
-    assert "| method | digits, 100 labels |" in table and "| MT | " in table and "(2) |" in table
+    assert "| method | digits, 100 labels [epoch 1] | digits, 100 labels [epoch 2] |" in table, table
+    assert "| MT | " in table and "(1) |" in table
     assert (tmp_path / "tsne.png").read_bytes()[:4] == b"\x89PNG"
     result = invoke(evaluate, [*ckpts, "--table", tmp_path / "t.csv"])
-    header, row = (tmp_path / "t.csv").read_text().splitlines()
-    assert header.startswith("method,setting,runs") and row.startswith('MT,"digits, 100 labels",2,')
+    header, *rows = (tmp_path / "t.csv").read_text().splitlines()
+    assert header.startswith("method,setting,runs") and [r[:r.index("]") + 4] for r in rows] == [
+        'MT,"digits, 100 labels [epoch 1]",1', 'MT,"digits, 100 labels [epoch 2]",1']
     result = invoke(evaluate, ["--curves", mt_run / "mt_metrics.jsonl", "--plot", tmp_path / "c.png"])
     assert result.exit_code == 0 and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -440,10 +442,11 @@ def test_control_is_named_and_paired_with_lc(mt_run, tmp_path):
     rows = [json.loads(line) for line in result.output.strip().splitlines() if line.startswith("{")]
     lc_name = "MT+LC (normalized eps, same-prediction pairs)"  # digits' default pairs
     assert [r["method"] for r in rows[:3]] == ["MT, continued (lambda2 0)"] + [lc_name] * 2
-    (paired,) = [r for r in rows if "paired" in r]
-    assert paired["paired"] == f"{lc_name} minus MT, continued (lambda2 0)" and paired["pairs"] == 2
-    differences = [rows[i]["teacher_error"] - rows[0]["teacher_error"] for i in (1, 2)]
-    assert paired["teacher_difference_mean"] == pytest.approx(sum(differences) / 2)
+    paired = [r for r in rows if "paired" in r]  # lambda2 2 and 5 are two methods' settings: a pair each
+    assert [(r["paired"], r["pairs"], r["setting"]) for r in paired] == [
+        (f"{lc_name} minus MT, continued (lambda2 0)", 1, f"digits, 100 labels [lc.lam {lam}]") for lam in (2.0, 5.0)]
+    for r, i in zip(paired, (1, 2)):
+        assert r["teacher_difference_mean"] == pytest.approx(rows[i]["teacher_error"] - rows[0]["teacher_error"])
     table = (tmp_path / "t.md").read_text()
     assert "| MT, continued (lambda2 0) |" in table and "Paired difference" in table
     assert stage_label(lines(tmp_path / "control" / "lc_metrics.jsonl")) == "MT, continued"  # --curves' legend

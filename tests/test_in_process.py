@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-import conftest
 import in_process
 import label
 from conftest import ROOT, run
@@ -155,4 +154,3 @@ def test_what_a_python_reads_at_its_start_gets_a_process_of_its_own(monkeypatch)
     assert run("-c", "print(1)").stdout == "1\n"
     assert not in_process.can_run(["tools/gpu_check.py"], None, ROOT)
     assert in_process.can_run([ROOT / "label.py"], dict(MTLC_CACHE_DIR="x", WORLD_SIZE="2"), "/")
-    assert conftest.python_for_scripts() == sys.executable

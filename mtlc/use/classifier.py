@@ -49,10 +49,11 @@ def checked_device(device):
 
 
 def checked_path(path, name):
-    """A str or os.PathLike (a pathlib.Path) as one path, as the scripts take it."""
+    """A str or os.PathLike (a pathlib.Path): one path, as the scripts take it, kept as given (a
+    Prediction names its file as it was asked for)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{name} must be a path (a str or a pathlib.Path), not {type(path).__name__}")
-    return Path(path)
+    return path
 
 
 def checked_paths(targets, name="targets"):

@@ -104,11 +104,17 @@ def setting_of(result):
     return f"{result['dataset']}, {result['labels']} labels" + (f" ({'; '.join(marks)})" if marks else "")
 
 
+def cell_setting(result):
+    """The column of a result in the table: its setting, with what sets it apart from unlike runs of
+    its method where there are some (alike.mark_cells)."""
+    return result.get("setting") or setting_of(result)
+
+
 def results_table(results):
     """Rows: method; columns: dataset and labels; cells: mean +- std of the test error over seeds."""
     groups = {}
     for r in results:
-        groups.setdefault((r["method"], setting_of(r)), []).append(r)
+        groups.setdefault((r["method"], cell_setting(r)), []).append(r)
     methods = list(dict.fromkeys(m for m, _ in groups))
     settings = list(dict.fromkeys(s for _, s in groups))
     rows = []
@@ -132,7 +138,7 @@ def paired_differences(results):
     for r in results:
         control = controls.get(r.get("mt_checkpoint"))
         if r["stage"] == "lc" and not r["method"].endswith(CONTROL) and control is not None:
-            groups.setdefault((r["method"], setting_of(r)), []).append((r, control))
+            groups.setdefault((r["method"], cell_setting(r)), []).append((r, control))
     rows = []
     for (method, setting), pairs in groups.items():
         row = dict(paired=f"{method} minus {pairs[0][1]['method']}", method=method, setting=setting, pairs=len(pairs))
