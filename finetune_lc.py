@@ -101,6 +101,9 @@ class EpsParam(click.ParamType):
               help="Seed of batch order, augmentation and dropout. [default: the checkpoint's]")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when available.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder. [default: the checkpoint's folder]")
+@click.option("--unfinished", is_flag=True,
+              help="Start from a stage 1 that has not reached its --lc-start-epoch (an interrupted run's "
+                   "mt_last.pt); refused without it, since LC is meant to start from MT's state at that epoch.")
 @run_options("lc")
 @click.option("--lc-scope", type=click.Choice(["local", "global"]), default="local",
               help="Under torchrun: local finds each process's neighbours in its own share of the batch; global "
@@ -113,7 +116,7 @@ def main(**options):
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     o = SimpleNamespace(**options)
     robust_streams()
-    check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark)
+    check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark, unfinished=o.unfinished)
     check_output_folder("--out", o.out if o.out is not None else Path(o.ckpt).parent)
     check_output_folder("--tensorboard", o.tensorboard)
     if o.tensorboard:
@@ -137,6 +140,7 @@ def main(**options):
         state = load_checkpoint(o.ckpt)
         if state.get("stage") != "mt":
             raise UserError(f"{o.ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
+        check_finished(o.ckpt, state, o.unfinished)
         config = state["config"].replace(seed=o.seed if o.seed is not None else state["config"].seed)
         steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config.unlabeled_batch)
         defaults = preset(config.dataset, config.labels, steps_per_epoch, config.compress)
@@ -161,6 +165,15 @@ def main(**options):
             report_benchmark(trainer, o.benchmark, out if outputs else None)
             return
         run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config.tensorboard)
+
+
+def check_finished(ckpt, state, unfinished):
+    """A stage 1 short of its --lc-start-epoch (an interrupted run's mt_last.pt) is refused unless asked for."""
+    start = state["config"].lc_start_epoch
+    if state["epoch"] < start and not unfinished:
+        raise UserError(f"{ckpt} is stage 1 at epoch {state['epoch']} of the {start} before LC's start (an interrupted "
+                        f"run: train_mt.py --resume finishes it, and writes mt.pt at epoch {start}); give --unfinished "
+                        f"to start stage 2 from it anyway")
 
 
 def lc_choices(o, defaults):

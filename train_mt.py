@@ -129,7 +129,7 @@ def main(**options):
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
     o = SimpleNamespace(**options)
     robust_streams()
-    check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark)
+    check_resume_flags(o.resume, benchmark=o.benchmark)
     check_output_folder("--out", o.out or ".")
     check_output_folder("--tensorboard", o.tensorboard)
     if o.tensorboard:
@@ -139,13 +139,19 @@ def main(**options):
     with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if o.resume:
             state, path = resume_checkpoint(out, "mt", write=procs.main)
-            note_ignored_by_resume(state["config"].as_dict(), ("out", "device", "tensorboard"), procs.echo)
+            note_ignored_by_resume(state["config"].as_dict(), ("out", "device", "tensorboard", "overwrite"),
+                                   procs.echo)
             config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
+            stale = stage_two_beside(out, o.overwrite)
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
                                    procs, objective_state=state["adaptive_threshold"])
             run_stage(trainer, out, milestones(config), start_epoch=state["epoch"],
                       tensorboard=resumed_curves(config, o.tensorboard, procs.echo))
+            if procs.main and stale:
+                for name in stale:
+                    (out / name).unlink(missing_ok=True)
+                procs.echo(f"train_mt: removed the stage 2 that continued the unfinished run ({', '.join(stale)})")
             return
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
@@ -171,6 +177,17 @@ def main(**options):
             report_benchmark(trainer, o.benchmark, out if outputs else None)
             return
         run_stage(trainer, out, milestones(config), start_epoch=0, replacing=existing, tensorboard=config.tensorboard)
+
+
+def stage_two_beside(out, overwrite):
+    """The stage 2 outputs in out that a resumed stage 1 replaces as a new one does: refused without
+    --overwrite (they continued a stage 1 that was not over; its files change as it goes on)."""
+    stale = [name for name in STAGE_OUTPUTS["lc"] if (out / name).exists()]
+    if stale and not overwrite:
+        raise UserError(f"{out} holds {', '.join(stale)} of a stage 2 that continued this run before it ended: the "
+                        f"resumed stage 1 replaces it, as a new one would; give --resume --overwrite to remove it "
+                        f"once the run is done (or move it away)")
+    return stale
 
 
 def check_labels(o, own):

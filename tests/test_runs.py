@@ -66,8 +66,35 @@ def test_mt_resume_after_sigterm_is_bitwise(straight, tmp_path):
 def test_resume_needs_a_run_to_resume(tmp_path):
     res = run("train_mt.py", "--resume", "--out", tmp_path)
     assert res.returncode == 2 and "nothing to resume" in res.stderr
-    res = run("train_mt.py", "--resume", "--overwrite", "--out", tmp_path)
+    res = run("train_mt.py", "--resume", "--overwrite", "--out", tmp_path)  # --overwrite: a stage 2 beside it
+    assert res.returncode == 2 and "nothing to resume" in res.stderr
+    res = run("train_mt.py", "--resume", "--benchmark", "3", "--out", tmp_path)
     assert res.returncode == 2 and "exclude each other" in res.stderr
+
+
+@pytest.mark.slow
+def test_stage_two_starts_from_an_unfinished_stage_one_only_when_asked_and_a_resume_replaces_it(tmp_path):
+    """finetune_lc.py --ckpt mt_last.pt of a stage 1 killed before LC's start is refused without
+    --unfinished; the stage 2 it made is stale once the stage 1 goes on, and a resumed stage 1 treats
+    it as a new stage 1 would: refused without --overwrite, removed with it once the run ends."""
+    code, err = kill_after_first_epoch(["train_mt.py", *TINY, "--epochs", "3", "--decay-epochs", "1", "--out", tmp_path],
+                                       tmp_path / "mt_last.pt")
+    assert code == 128 + signal.SIGTERM, err
+    epoch = torch.load(tmp_path / "mt_last.pt", weights_only=True)["epoch"]
+    assert 1 <= epoch < 3
+    stage_two = ["finetune_lc.py", "--ckpt", tmp_path / "mt_last.pt", "--epochs", "1", "--decay-epochs", "0"]
+    res = run(*stage_two)
+    assert res.returncode == 2 and f"is stage 1 at epoch {epoch} of the 3 before LC's start" in res.stderr, res.stderr
+    assert not (tmp_path / "lc.pt").exists()
+    res = run(*stage_two, "--unfinished")
+    assert res.returncode == 0 and (tmp_path / "lc.pt").exists(), res.stderr
+    res = run("train_mt.py", "--resume", "--out", tmp_path)
+    assert res.returncode == 2 and "lc.pt, lc_metrics.jsonl, lc_last.pt of a stage 2" in res.stderr, res.stderr
+    res = run("train_mt.py", "--resume", "--overwrite", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "removed the stage 2 that continued the unfinished run" in res.stdout and "ignored" not in res.stdout
+    assert (tmp_path / "mt.pt").exists() and not any((tmp_path / n).exists() for n in ("lc.pt", "lc_last.pt",
+                                                                                      "lc_metrics.jsonl"))
 
 
 @pytest.mark.slow

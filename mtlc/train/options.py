@@ -38,7 +38,8 @@ def run_options(stage_name):
     return decorated_by([
         click.option("--overwrite", is_flag=True,
                      help="Replace the outputs of an earlier run in --out" + (
-                         " (a stage 2 there too: it continued the stage 1 replaced)." if stage_name == "mt" else ".")),
+                         " (a stage 2 there too: it continued the stage 1 replaced); with --resume, the stage 2 beside "
+                         "the resumed run, once it ends." if stage_name == "mt" else ".")),
         click.option("--resume", is_flag=True,
                      help=f"Continue the interrupted run in --out from its {stage_name}_last.pt, with that run's "
                           "settings: --device and --tensorboard are read" + (", and --data-dir (the folder, if it moved)"
