@@ -309,8 +309,10 @@ def test_chance_level_warnings():
     assert trainer.chance_warnings(good) == []
     bad = dict(student_labeled_error=3.0, teacher_labeled_error=90.0)
     (warning,) = trainer.chance_warnings(bad)
-    assert "teacher's error on its labeled images ends at 90.0%, chance level" in warning
-    # a model no better than always answering the most frequent class, within two standard errors
-    limit = 90.0 - 200 * math.sqrt(0.1 * 0.9 / 100)
-    assert trainer.chance_warnings(dict(good, student_labeled_error=limit + 0.1))
-    assert not trainer.chance_warnings(dict(good, student_labeled_error=limit - 0.1))
+    assert ("teacher's error on its labeled images ends at 90.0% wrong, no better than always answering the most "
+            "frequent class (90.0%): it learned nothing usable") in warning
+    # within two standard errors of chance (6 of 100 images here): cannot be told, counted in images
+    limit = 90 - 2 * math.sqrt(100 * 0.1 * 0.9)
+    (unclear,) = trainer.chance_warnings(dict(good, student_labeled_error=limit))
+    assert "cannot be told from always answering" in unclear and "too few images to tell" in unclear
+    assert not trainer.chance_warnings(dict(good, student_labeled_error=limit - 1))

@@ -53,10 +53,33 @@ def chance_error(labels):
     return 100 * (1 - counts.max() / counts.sum())
 
 
+def chance_verdict(error, labels):
+    """How an error (%) measured on images with these labels stands to chance_error, in counts of
+    wrong images (a float comparison at exactly chance lost by an ulp): "no better" where as many or
+    more are wrong as always answering the most frequent class gets wrong, "unclear" where fewer but
+    within two standard errors (of a proportion over as many images), else None. Never where the
+    labels are of one class (chance is then no error) or none is wrong: nothing learned cannot be
+    right on all."""
+    counts = np.bincount(np.asarray(labels))
+    n = int(counts.sum())
+    wrong, chance_wrong = round(error * n / 100), n - int(counts.max())
+    if chance_wrong == 0 or wrong == 0:
+        return None
+    if wrong >= chance_wrong:
+        return "no better"
+    p = counts.max() / n
+    return "unclear" if wrong >= chance_wrong - 2 * math.sqrt(n * p * (1 - p)) else None
+
+
 def at_chance(error, labels):
-    """Whether a nonzero error (%) measured on images with these labels is within two standard errors
-    (of a proportion over as many images) of chance_error, or above it. Never where the labels are of
-    one class (chance is then no error) or the error is zero: nothing learned cannot be right on all."""
-    chance, n = chance_error(labels), len(labels)
-    p = 1 - chance / 100
-    return chance > 0 and error > 0 and error >= chance - 200 * math.sqrt(p * (1 - p) / n)
+    """Whether the error cannot be told from chance level (chance_verdict: no better, or unclear)."""
+    return chance_verdict(error, labels) is not None
+
+
+def chance_words(verdict, error, labels):
+    """The one wording of a verdict of chance_verdict: what the error is against chance level."""
+    chance = chance_error(labels)
+    if verdict == "no better":
+        return f"{error:.1f}% wrong, no better than always answering the most frequent class ({chance:.1f}%)"
+    return (f"{error:.1f}% wrong, which cannot be told from always answering the most frequent class ({chance:.1f}%) "
+            f"on {len(labels):,} images (within two standard errors)")

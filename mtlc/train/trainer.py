@@ -21,7 +21,7 @@ from ..disk.runs import rng_state
 from ..errors import TrainingFailed
 from .devices import Processes, average_buffers, sync
 from .graphed import GraphedSteps, resolve_step_mode
-from .inference import at_chance, chance_error, test_error
+from .inference import chance_verdict, chance_words, test_error
 from .lc import PairDistances, lc_features, lc_term
 from .model import ModelConfig, SplitForward, build_models, recompute_bn_means
 from .objectives import objective_of
@@ -298,15 +298,17 @@ class Trainer:
             if not len(idx):
                 continue
             labels = b.train_y[idx].cpu().numpy()
-            chance = chance_error(labels)
             for name in ("student", "teacher"):
                 error = record[f"{name}_{key}"]
-                if at_chance(error, labels):
-                    warnings.append(f"the {name}'s error on its {what} ends at {error:.1f}%, chance level "
-                                    f"({chance:.1f}% always answers the most frequent class): it learned nothing usable"
-                                    + (f"; unless it was there when LC started, LC's eps={self.stage.lc_eps:g} or "
-                                       f"lambda2={self.stage.lc_weight:g} may be too large" if self.stage.name == "lc"
-                                       else ""))
+                verdict = chance_verdict(error, labels)
+                if verdict is None:
+                    continue
+                warnings.append(f"the {name}'s error on its {what} ends at {chance_words(verdict, error, labels)}: "
+                                + ("it learned nothing usable" if verdict == "no better" else
+                                   "too few images to tell whether it learned anything")
+                                + (f"; unless it was there when LC started, LC's eps={self.stage.lc_eps:g} or "
+                                   f"lambda2={self.stage.lc_weight:g} may be too large" if self.stage.name == "lc"
+                                   and verdict == "no better" else ""))
         return warnings
 
 

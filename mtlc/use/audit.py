@@ -36,7 +36,7 @@ from ..disk.console import csv_writer, path_text
 from ..disk.runs import atomic_write
 from ..errors import UserError
 from ..train.checkpoints import restore_models
-from ..train.inference import at_chance, chance_error, model_outputs
+from ..train.inference import chance_verdict, chance_words, model_outputs
 from .calibration import fitted_or_one
 from .crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities
 from .selection import unit_rows
@@ -96,17 +96,23 @@ def warn_at_chance(logits, labels, steps, echo):
     """A warning where the cross-fitted networks cannot be told from chance on the labels they never
     saw: their ranking of doubtful labels would then say little about the labels."""
     error = 100 * float(np.mean(logits.argmax(1).numpy() != labels))
-    if not at_chance(error, labels):
-        return
-    chance = chance_error(labels)
-    if error >= chance:
-        echo(f"warning: audit: the cross-fitted networks are wrong on {error:.1f}% of the labeled images they never "
-             f"saw, no better than always answering the most frequent class ({chance:.1f}%): their doubtful labels "
-             f"are a guess; give --audit-steps more than {steps:,}, or more labels")
-    else:
-        echo(f"warning: audit: on {len(labels):,} labeled images the cross-fitted networks' error ({error:.1f}%) "
-             f"cannot be told from always answering the most frequent class ({chance:.1f}%, within two standard "
-             f"errors): their doubtful labels may be a guess; more labels would tell")
+    verdict = chance_verdict(error, labels)
+    if verdict is not None:
+        echo(f"warning: audit: the cross-fitted networks are {chance_words(verdict, error, labels)} on the labeled "
+             f"images they never saw: their doubtful labels are a guess; "
+             + (f"give --audit-steps more than {steps:,}, or more labels" if verdict == "no better"
+                else "more labels would tell"))
+
+
+def warn_teacher_at_chance(where, logits, labels, echo):
+    """A warning where the checkpoint's teacher cannot be told from chance on its held-out images: the
+    doubtful labels it finds there, and the outliers by its features, rest on it."""
+    error = 100 * float(np.mean(logits.argmax(1).numpy() != labels))
+    verdict = chance_verdict(error, labels)
+    if verdict is not None:
+        echo(f"warning: audit: the checkpoint's teacher is {chance_words(verdict, error, labels)} on {where}: the "
+             f"doubtful labels it finds there and the outliers by its features are a guess; "
+             + ("train it longer, or with more labels" if verdict == "no better" else "more labels would tell"))
 
 
 def label_findings(paths, labels, probabilities, classes, where):
@@ -252,6 +258,7 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
                                      ("labeled/ (--val hold-out), the checkpoint's teacher", val_idx, data.train_y[val_idx])):
         if len(labels_held):
             logits_never_trained = torch.from_numpy(np.array(all_logits[held]))
+            warn_teacher_at_chance(where.split(",")[0], logits_never_trained, labels_held.numpy(), echo)
             temperature = fitted_or_one(logits_never_trained.numpy(), labels_held.numpy())
             held_probabilities = torch.softmax(logits_never_trained.double() / temperature, 1).numpy()
             findings += label_findings([paths[i] for i in held], labels_held.numpy(), held_probabilities, classes, where)
