@@ -10,6 +10,7 @@ import contextlib
 import csv
 import io
 import os
+import re
 import stat
 import sys
 
@@ -33,12 +34,48 @@ def console_errors(exc):
 codecs.register_error(CONSOLE_ERRORS, console_errors)
 
 
+# What a terminal takes as a command rather than text (ESC starts a sequence; BEL, the C1 codes, DEL):
+# the control characters but the tab, the line feed and the carriage return (a progress bar's own).
+CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def without_controls(text):
+    """text with its control characters (CONTROLS) written as \\xNN escapes."""
+    return CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class ControlsEscaped:
+    """A text stream (sys.stdout, sys.stderr) that writes its text with the control characters escaped:
+    a name from a stranger's folder (a class folder, an image, a labels file's row) reaches a
+    terminal, or a log read at one later, as text and never as a command, whichever message it is
+    in. Everything else is the stream's own: a CSV or JSON written to stdout goes through
+    stdout_rows (its own file descriptor) or JSON's own escapes."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        self.stream.write(without_controls(text) if isinstance(text, str) else text)
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def robust_streams():
     """stdout writes names losslessly where its encoding can, stderr escapes what it cannot show;
-    neither ever raises on a name."""
+    neither ever raises on a name, nor shows a control character of one as itself."""
     for stream, errors in ((sys.stdout, CONSOLE_ERRORS), (sys.stderr, "backslashreplace")):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors=errors)
+    if sys.stdout is not None and not isinstance(sys.stdout, ControlsEscaped):
+        sys.stdout = ControlsEscaped(sys.stdout)
+    if sys.stderr is not None and not isinstance(sys.stderr, ControlsEscaped):
+        sys.stderr = ControlsEscaped(sys.stderr)
 
 
 def path_text(binary_file):
@@ -83,7 +120,8 @@ def stdout_rows():
     flushed first). Where stdout refuses a write (a full disk, a file-size limit) the run ends in one
     line (WriteFailed), and where stdout is a file, a last row cut short is cut off, so that it ends
     with a whole row (a pipe keeps what it took); stdout then points at the null device, so that no
-    later write fails again."""
+    later write fails again. At a terminal the names' control characters are escaped (ControlsEscaped).
+    """
     if sys.stdout is None:  # started with stdout closed
         raise WriteFailed("standard output", OSError(9, "it is closed"), after="give --csv FILE for the rows")
     sys.stdout.flush()
@@ -102,6 +140,8 @@ def stdout_rows():
     raw = WholeWrites(fd)
     start = file_position(fd)
     text = path_text(io.BufferedWriter(raw))
+    if os.isatty(fd):  # rows for a person to read: a name's control characters escaped (a file gets them as they are)
+        text = ControlsEscaped(text)
     try:
         yield text
         text.flush()
