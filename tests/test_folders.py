@@ -436,8 +436,28 @@ def test_other_files_are_named_by_kind_safely_and_in_bounded_memory(tmp_path):
     for k in range(5000):
         files.count_other(counts, files.other_kind(f"f.x{k}"))
     assert len(counts) <= files.MOST_KINDS + 2 and counts["others"] == 5000
-    assert files.describe_others(counts, tmp_path).endswith(": 1 .x0, 1 .x1, 1 .x10, 1 .x11, 1 .x12, 4,995 of other kinds")
+    line = files.describe_others(counts, tmp_path)
+    assert line.endswith(", 4,995 of other kinds") and line.count(" 1 .x") == 5, line
     assert "1 file in %s that is not an image of" % tmp_path in files.describe_others({"others": 1, ("other", ".mov"): 1}, tmp_path)
+
+
+def test_the_largest_kinds_are_named_first_and_a_telling_kind_always(tmp_path):
+    """500 HEIC photos after 120 kinds of junk are named first, with the HEIC hint; an image whose name
+    ends in a space or a dot after its extension is named, quoted, with a hint to rename it."""
+    counts = collections.Counter()
+    for k in range(120):
+        files.count_other(counts, files.other_kind(f"junk.j{k}"))
+    for k in range(500):
+        files.count_other(counts, files.other_kind(f"IMG_{k}.HEIC"))
+    for k in range(300):
+        files.count_other(counts, files.other_kind(f"clip_{k}.mov"))
+    for name in ("IMG_1.JPG ", "IMG_2.jpg."):
+        files.count_other(counts, files.other_kind(name))
+    line = files.describe_others(counts, tmp_path)
+    assert ": 500 .heic, 300 .mov, " in line and "1 '.jpg ', 1 '.jpg.'" in line, line
+    assert "HEIC/HEIF photos (iPhones, Macs) are not read" in line and "rename it" in line
+    named = sum(int(part.split()[0].replace(",", "")) for part in line.split(": ", 1)[1].split("; ")[0].split(", "))
+    assert named == counts["others"] == 922  # the rest is counted "of other kinds"
 
 
 @pytest.mark.slow

@@ -126,18 +126,36 @@ def is_folder(entry):
 
 def other_kind(name, longest=12):
     """The kind of a file that is no image, by its name: its extension in lower case, cut short (a
-    stranger's 200-character extension is one kind), or '' for none."""
-    dot = name.rfind(".")
+    stranger's 200-character extension is one kind), or '' for none; an image's extension with the
+    spaces and dots after it (IMG_1.JPG. is of kind '.jpg.')."""
+    stripped = name.rstrip(" .")
+    dot = stripped.rfind(".") if stripped != name and is_image_name(stripped) else name.rfind(".")
     extension = name[dot:].lower() if dot > 0 else ""
     return extension if len(extension) <= longest else extension[:longest - 3] + "..."
 
 
+def telling(kind):
+    """Whether a kind of file is one a person must hear of whatever else the folder holds: photos in a
+    format not read (HEIC, HEIF), or an image's name with something after its extension (IMG_1.JPG
+    with a trailing space or dot: not read as an image)."""
+    return kind in (".heic", ".heif") or (kind != kind.rstrip(" .") and kind.rstrip(" .") in IMAGE_EXTENSIONS)
+
+
 def count_other(counts, kind):
-    """Count a file left out, and its kind among the first MOST_KINDS (a stranger's folder of a
-    million extensions costs no million counters)."""
+    """Count a file left out, and its kind: at most MOST_KINDS kinds are counted (a stranger's folder of
+    a million extensions costs no million counters); where a new kind finds them all taken, the kinds
+    of the fewest files make room (the largest kinds stay, and their counts are of files seen; those
+    let go are among "of other kinds"). A telling kind is always counted."""
     counts["others"] += 1
-    if (OTHER, kind) in counts or len(counts) <= MOST_KINDS:
-        counts[OTHER, kind] += 1
+    key = (OTHER, kind)
+    if key not in counts and not telling(kind):
+        kinds = [k for k in counts if isinstance(k, tuple) and k[0] == OTHER and not telling(k[1])]
+        if len(kinds) >= MOST_KINDS:
+            fewest = min(counts[k] for k in kinds)
+            for k in kinds:
+                if counts[k] == fewest:
+                    del counts[k]
+    counts[key] += 1
 
 
 def find_images(root):
@@ -154,13 +172,24 @@ def describe_others(counts, where, shown=5):
         return ""
     kinds = sorted(((n, key[1]) for key, n in counts.items() if isinstance(key, tuple) and key[0] == OTHER),
                    key=lambda item: (-item[0], item[1]))
-    named = [f"{n:,} {escaped(kind) if kind else 'without extension'}" for n, kind in kinds[:shown]]
-    rest = total - sum(n for n, _ in kinds[:shown])
+    named_kinds = kinds[:shown] + [item for item in kinds[shown:] if telling(item[1])][:shown]
+    named = [f"{n:,} {kind_shown(kind)}" for n, kind in named_kinds]
+    rest = total - sum(n for n, _ in named_kinds)
+    found = {kind for _, kind in kinds}
     heic = ("; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use them"
-            if {kind for _, kind in kinds} & {".heic", ".heif"} else "")
+            if found & {".heic", ".heif"} else "")
+    trailing = ("; an image's name with a space or a dot after its extension is not read as an image: rename it"
+                if any(telling(kind) and kind not in (".heic", ".heif") for kind in found) else "")
     return (f"left out {total:,} file{'s' * (total != 1)} in {where} that "
             f"{'are not images' if total != 1 else 'is not an image'} of the formats read ({', '.join(READ_AS)}): "
-            f"{', '.join(named)}{f', {rest:,} of other kinds' if rest else ''}{heic}")
+            f"{', '.join(named)}{f', {rest:,} of other kinds' if rest else ''}{heic}{trailing}")
+
+
+def kind_shown(kind):
+    """A kind as the line names it: quoted where a space or a dot after an image's extension would be unseen."""
+    if not kind:
+        return "without extension"
+    return f"'{escaped(kind)}'" if telling(kind) and kind not in (".heic", ".heif") else escaped(kind)
 
 
 def describe_hidden(count, where):
