@@ -25,6 +25,7 @@ import cloup
 import torch
 
 from mtlc.data.splits import true_classes
+from mtlc.disk.command_line import OnceEach
 from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import check_outputs
 from mtlc.errors import UserError
@@ -44,17 +45,22 @@ from mtlc.use.report import (describe_means, describe_paired, describe_result, e
 from mtlc.use.review import DEFAULT_MOST, DEFAULT_PER_CLASS
 
 
+class EvaluateCommand(OnceEach, cloup.Command):
+    """cloup's command (option groups), each option given once."""
+
+
 class JobOption(cloup.Option):
-    """An option that belongs to a job: `needs`, the parameters of which one must be given with it (its
-    declaration says so, and check_request refuses it in one line without them)."""
+    """An option that belongs to a job: `needs`, the parameters of which one must be given with it, and
+    `not_with`, those of the jobs it does nothing for (its declaration says so, and check_request
+    refuses it in one line otherwise)."""
 
-    def __init__(self, *args, needs=(), **kwargs):
+    def __init__(self, *args, needs=(), not_with=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.needs = tuple(needs)
+        self.needs, self.not_with = tuple(needs), tuple(not_with)
 
 
-def job_option(*args, needs, **kwargs):
-    return cloup.option(*args, cls=JobOption, needs=needs, **kwargs)
+def job_option(*args, needs, not_with=(), **kwargs):
+    return cloup.option(*args, cls=JobOption, needs=needs, not_with=not_with, **kwargs)
 
 
 # What a one-checkpoint job (--predict, --audit, --onnx) does not take beside it.
@@ -76,6 +82,9 @@ def check_request(ctx, o):
         jobs = getattr(param, "needs", ())
         if jobs and given(ctx, param.name) and not any(getattr(o, job) for job in jobs):
             raise UserError(f"{flags[param.name]} goes with {' or '.join(flags[job] for job in jobs)}")
+        useless = [job for job in getattr(param, "not_with", ()) if getattr(o, job)]
+        if useless and given(ctx, param.name):
+            raise UserError(f"{flags[param.name]} does nothing with {flags[useless[0]]}: leave it out")
     if o.table and Path(o.table).suffix not in (".md", ".csv"):
         raise UserError(f"--table must end in .md or .csv, got {o.table}")
     jobs = ("onnx", "audit", "predict_paths")
@@ -109,17 +118,18 @@ def check_outputs_of(o, states):
     check_outputs(outputs, inputs=inputs, read_from=images, kinds=OWN_KINDS if states else None)
 
 
-@cloup.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@cloup.command(cls=EvaluateCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @cloup.argument("more_paths", nargs=-1, type=click.Path())
 @cloup.option_group(
     "Evaluate checkpoints", "test errors of student and teacher, per class, calibration, how LC went",
     cloup.option("--ckpt", "ckpts", type=click.Path(dir_okay=False), multiple=True,
                   help="A checkpoint written by train_mt.py or finetune_lc.py. Several (one per seed): --ckpt a.pt "
                        "b.pt c.pt, or --ckpt repeated."),
-    cloup.option("--json", "as_json", is_flag=True,
+    job_option("--json", "as_json", needs=["ckpts"], is_flag=True,
                   help="Print one JSON object per checkpoint instead of text: errors, per_class (each class's test "
                        "images and error) and, for an LC run, how LC went."),
-    cloup.option("--model", "model_name", type=click.Choice(["teacher", "student"]), default="teacher",
+    job_option("--model", "model_name", needs=["ckpts"], not_with=["audit"], type=click.Choice(["teacher", "student"]),
+               default="teacher",
                   help="The model that predicts (--predict), whose confidences are calibrated and whose confusion "
                        "matrix is drawn (--confusion)."),
     cloup.option("--pool-error", is_flag=True,
@@ -129,13 +139,13 @@ def check_outputs_of(o, states):
     job_option("--truth", needs=["pool_error"], type=click.Path(exists=True, dir_okay=False), default=None,
                   help="With --pool-error on a folder: a CSV with columns path,class for its unlabeled/ images (paths"
                        " as unlabeled/NAME; examples/own_images.py writes one beside the folders it builds)."),
-    cloup.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Dataset folder. [default: the "
-                                                                                    "checkpoint's]"),
-    cloup.option("--seed", type=int, default=0,
-                  help="Seed of the t-SNE and its subsample, and of --suggest's k-means (the errors are "
-                       "deterministic)."),
-    cloup.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", help="auto: CUDA when "
-                                                                                              "available."),
+    job_option("--data-dir", needs=["ckpts"], type=click.Path(file_okay=False), default=None,
+               help="Dataset folder. [default: the checkpoint's]"),
+    job_option("--seed", needs=["tsne", "suggest_n", "audit"], type=int, default=0,
+               help="Seed of the t-SNE and its subsample, of --suggest's k-means and of the audit's folds (the "
+                    "errors are deterministic)."),
+    job_option("--device", needs=["ckpts"], type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+               help="auto: CUDA when available."),
 )
 @cloup.option_group(
     "Predict and accept (--predict)", "a calibrated class for every image, and which to accept",

@@ -18,6 +18,7 @@ import click
 
 from mtlc.data.batches import Batches
 from mtlc.data.splits import true_classes
+from mtlc.disk.command_line import Command
 from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import STAGE_OUTPUTS, check_output_folder, check_outputs
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
@@ -68,7 +69,7 @@ class EpsParam(click.ParamType):
         return Number(min=0, min_open=True).convert(value, param, ctx)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--ckpt", type=click.Path(dir_okay=False), required=True,
               help="The MT checkpoint to start from (mt.pt: the state LC starts from, train_mt.py --lc-start-epoch).")
 @click.option("--eps", type=EpsParam(), default=None,

@@ -32,6 +32,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from mtlc.disk.command_line import Command
 from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME
 from mtlc.errors import UserError
@@ -85,7 +86,7 @@ def progress_bar(total, what):
     return tqdm(total=total, desc=what, unit="file", disable=None, leave=False, file=sys.stderr).update
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--data-dir", type=click.Path(file_okay=False), required=True,
               help="The own-images folder (labeled/<class>/, unlabeled/).")
 @click.option("--apply", "labels_csv", type=click.Path(dir_okay=False), default=None,

@@ -19,6 +19,7 @@ from mtlc.data.batches import channel_stats
 from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
 from mtlc.data.splits import balanced_split, hold_out, own_split
+from mtlc.disk.command_line import Command
 from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
@@ -48,7 +49,7 @@ REPLACED = OUTPUTS + STAGE_OUTPUTS["lc"]
 LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for copies says it is looking (tens of seconds)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--dataset", type=click.Choice(DATASETS), default="digits",
               help="svhn / cifar10 (downloaded into --data-dir), digits (bundled with scikit-learn, offline), "
                    "folder: your own images in --data-dir, either labeled/<class>/* (every image labeled), "
