@@ -31,8 +31,8 @@ from mtlc.train.epochs import run_stage
 from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.train.objectives import OBJECTIVES
 from mtlc.train.pretrained import CONVLARGE
-from mtlc.train.options import (Number, note_ignored_by_resume, resumed_curves, run_options, speed_options,
-                                tensorboard_option)
+from mtlc.train.options import (Number, moved_inputs, note_ignored_by_resume, resumed_curves, run_options,
+                                speed_options, tensorboard_option)
 from mtlc.train.presets import preset, preset_help, stage_lengths
 from mtlc.train.settings import LCSettings
 from mtlc.train.trainer import make_trainer
@@ -129,9 +129,11 @@ def main(**options):
             state, path = resume_checkpoint(out, "lc", write=procs.main)
             lc = state["config"].lc
             same_ckpt = Path(o.ckpt).resolve() == Path(lc.mt_checkpoint)  # --ckpt only finds --out's default
+            read = ("out", "device", "tensorboard", "data_dir") + ("truth",) * (lc.pairs == "true-class")
             note_ignored_by_resume({**state["config"].as_dict(), **lc.as_dict(), "ckpt": o.ckpt if same_ckpt else lc.mt_checkpoint},
-                                   ("out", "device", "tensorboard", "data_dir"), procs.echo)
-            data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
+                                   read, procs.echo)
+            state["config"] = moved_inputs(state["config"], o.data_dir, o.truth if "truth" in read else None)
+            data = procs.main_first(lambda: restore_data(state, echo=procs.echo))
             procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")
             trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,
                                 reference_spread=state["reference_spread"])

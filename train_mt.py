@@ -33,8 +33,8 @@ from mtlc.train.epochs import run_stage
 from mtlc.train.model import check_image_size
 from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
                                    objective_options)
-from mtlc.train.options import (Number, note_ignored_by_resume, resumed_curves, run_options, speed_options,
-                                tensorboard_option)
+from mtlc.train.options import (Number, given_on_command_line, moved_inputs, note_ignored_by_resume, resumed_curves,
+                                run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
 from mtlc.train.pretrained import (BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, default_image_size,
@@ -140,9 +140,11 @@ def main(**options):
     with processes(o.device) as (procs, device), run_folder(out, "train_mt.py", hold=procs.main and bool(outputs)):
         if o.resume:
             state, path = resume_checkpoint(out, "mt", write=procs.main)
-            note_ignored_by_resume(state["config"].as_dict(), ("out", "device", "tensorboard", "overwrite"),
+            note_ignored_by_resume(state["config"].as_dict(), ("out", "device", "tensorboard", "overwrite", "data_dir"),
                                    procs.echo)
-            config, data = state["config"], procs.main_first(lambda: restore_data(state, echo=procs.echo))
+            moved = o.data_dir if given_on_command_line("data_dir") else None
+            state["config"] = config = moved_inputs(state["config"], moved)
+            data = procs.main_first(lambda: restore_data(state, echo=procs.echo))
             stale = stage_two_beside(out, o.overwrite)
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,

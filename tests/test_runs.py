@@ -142,3 +142,47 @@ def test_sigint_stops_with_a_message(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT and "interrupted by SIGINT" in err, (proc.returncode, err)
     assert torch.load(tmp_path / "mt_last.pt", weights_only=True)["epoch"] >= 1
+
+
+@pytest.mark.slow
+def test_a_resume_reads_the_folder_where_it_now_is(tmp_path):
+    """A run whose folder moved while it was stopped resumes with --data-dir naming the new place (its
+    images checked as they are now) and says nothing of it."""
+    from fakedata import write_own_folder
+    write_own_folder(tmp_path / "d", n_labeled=4, n_unlabeled=12, n_test=2)
+    args = ["train_mt.py", "--dataset", "folder", "--consistency", "mt", "--data-dir", tmp_path / "d", "--width",
+            "0.0625", "--image-size", "16", "--labeled-batch", "4", "--unlabeled-batch", "4", "--epochs", "3",
+            "--decay-epochs", "1", "--device", "cpu", "--out", tmp_path / "run"]
+    code, err = kill_after_first_epoch(args, tmp_path / "run" / "mt_last.pt")
+    assert code == 128 + signal.SIGTERM, err
+    (tmp_path / "d").rename(tmp_path / "moved")
+    res = run("train_mt.py", "--resume", "--out", tmp_path / "run")
+    assert res.returncode == 2 and str(tmp_path / "d") in res.stderr, res.stderr
+    res = run(ROOT / "train_mt.py", "--resume", "--data-dir", "moved", "--out", tmp_path / "run", cwd=tmp_path)
+    assert res.returncode == 0 and "ignored" not in res.stdout, res.stdout + res.stderr
+    config = torch.load(tmp_path / "run" / "mt_final.pt", weights_only=True)["config"]
+    assert config["data_dir"] == str((tmp_path / "moved").resolve())
+
+
+def test_options_equal_to_the_runs_own_go_unsaid(tmp_path, monkeypatch):
+    """A relative path to the run's own place, and options stored under another name (--compile,
+    --lc-pairs, --lc-scope) equal to the run's, are not named as ignored; one that differs is."""
+    import click
+    from click.testing import CliRunner
+    from mtlc.train.options import note_ignored_by_resume
+    said = []
+
+    @click.command()
+    @click.option("--data-dir")
+    @click.option("--compile", "compile_", is_flag=True)
+    @click.option("--lc-pairs")
+    @click.option("--lc-scope")
+    @click.option("--epochs", type=int)
+    def command(**options):
+        note_ignored_by_resume(dict(data_dir=str(tmp_path.resolve()), compile=True, pairs="all", scope="local", epochs=3),
+                               (), said.append)
+    monkeypatch.chdir(tmp_path)
+    args = ["--data-dir", ".", "--compile", "--lc-pairs", "all", "--lc-scope", "local"]
+    assert CliRunner().invoke(command, args).exit_code == 0 and said == []
+    assert CliRunner().invoke(command, [*args, "--epochs", "5"]).exit_code == 0
+    assert said == ["--resume continues with the run's own settings; ignored: --epochs 5 (the run's: 3)"]

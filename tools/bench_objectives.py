@@ -41,6 +41,14 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = {"mt": "mt_final.pt", "control": "control/lc.pt", "lc": "lc/lc.pt"}
 
 
+def merged(base, options):
+    """The options of base (each with its value) but those that an objective's options give again (its
+    own --width), then those options: each option once, as train_mt.py takes them."""
+    given = {option for option in options if option.startswith("--")}
+    kept = [pair for pair in zip(base[::2], base[1::2]) if pair[0] not in given]
+    return [item for pair in kept for item in pair] + list(options)
+
+
 def run_plan(dataset, data_dir, width, seeds, objectives, out, stage_two=True):
     """[(name, command, the file it makes, the file it needs)] of every training (stage 1 alone
     without stage_two)."""
@@ -50,8 +58,8 @@ def run_plan(dataset, data_dir, width, seeds, objectives, out, stage_two=True):
             run = Path(out) / f"{name}-{seed}"
             data = ["--dataset", dataset] + (["--data-dir", str(data_dir)] if data_dir else [])
             split = ["--split-seed", str(seed)] if dataset != "folder" else []
-            plan.append((f"{name}-{seed} stage 1", ["train_mt.py", *data, "--width", str(width), "--seed", str(seed),
-                                                    *split, *shlex.split(options), "--out", str(run)],
+            base = [*data, "--width", str(width), "--seed", str(seed), *split]
+            plan.append((f"{name}-{seed} stage 1", ["train_mt.py", *merged(base, shlex.split(options)), "--out", str(run)],
                          run / "mt_final.pt", None))
             for stage, lam in (("control", ["--lam", "0"]), ("lc", [])) if stage_two else ():
                 command = ["finetune_lc.py", "--ckpt", str(run / "mt.pt"), *lam, "--out", str(run / stage)]
@@ -94,8 +102,8 @@ def step_costs(dataset, data_dir, width, objectives, steps, rounds):
             if "--compress" in options:
                 at = options.index("--compress")
                 options = options[:at] + options[at + 2:]
-            res = subprocess.run([sys.executable, "train_mt.py", *data, "--width", str(width), *options, "--benchmark",
-                                  str(steps)], cwd=ROOT, env=env, capture_output=True, text=True)
+            res = subprocess.run([sys.executable, "train_mt.py", *merged([*data, "--width", str(width)], options),
+                                  "--benchmark", str(steps)], cwd=ROOT, env=env, capture_output=True, text=True)
             if res.returncode != 0:
                 raise click.ClickException(f"the benchmark of {name} failed: {res.stderr.strip().splitlines()[-1:]}")
             costs[name].append(json.loads(res.stdout.strip().splitlines()[-1])["sec_per_step"])

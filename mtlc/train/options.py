@@ -1,6 +1,8 @@
 """Command-line options that both training stages take, defined once."""
 import math
+import os
 import sys
+from pathlib import Path
 
 import click
 from click.core import ParameterSource
@@ -42,29 +44,58 @@ def run_options(stage_name):
                          "the resumed run, once it ends." if stage_name == "mt" else ".")),
         click.option("--resume", is_flag=True,
                      help=f"Continue the interrupted run in --out from its {stage_name}_last.pt, with that run's "
-                          "settings: --device and --tensorboard are read" + (", and --data-dir (the folder, if it moved)"
-                                                                               if stage_name == "lc" else "")
+                          "settings: --device and --tensorboard are read, and --data-dir (the folder, if it moved: its "
+                          "images checked to be the run's)" + (" and --truth" if stage_name == "lc" else "")
                           + "; other options given are named as ignored where they differ from the run's. It ends "
                           "bitwise as an uninterrupted run would."),
     ])
 
 
+# The setting each option of another name fills in a run's config (stage 2's under its own names).
+SETTING_OF = {"compile_": "compile", "lc_pairs": "pairs", "lc_scope": "scope"}
+# The options that name a file or folder: one names the run's own where both lead to the same place.
+PATH_OPTIONS = ("data_dir", "truth", "ckpt", "tensorboard")
+
+
+def same_as_the_runs(name, value, run_value):
+    if name in PATH_OPTIONS and value is not None and run_value is not None:
+        return os.path.realpath(value) == os.path.realpath(run_value)
+    return value == run_value
+
+
 def note_ignored_by_resume(settings, read, echo):
     """Names the options on the command line that --resume ignores, where they may differ from the
-    run's own `settings` (by option name; one equal to the run's goes unsaid), so that a changed
-    --epochs is not believed applied; `read` names the options a resumed run reads."""
+    run's own `settings` (by the setting's name; one equal to the run's goes unsaid, a relative path
+    to the run's own place included), so that a changed --epochs is not believed applied; `read`
+    names the options a resumed run reads."""
     context = click.get_current_context()
     ignored = []
     for param in context.command.params:
         if param.name in {"resume", *read} or context.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
             continue
-        value = context.params[param.name]
-        if param.name not in settings:
+        value, key = context.params[param.name], SETTING_OF.get(param.name, param.name)
+        if key not in settings:
             ignored.append(param.opts[0])
-        elif settings[param.name] != value:
-            ignored.append(f"{param.opts[0]} {value} (the run's: {settings[param.name]})")
+        elif not same_as_the_runs(key, value, settings[key]):
+            ignored.append(f"{param.opts[0]} {value} (the run's: {settings[key]})")
     if ignored:
         echo(f"--resume continues with the run's own settings; ignored: {', '.join(ignored)}")
+
+
+def given_on_command_line(name):
+    """Whether the option of that parameter name was given on the command line (not its default)."""
+    return click.get_current_context().get_parameter_source(name) is ParameterSource.COMMANDLINE
+
+
+def moved_inputs(config, data_dir, truth=None):
+    """A resumed run's settings with the data folder (and stage 2's --truth file) where they are now,
+    where the command line names them: a resume reads its inputs where they now are (their content
+    checked as now, by restore_data and the truth file's reader), never where they were."""
+    if data_dir is not None:
+        config = config.replace(data_dir=str(Path(data_dir).resolve()))
+    if truth is not None and config.lc is not None:
+        config = config.replace(lc=config.lc.replace(truth=str(Path(truth).resolve())))
+    return config
 
 
 def tensorboard_option(stage_name):
