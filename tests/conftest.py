@@ -73,6 +73,19 @@ def run(*args, env=None, timeout=None, limit_kb=None, cwd=ROOT):
                           env=dict(os.environ, **(env or {})), timeout=timeout)
 
 
+def overriding(base, *args):
+    """base's options (each followed by its value, or a flag) but those args give again, then args: a
+    test's own settings over a shared list, each option once (the scripts refuse one given twice)."""
+    again = {a for a in args if isinstance(a, str) and a.startswith("--")}
+    kept, k = [], 0
+    while k < len(base):
+        takes_value = k + 1 < len(base) and not str(base[k + 1]).startswith("--")
+        if base[k] not in again:
+            kept += base[k:k + 1 + takes_value]
+        k += 1 + takes_value
+    return [*kept, *args]
+
+
 def invoke(command, args):
     """A script's click command run in this process by click's runner, as `python <script> ARGS` would
     (its output and exit code in click's Result); the worker's own state back after it (tests/in_process.py)."""

@@ -15,7 +15,7 @@ from mtlc.train.settings import Stage
 import evaluate
 import finetune_lc
 import train_mt
-from conftest import ROOT, TINY_RUN, invoke, run
+from conftest import ROOT, TINY_RUN, invoke, overriding, run
 from fakedata import tiny_trainer, write_cifar10, write_folder, write_svhn
 
 # Any dataset's smallest run; TINY on digits, at 16 x 16 pixels (the digits are 8 x 8): a quarter of the
@@ -241,7 +241,7 @@ def test_the_validation_hold_out_is_never_trained_on(tmp_path):
 
 @pytest.mark.slow
 def test_same_seed_same_weights_on_cpu(mt_run, tmp_path):
-    res = run("train_mt.py", "--dataset", "digits", *TINY, "--out", tmp_path, "--device", "cpu")
+    res = run("train_mt.py", "--dataset", "digits", *TINY, "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     a = torch.load(mt_run / "mt_final.pt", weights_only=True)
     b = torch.load(tmp_path / "mt_final.pt", weights_only=True)
@@ -403,7 +403,7 @@ def test_checkpoints_cannot_run_code(mt_run, tmp_path):
 def test_lc_start_epoch_and_split_forward(tmp_path):
     """mt.pt holds the epoch LC starts from (CIFAR-10: 600 of 800), mt_final.pt MT's own end; the
     forward mode goes into the config and stage 2 keeps it."""
-    res = run("train_mt.py", *TINY, "--epochs", "2", "--lc-start-epoch", "1", "--forward", "split", "--out", tmp_path)
+    res = run("train_mt.py", *overriding(TINY, "--epochs", "2"), "--lc-start-epoch", "1", "--forward", "split", "--out", tmp_path)
     assert res.returncode == 0, res.stderr
     assert "mt.pt after epoch 1" in res.stdout and "split forward" in res.stdout
     mt, final = (torch.load(tmp_path / n, weights_only=True) for n in ("mt.pt", "mt_final.pt"))

@@ -6,7 +6,7 @@ import finetune_lc
 import train_mt
 from mtlc.train.curves import scalars, tag
 from mtlc.disk.runs import read_metrics
-from conftest import invoke
+from conftest import invoke, overriding
 from test_resume import LC_ARGS, MT_ARGS, interrupt_write
 
 
@@ -73,7 +73,7 @@ def test_a_resumed_run_writes_each_step_once(tmp_path, monkeypatch):
 
 def test_tensorboard_folder_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "tb").write_text("not a folder")
-    result = invoke(train_mt, [*MT_ARGS, "--epochs", "1", "--decay-epochs", "0", "--out", tmp_path / "run",
+    result = invoke(train_mt, [*overriding(MT_ARGS, "--epochs", "1", "--decay-epochs", "0"), "--out", tmp_path / "run",
                                "--tensorboard", tmp_path / "tb"])
     assert result.exit_code == 2 and "tb" in result.output
     assert (tmp_path / "tb").read_text() == "not a folder"

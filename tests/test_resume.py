@@ -12,7 +12,7 @@ from mtlc.disk import runs
 import train_mt
 from mtlc.errors import WriteFailed
 from mtlc.disk.runs import Interrupted, atomic_write, read_metrics
-from conftest import TINY_RUN, invoke
+from conftest import TINY_RUN, invoke, overriding
 
 TINY = [*TINY_RUN, "--unlabeled-batch", "512", "--seed", "2", "--precision", "fp32"]
 MT_ARGS = [*TINY, "--epochs", "2", "--decay-epochs", "1"]  # milestones: mt.pt after epoch 2, mt_final.pt after 3
@@ -72,7 +72,7 @@ def test_mt_killed_at_any_write_resumes_to_the_same_files(straight, tmp_path, mo
     assert result.exit_code == 128 + signal.SIGTERM and "interrupted by SIGTERM" in result.output, result.output
     assert not list(tmp_path.glob(".*.tmp"))
     monkeypatch.undo()
-    result = invoke(train_mt, [*MT_ARGS, "--epochs", "5", "--resume", "--out", tmp_path])  # the line again
+    result = invoke(train_mt, [*overriding(MT_ARGS, "--epochs", "5"), "--resume", "--out", tmp_path])  # the line again
     assert result.exit_code == 0, result.output
     # the options equal to the run's go unsaid; the run's 2 + 1 epochs, not 5
     assert "--resume continues with the run's own settings; ignored: --epochs 5 (the run's: 2)\n" in result.output

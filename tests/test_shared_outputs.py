@@ -17,7 +17,7 @@ import torch
 
 import evaluate
 import train_mt
-from conftest import ROOT, invoke, read_rows, run
+from conftest import ROOT, invoke, overriding, read_rows, run
 from mtlc.use import prediction_rows
 from mtlc.disk.runs import staging_folder
 from mtlc.use.audit import AUDIT_HEADER
@@ -201,14 +201,14 @@ def test_resume_continues_the_run_it_names(tmp_path, monkeypatch):
     out = tmp_path / "r"
     assert invoke(train_mt, [*MT_ARGS, "--out", out]).exit_code == 0
     interrupt_write(monkeypatch, "mt_last.pt", 2)
-    assert invoke(train_mt, [*MT_ARGS, "--seed", "7", "--overwrite", "--out", out]).exit_code != 0
+    assert invoke(train_mt, [*overriding(MT_ARGS, "--seed", "7"), "--overwrite", "--out", out]).exit_code != 0
     monkeypatch.undo()
     assert (staging_folder(out, "mt") / "mt_last.pt").exists()
     for name in ("mt.pt", "mt_final.pt", "mt_last.pt", "mt_metrics.jsonl"):
         (out / name).unlink()
     os.utime(staging_folder(out, "mt") / "mt_last.pt", (time.time() - 60,) * 2)  # the older run
     interrupt_write(monkeypatch, "mt_last.pt", 2)
-    assert invoke(train_mt, [*MT_ARGS, "--seed", "2", "--out", out]).exit_code != 0  # a new run: the staging goes
+    assert invoke(train_mt, [*overriding(MT_ARGS, "--seed", "2"), "--out", out]).exit_code != 0  # a new run: the staging goes
     monkeypatch.undo()
     assert not staging_folder(out, "mt").exists()
     result = invoke(train_mt, ["--resume", "--out", out])
