@@ -34,8 +34,9 @@ from .mapped import mapped_images, release_pages
 # orientation, 16/32-bit and float images by their range, transparency on white. 3: a memory-mapped
 # array of a folder's training (labeled, then unlabeled) or test images. 4: keyed by the change
 # time too; each row's file named with the hash of its bytes; only the allowed formats. 5: sealed with
-# this machine's secret and bound to the very files it wrote.
-CACHE_VERSION = 5
+# this machine's secret and bound to the very files it wrote. 6: an image of more than
+# images.REDUCE_ABOVE pixels reduced as soon as it is decoded (bounded memory).
+CACHE_VERSION = 6
 # The .u8 cache file's header: its key, padded to one alignment-friendly block.
 HEADER_BYTES = 128
 # Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.

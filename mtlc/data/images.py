@@ -1,9 +1,13 @@
 """Decoding image files to uint8 tensors (3, S, S) the way a viewer shows them, a bounded batch at
 a time on a pool of threads; the file's bytes are read once (and hashed, for the decode cache).
 """
+import contextlib
+import ctypes
+import ctypes.util
 import functools
 import io
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,6 +20,39 @@ from .files import FORMATS, READ_AS, file_digest
 
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
+# An image of more pixels than this is reduced (a box average by a whole factor, to at least 4x the
+# side asked for) as soon as it is decoded, before it is turned upright, composited or converted: each
+# of those steps copies the image, and a 9,400 x 9,400 RGBA PNG of 343 KB cost 1.5 GB of them
+# (docs/decode-memory.md). Smaller images (a phone's 12-megapixel photos) decode as they always did.
+REDUCE_ABOVE = 16_000_000
+# The pixels that the decoding threads may hold at once, whatever the number of cores: a thread waits
+# until the images in flight leave room for its own (an image larger than this decodes alone).
+PIXELS_IN_FLIGHT = 64_000_000
+STRIP_PIXELS = 1_000_000  # the pixels of a strip that reduced() reduces at a time
+
+
+class PixelBudget:
+    """The pixels of the images being decoded at once, bounded: `holding(n)` waits until n more fit
+    (or nothing else is held), and gives them back after."""
+
+    def __init__(self, most):
+        self.most, self.held, self.changed = most, 0, threading.Condition()
+
+    @contextlib.contextmanager
+    def holding(self, n):
+        n = min(n, self.most)  # an image over the budget takes all of it: it decodes alone
+        with self.changed:
+            self.changed.wait_for(lambda: self.held + n <= self.most)
+            self.held += n
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.held -= n
+                self.changed.notify_all()
+
+
+DECODING = PixelBudget(PIXELS_IN_FLIGHT)
 
 
 class BadImage(Exception):
@@ -49,6 +86,11 @@ def as_seen(img):
         img = ImageOps.exif_transpose(img)
     except Exception:  # a broken EXIF block: the pixels as stored
         pass
+    return converted(img)
+
+
+def converted(img):
+    """as_seen's conversions of an upright image (8 bits, composited, RGB)."""
     if img.mode.startswith("I") or img.mode == "F":
         img = eight_bit(img)
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
@@ -81,7 +123,52 @@ def open_as_seen(data, size):
             raise BadImage(f"too large to decode safely ({img.width} x {img.height} pixels, over PIL's "
                            f"limit of {Image.MAX_IMAGE_PIXELS:,})")
         img.draft("RGB", (size, size))
-        return as_seen(img)  # a converted copy: it outlives the file
+        with DECODING.holding(img.width * img.height):
+            return as_seen(reduced(img, size))  # a converted copy: it outlives the file
+
+
+@functools.cache
+def c_library():
+    """The C library, where it has glibc's malloc_trim (Linux), else None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def return_freed_memory():
+    """Give the memory a huge image was decoded in back to the system: glibc keeps what a thread frees
+    in that thread's own arena, where the next huge image (on another thread) cannot reuse it, so that
+    each decoding thread would hold an image's worth (measured: docs/decode-memory.md)."""
+    libc = c_library()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def reduced(img, size):
+    """A decoded image of more than REDUCE_ABOVE pixels reduced by a whole factor, at least 4 * size on
+    its shorter side (its EXIF orientation kept for as_seen), a strip of rows at a time (Pillow's own
+    reduce of an RGBA image makes a premultiplied copy of all of it first), the decoded image let go
+    at once; others as they are."""
+    factor = min(img.width, img.height) // (4 * size)
+    if img.width * img.height <= REDUCE_ABOVE or factor < 2:
+        return img
+    exif, info = img.getexif(), dict(img.info)
+    img.load()
+    if img.mode in ("P", "PA", "1"):  # no reduce for a palette: its colours first
+        img = img.convert("RGBA" if img.mode == "PA" or "transparency" in img.info else "RGB")
+    small = Image.new(img.mode, (img.width // factor, img.height // factor))
+    rows = factor * max(1, STRIP_PIXELS // (img.width * factor))
+    for top in range(0, small.height * factor, rows):
+        bottom = min(top + rows, small.height * factor)
+        small.paste(img.crop((0, top, small.width * factor, bottom)).reduce(factor), (0, top // factor))
+    img.close()  # its pixels freed now, not when the caller lets go of it
+    return_freed_memory()
+    small.info.update(info)
+    if exif:
+        small.getexif().update(exif)
+    return small
 
 
 def decode_bytes(data, size):
