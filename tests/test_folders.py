@@ -403,6 +403,31 @@ def test_true_class_pairs_and_pool_error_on_a_folder(tmp_path):
     assert run("evaluate.py", "--ckpt", out / "lc.pt", "--pool-error").returncode == 2
 
 
+@pytest.mark.slow
+def test_a_resumed_true_class_stage_two_reads_the_truth_where_it_now_is(tmp_path, monkeypatch):
+    """A stage 2 on true-class pairs stopped, its --truth file moved: --resume --truth names the new
+    place (read as now), and the run ends naming it."""
+    import signal
+    import finetune_lc
+    from conftest import invoke
+    from test_resume import interrupt_write
+    write_own_folder(tmp_path / "d")
+    write_truth(tmp_path / "truth.csv")
+    out = tmp_path / "run"
+    assert run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", out).returncode == 0
+    lc = ["--ckpt", out / "mt.pt", "--epochs", "2", "--decay-epochs", "0", "--device", "cpu", "--lc-pairs",
+          "true-class", "--out", out / "lc"]
+    interrupt_write(monkeypatch, "lc_last.pt", 2)
+    stopped = invoke(finetune_lc, [*lc, "--truth", tmp_path / "truth.csv"])
+    assert stopped.exit_code == 128 + signal.SIGTERM, stopped.output
+    monkeypatch.undo()
+    (tmp_path / "truth.csv").rename(tmp_path / "moved.csv")
+    res = invoke(finetune_lc, ["--resume", *lc, "--truth", tmp_path / "moved.csv"])
+    assert res.exit_code == 0 and "ignored" not in res.output, res.output
+    config = torch.load(out / "lc" / "lc.pt", weights_only=True)["config"]
+    assert config["lc"]["truth"] == str((tmp_path / "moved.csv").resolve())
+
+
 def add_mac_and_notebook_leftovers(root):
     """What a folder copied from a Mac or used in Jupyter holds beside the images: an AppleDouble
     ._name beside every image (not an image, though its name says so), .DS_Store, a __MACOSX folder,
