@@ -162,19 +162,17 @@ def leaked_test(data):
     return sorted(data.files["test"][i] for i in leaked)
 
 
-def labeled_copies(digests, images, labels):
-    """[(i, j, detail)] with i < j: the images with a label (labels >= 0) that are copies of each other,
-    exact (the same bytes, by digest) before near (near_pairs among the labeled ones only); images
-    and digests are indexed as labels are."""
-    labeled = np.flatnonzero(np.asarray(labels) >= 0)
+def copy_pairs(digests, images, progress=lambda n: None):
+    """{(i, j): (score, detail)} with i < j: the images (ImageRows or a tensor) that are copies of each
+    other, exact (the same bytes, by the digest of each: score 1) before near (near_pairs: 1 - their
+    difference)."""
     found = {}
-    for group in exact_groups([digests[i] for i in labeled]):
-        for k in group[1:]:
-            found[(int(labeled[group[0]]), int(labeled[k]))] = "exact: the same bytes"
-    rows = images.gather(labeled) if isinstance(images, ImageRows) else images[torch.as_tensor(labeled)]
-    for a, b, distance in near_pairs(rows):
-        found.setdefault((int(labeled[a]), int(labeled[b])), f"near: standardized difference {distance:.3f}")
-    return [(i, j, detail) for (i, j), detail in sorted(found.items())]
+    for group in exact_groups(digests):
+        for i in group[1:]:
+            found[(int(group[0]), int(i))] = (1.0, "exact: the same bytes")
+    for i, j, distance in near_pairs(images, progress):
+        found.setdefault((i, j), (1.0 - distance, f"near: standardized difference {distance:.3f}"))
+    return found
 
 
 def label_conflicts(data):
@@ -186,6 +184,8 @@ def label_conflicts(data):
     names = data.files["train"] + data.files["test"]
     labels = np.concatenate([data.train_y.numpy(), data.test_y.numpy()])
     digests = np.concatenate([data.digests["train"](), data.digests["test"]()])
-    rows = ImageRows(data.train_x, data.test_x)
+    labeled = np.flatnonzero(labels >= 0)  # the copies among the images with a label only
+    rows = ImageRows(data.train_x, data.test_x).gather(labeled)
+    pairs = [(labeled[i], labeled[j], detail) for (i, j), (_, detail) in sorted(copy_pairs(digests[labeled], rows).items())]
     return [(names[j], data.classes[labels[j]], names[i], data.classes[labels[i]], detail)
-            for i, j, detail in labeled_copies(digests, rows, labels) if labels[i] != labels[j]]
+            for i, j, detail in pairs if labels[i] != labels[j]]

@@ -85,7 +85,7 @@ def mark_cells(results, states, echo):
     groups, runs, kept = {}, {}, []
     for result, state in zip(results, states):
         setting = alike_settings(state)
-        result["alike"] = alike_key(setting)  # as evaluate.py printed it
+        result.setdefault("alike", alike_key(setting))  # evaluate.py printed it with the result
         draw = (result["alike"], state["config"].seed, state["config"].split_seed)
         if draw in runs:
             echo(f"note: {result['checkpoint']} is the run of {runs[draw]} again (the same settings and seeds): "

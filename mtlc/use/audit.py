@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.batches import ImageRows
-from ..data.copies import exact_groups, near_pairs, thumbnail_vectors
+from ..data.copies import copy_pairs, thumbnail_vectors
 from ..data.datasets import is_own_layout
 from ..data.files import DIGEST_COLUMN
 from ..data.nearest import BLOCK, Vectors, in_memory, nearest
@@ -95,24 +95,26 @@ class Names:
 def warn_at_chance(logits, labels, steps, echo):
     """A warning where the cross-fitted networks cannot be told from chance on the labels they never
     saw: their ranking of doubtful labels would then say little about the labels."""
-    error = 100 * float(np.mean(logits.argmax(1).numpy() != labels))
-    verdict = chance_verdict(error, labels)
-    if verdict is not None:
-        echo(f"warning: audit: the cross-fitted networks are {chance_words(verdict, error, labels)} on the labeled "
-             f"images they never saw: their doubtful labels are a guess; "
-             + (f"give --audit-steps more than {steps:,}, or more labels" if verdict == "no better"
-                else "more labels would tell"))
+    chance_warning("the cross-fitted networks are", "on the labeled images they never saw", "their doubtful labels",
+                   f"give --audit-steps more than {steps:,}, or more labels", logits, labels, echo)
 
 
 def warn_teacher_at_chance(where, logits, labels, echo):
     """A warning where the checkpoint's teacher cannot be told from chance on its held-out images: the
     doubtful labels it finds there, and the outliers by its features, rest on it."""
+    chance_warning("the checkpoint's teacher is", f"on {where}",
+                   "the doubtful labels it finds there and the outliers by its features",
+                   "train it longer, or with more labels", logits, labels, echo)
+
+
+def chance_warning(networks, where, findings, remedy, logits, labels, echo):
+    """The one warning of a network at chance (inference.chance_verdict) and of the findings resting on
+    it; `remedy` where it is no better than chance, more labels where too few tell."""
     error = 100 * float(np.mean(logits.argmax(1).numpy() != labels))
     verdict = chance_verdict(error, labels)
     if verdict is not None:
-        echo(f"warning: audit: the checkpoint's teacher is {chance_words(verdict, error, labels)} on {where}: the "
-             f"doubtful labels it finds there and the outliers by its features are a guess; "
-             + ("train it longer, or with more labels" if verdict == "no better" else "more labels would tell"))
+        echo(f"warning: audit: {networks} {chance_words(verdict, error, labels)} {where}: {findings} are a guess; "
+             + (remedy if verdict == "no better" else "more labels would tell"))
 
 
 def label_findings(paths, labels, probabilities, classes, where):
@@ -131,14 +133,8 @@ def copy_findings(paths, images, is_test, digests, labels, classes, progress=lam
     same image under two classes: one of them is wrong, and neither is a copy to set aside), else a
     leak where it pairs a test image with a training one (reported on the test image), else a
     duplicate. labels: each image's class, -1 for an unlabeled one."""
-    found = {}
-    for group in exact_groups(digests):
-        for i in group[1:]:
-            found[(int(group[0]), int(i))] = (1.0, "exact: the same bytes")
-    for i, j, distance in near_pairs(images, progress):
-        found.setdefault((i, j), (1.0 - distance, f"near: standardized difference {distance:.3f}"))
     findings, reported = [], set()
-    for (i, j), (score, detail) in sorted(found.items()):
+    for (i, j), (score, detail) in sorted(copy_pairs(digests, images, progress).items()):
         given = ""
         if labels[i] >= 0 and labels[j] >= 0 and labels[i] != labels[j]:
             kind, which, copy = "conflict", j, i
