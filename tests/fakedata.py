@@ -73,7 +73,8 @@ def tiny_trainer(data, labeled, unlabeled, config, stage, procs=None, val=None, 
     import torch
 
     from mtlc.data.views import augment
-    from mtlc.train.model import ModelConfig, build_models
+    from mtlc.train.model import ModelConfig
+    from mtlc.train.networks import build_models
     from mtlc.train.trainer import Trainer, make_optimizer
     config = run_settings(**{"image_size": data.train_x.shape[-1], **config})
     torch.manual_seed(0)

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mtlc.train.model import Dropout, ModelConfig, build_models
+from mtlc.train.model import Dropout, ModelConfig
+from mtlc.train.networks import build_models
 from mtlc.train.devices import resolve_precision
 from mtlc.train.objectives.mean_teacher import consistency_loss
 from mtlc.train.trainer import ema_update

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's ro
 from mtlc.data.batches import channel_stats  # noqa: E402
 from mtlc.data.datasets import load_digits  # noqa: E402
 from mtlc.train.devices import conv_rate, device_name, pick_device, sync  # noqa: E402
-from mtlc.train.model import Dropout, ModelConfig, build_models  # noqa: E402
+from mtlc.train.model import Dropout, ModelConfig  # noqa: E402
+from mtlc.train.networks import build_models  # noqa: E402
 from mtlc.train.trainer import make_optimizer  # noqa: E402
 
 

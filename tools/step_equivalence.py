@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's ro
 from mtlc.data.batches import channel_stats, seed_step  # noqa: E402
 from mtlc.data.datasets import load_digits  # noqa: E402
 from mtlc.train.devices import Processes, pick_device  # noqa: E402
-from mtlc.train.model import ModelConfig, build_models  # noqa: E402
+from mtlc.train.model import ModelConfig  # noqa: E402
+from mtlc.train.networks import build_models  # noqa: E402
 from mtlc.data.splits import balanced_split  # noqa: E402
 from mtlc.train.settings import RunSettings, Stage  # noqa: E402
 from mtlc.train.trainer import Trainer, make_optimizer  # noqa: E402

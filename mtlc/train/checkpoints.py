@@ -16,7 +16,8 @@ from torch.torch_version import TorchVersion
 from ..data.datasets import load_dataset
 from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from ..errors import UserError
-from .model import ModelConfig, build_models
+from .model import ModelConfig
+from .networks import build_models
 from .objectives import OBJECTIVES
 from .embeddings import embed
 from .pretrained import BACKBONE_NAMES, CONVLARGE

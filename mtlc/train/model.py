@@ -208,17 +208,3 @@ def recompute_bn_means(model, batches):
     for m, momentum in zip(layers, momenta):
         m.momentum = momentum
     model.train(was_training)
-
-
-def build_models(model_config, device):
-    """A student and its teacher (no gradients), as a ModelConfig sets them."""
-    c = model_config
-    if c.backbone == "convlarge":
-        student, teacher = (ConvLarge(c.num_classes, c.width, c.bn_momentum).to(device) for _ in range(2))
-    else:
-        from .pretrained import PretrainedNet  # timm's import takes seconds: only where a backbone is used
-        student, teacher = (PretrainedNet(c.backbone, c.num_classes, c.width, c.bn_momentum).to(device)
-                            for _ in range(2))
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return student, teacher

@@ -23,7 +23,8 @@ from .devices import Processes, average_buffers, sync
 from .graphed import GraphedSteps, resolve_step_mode
 from .inference import chance_verdict, chance_words, test_error
 from .lc import PairDistances, lc_features, lc_term
-from .model import ModelConfig, SplitForward, build_models, recompute_bn_means
+from .model import ModelConfig, SplitForward, recompute_bn_means
+from .networks import build_models
 from .objectives import objective_of
 from .settings import learning_rate, sigmoid_rampup
 

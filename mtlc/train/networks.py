@@ -1,0 +1,17 @@
+"""The networks a run trains: the paper's ConvLarge from scratch (model.py), or a head on a frozen
+pretrained trunk (pretrained.py), as a run's ModelConfig says."""
+from .model import ConvLarge
+from .pretrained import PretrainedNet
+
+
+def build_models(model_config, device):
+    """A student and its teacher (no gradients), as a ModelConfig sets them."""
+    c = model_config
+    if c.backbone == "convlarge":
+        student, teacher = (ConvLarge(c.num_classes, c.width, c.bn_momentum).to(device) for _ in range(2))
+    else:
+        student, teacher = (PretrainedNet(c.backbone, c.num_classes, c.width, c.bn_momentum).to(device)
+                            for _ in range(2))
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return student, teacher
