@@ -18,14 +18,13 @@ which to label next), the paper's results table, error curves and t-SNE pictures
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 import cloup
 import torch
 
 from mtlc.data.splits import true_classes
-from mtlc.disk.command_line import OnceEach
+from mtlc.disk.command_line import OnceEach, given_options
 from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import check_outputs
 from mtlc.errors import UserError
@@ -259,11 +258,9 @@ def main(more_paths, **options):
     and figures. Paths after the options belong to --predict when it is given, else to --ckpt. Each
     option belongs to a job (the groups below) and is refused without it."""
     robust_streams()
-    o = SimpleNamespace(**options)
-    if o.predict_paths:
-        o.predict_paths += more_paths
-    else:
-        o.ckpts += more_paths
+    o = given_options(options)
+    o = o._replace(**({"predict_paths": o.predict_paths + more_paths} if o.predict_paths
+                      else {"ckpts": o.ckpts + more_paths}))
     check_request(click.get_current_context(), o)
     check_outputs_of(o, [])  # before any checkpoint is read
     torch.manual_seed(o.seed)

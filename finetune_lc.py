@@ -12,13 +12,12 @@ epoch, for --resume) to --out (default: the checkpoint's folder).
 import math
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 
 from mtlc.data.batches import Batches
 from mtlc.data.splits import true_classes
-from mtlc.disk.command_line import Command
+from mtlc.disk.command_line import Command, given_options
 from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import STAGE_OUTPUTS, check_output_folder, check_outputs
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
@@ -115,7 +114,7 @@ class EpsParam(click.ParamType):
 def main(**options):
     """Stage 2: fine-tune an MT checkpoint with the local-clustering loss. Under torchrun, every
     process trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
-    o = SimpleNamespace(**options)
+    o = given_options(options)
     robust_streams()
     check_resume_flags(o.resume, overwrite=o.overwrite, benchmark=o.benchmark, unfinished=o.unfinished)
     check_output_folder("--out", o.out if o.out is not None else Path(o.ckpt).parent)

@@ -11,7 +11,6 @@ mt_last.pt (the state after the latest epoch, from which --resume continues).
 """
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 
@@ -19,7 +18,7 @@ from mtlc.data.batches import channel_stats
 from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
 from mtlc.data.splits import balanced_split, hold_out, own_split
-from mtlc.disk.command_line import Command
+from mtlc.disk.command_line import Command, given_options
 from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
@@ -128,7 +127,7 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
 def main(**options):
     """Stage 1: train the Mean Teacher model (student + EMA teacher). Under torchrun, every process
     trains on its share of each batch (DistributedDataParallel); rank 0 writes the files."""
-    o = SimpleNamespace(**options)
+    o = given_options(options)
     robust_streams()
     check_resume_flags(o.resume, benchmark=o.benchmark)
     check_output_folder("--out", o.out or ".")
@@ -158,8 +157,8 @@ def main(**options):
             return
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
-        o.backbone = o.backbone or BACKBONE[o.dataset]
-        o.image_size = o.image_size or default_image_size(o.backbone)
+        backbone = o.backbone or BACKBONE[o.dataset]
+        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         if o.backbone != CONVLARGE:
             weights_path(BACKBONES[o.backbone])  # the package there, before any work

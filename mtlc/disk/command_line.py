@@ -1,7 +1,10 @@
-"""What the four scripts' command lines share: each option given once. Click keeps the last of an
+"""What the four scripts' command lines share: each option given once, and what was given as one
+immutable record (GivenOptions). Click keeps the last of an
 option given twice (`--csv a --csv b` writes b; `--max-error 1 --max-error 20` accepts at 20), so a
 command line that says two things is refused in one line before any work.
 """
+from collections import namedtuple
+
 import click
 
 
@@ -34,3 +37,10 @@ class OnceEach:
 
 class Command(OnceEach, click.Command):
     """click.Command, each option given once."""
+
+
+def given_options(options):
+    """The command line as click parsed it, an immutable record (None where a preset decides): what a
+    script fills in from presets and data goes into its typed settings (train/settings.py), never back
+    here; `._replace(...)` makes the resolved copy where a script needs one."""
+    return namedtuple("GivenOptions", options)(**options)
