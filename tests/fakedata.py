@@ -1,5 +1,7 @@
 """Tiny datasets in the real on-disk formats, for tests: SVHN's .mat, CIFAR-10's pickled batches,
-an ImageFolder tree."""
+an ImageFolder tree; and what several test files share: a folder's small run, the lines and rows the
+scripts write, and watching or refusing the decoding of images."""
+import json
 import pickle
 from pathlib import Path
 
@@ -108,3 +110,38 @@ def write_own_folder(root, classes=("cat", "dog", "owl"), n_labeled=6, n_unlabel
         folder = Path(root) / "unlabeled" / unlabeled_dirs[i % len(unlabeled_dirs)]
         folder.mkdir(parents=True, exist_ok=True)
         image(i % len(classes)).save(folder / f"u{i:04d}.png")
+
+
+# A small run on your own images (write_own_folder's): a narrow network, small batches, two epochs.
+SMALL = ["--width", "0.0625", "--labeled-batch", "6", "--unlabeled-batch", "12", "--epochs", "2", "--decay-epochs",
+         "1", "--seed", "1", "--device", "cpu"]
+
+
+def rows(csv_text):
+    lines = csv_text.strip().splitlines()
+    assert lines[0] == "path,prediction,confidence,runner_up,blake2b"  # the image each row is for, last
+    return [line.split(",") for line in lines[1:]]
+
+
+def lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def quiet(line):
+    pass
+
+
+def no_decoding(monkeypatch):
+    from mtlc.data import images
+
+    def refuse(data, size):
+        raise AssertionError("decoded an image")
+    monkeypatch.setattr(images, "decode_bytes", refuse)
+
+
+def counting(monkeypatch, name):
+    """Record the calls of images.<name> (read_file: every file read; decode_bytes: every decode)."""
+    from mtlc.data import images
+    calls, original = [], getattr(images, name)
+    monkeypatch.setattr(images, name, lambda *args: calls.append(args[0]) or original(*args))
+    return calls

@@ -1,8 +1,7 @@
-"""Your own images: the labeled/ unlabeled/ test/ layout through all three stages, the decode cache,
-bad files and folders, --image-size."""
-import collections
+"""Your own images: the labeled/ unlabeled/ test/ layout through all three stages, bad files and
+folders, --image-size (the decode cache: test_cache_identity.py; other and hidden files:
+test_folder_leftovers.py)."""
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -12,23 +11,12 @@ from PIL import Image
 
 from mtlc.data import files
 
-from mtlc.data import images
 import train_mt
 from mtlc.data.datasets import load_dataset
-from mtlc.data.cache import DecodeCache, cache_dir
 from mtlc.data.files import find_images
 from mtlc.errors import UserError
 from conftest import invoke, run
-from fakedata import write_own_folder
-
-SMALL = ["--width", "0.0625", "--labeled-batch", "6", "--unlabeled-batch", "12", "--epochs", "2", "--decay-epochs",
-         "1", "--seed", "1", "--device", "cpu"]
-
-
-def rows(csv_text):
-    lines = csv_text.strip().splitlines()
-    assert lines[0] == "path,prediction,confidence,runner_up,blake2b"  # the image each row is for, last
-    return [line.split(",") for line in lines[1:]]
+from fakedata import SMALL, no_decoding, quiet, rows, write_own_folder
 
 
 @pytest.mark.slow
@@ -108,91 +96,6 @@ def test_a_changed_folder_is_a_clear_error(tmp_path):
     assert res.returncode == 2 and "changed since the checkpoint was trained" in res.stderr
     assert "1 missing (unlabeled/u0000.png)" in res.stderr and "1 new (unlabeled/new.png)" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "lc").exists()
-
-
-# The decode cache ---------------------------------------------------------------------------------
-
-def quiet(line):
-    pass
-
-
-def no_decoding(monkeypatch):
-    def refuse(data, size):
-        raise AssertionError("decoded an image")
-    monkeypatch.setattr(images, "decode_bytes", refuse)
-
-
-def test_cache_hit_skips_decoding(tmp_path, monkeypatch):
-    write_own_folder(tmp_path)
-    first = load_dataset("folder", tmp_path, echo=quiet)
-    assert sorted(p.name.split("-")[0] + "".join(p.suffixes[-2:]) for p in (tmp_path / "mtlc-cache").iterdir()) == [
-        "test.files.json", "test.json", "test.u8", "train.files.json", "train.json", "train.u8"]
-    no_decoding(monkeypatch)
-    second = load_dataset("folder", tmp_path, echo=quiet)
-    assert torch.equal(first.train_x, second.train_x) and torch.equal(first.test_x, second.test_x)
-    assert first.files == second.files
-
-
-def test_stale_cache_is_rebuilt(tmp_path):
-    write_own_folder(tmp_path)
-    before = load_dataset("folder", tmp_path, echo=quiet)
-    Image.new("RGB", (30, 30), (255, 0, 0)).save(tmp_path / "labeled" / "cat" / "0.png")  # same name, new pixels
-    after = load_dataset("folder", tmp_path, echo=quiet)
-    assert not torch.equal(before.train_x[0], after.train_x[0])
-    assert (after.train_x[0, 0] == 255).all() and (after.train_x[0, 1:] == 0).all()
-    assert len(list((tmp_path / "mtlc-cache").glob("train-*"))) == 3  # the stale .u8, .files.json and .json are gone
-
-
-def test_corrupted_cache_is_rebuilt(tmp_path):
-    write_own_folder(tmp_path)
-    good = load_dataset("folder", tmp_path, echo=quiet).train_x.clone()  # a copy: the map reads the file
-    for cache in (tmp_path / "mtlc-cache").glob("*.u8"):
-        cache.write_bytes(cache.read_bytes()[:200])
-    said = []
-    again = load_dataset("folder", tmp_path, echo=said.append)
-    assert torch.equal(good, again.train_x)
-    assert sum("is unusable" in line for line in said) == 2
-
-
-def test_a_cache_of_other_files_is_never_used(tmp_path):
-    """Folder b's cache files replaced by folder a's (other pixels, same file names), the images alone
-    or with their .json: b decodes again."""
-    for name, seed in (("a", 1), ("b", 2)):
-        write_own_folder(tmp_path / name, seed=seed)
-    a, b = (load_dataset("folder", tmp_path / name, echo=quiet).train_x.clone() for name in ("a", "b"))
-    for suffixes in ((".u8",), (".u8", ".json")):
-        for part in ("train", "test"):
-            for suffix in suffixes:
-                (b_cache,) = (p for p in (tmp_path / "b" / "mtlc-cache").glob(f"{part}-*") if p.suffixes[-1:] == [suffix]
-                              and not p.name.endswith(".files.json"))
-                (a_cache,) = (p for p in (tmp_path / "a" / "mtlc-cache").glob(f"{part}-*") if p.suffixes[-1:] == [suffix]
-                              and not p.name.endswith(".files.json"))
-                b_cache.write_bytes(a_cache.read_bytes())
-        said = []
-        again = load_dataset("folder", tmp_path / "b", echo=said.append)
-        assert torch.equal(again.train_x, b) and not torch.equal(again.train_x, a)
-        assert sum("is unusable" in line for line in said) == 2
-
-
-def test_cache_key_covers_size_and_image_size(tmp_path):
-    write_own_folder(tmp_path)
-    entries = files.scan_images(tmp_path / "unlabeled")[0]
-    names = {DecodeCache(tmp_path, "unlabeled", s, entries, quiet).path.name for s in (32, 64)}
-    changed = [(p, size + 1, *times) for p, size, *times in entries]
-    names.add(DecodeCache(tmp_path, "unlabeled", 32, changed, quiet).path.name)
-    touched = [(p, size, mtime, ctime + 1) for p, size, mtime, ctime in entries]  # `touch -r` after an edit
-    names.add(DecodeCache(tmp_path, "unlabeled", 32, touched, quiet).path.name)
-    assert len(names) == 4
-
-
-def test_cache_dir_falls_back_when_the_folder_is_read_only(tmp_path, monkeypatch):
-    monkeypatch.delenv("MTLC_CACHE_DIR", raising=False)
-    assert cache_dir(tmp_path) == tmp_path.resolve() / "mtlc-cache"
-    monkeypatch.setattr(os, "access", lambda path, mode: False)
-    assert cache_dir(tmp_path).parent == Path.home() / ".cache" / "mtlc"
-    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert cache_dir(tmp_path).parent == tmp_path / "elsewhere"
-    assert cache_dir(tmp_path / "a") != cache_dir(tmp_path / "b")  # one folder's cache never evicts another's
 
 
 # Bad files and folders ----------------------------------------------------------------------------
@@ -426,92 +329,3 @@ def test_a_resumed_true_class_stage_two_reads_the_truth_where_it_now_is(tmp_path
     assert res.exit_code == 0 and "ignored" not in res.output, res.output
     config = torch.load(out / "lc" / "lc.pt", weights_only=True)["config"]
     assert config["lc"]["truth"] == str((tmp_path / "moved.csv").resolve())
-
-
-def add_mac_and_notebook_leftovers(root):
-    """What a folder copied from a Mac or used in Jupyter holds beside the images: an AppleDouble
-    ._name beside every image (not an image, though its name says so), .DS_Store, a __MACOSX folder,
-    .ipynb_checkpoints inside a class folder (copies) and directly under labeled/ (no class). Returns
-    how many hidden entries were added where the walk meets them."""
-    added = 0
-    for path in sorted(Path(root).rglob("*.png")):
-        (path.parent / f"._{path.name}").write_bytes(b"\x00\x05\x16\x07AppleDouble junk")
-        added += 1
-    for folder in ("labeled", "unlabeled", "test", "labeled/cat"):
-        (Path(root) / folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
-        added += 1
-    for folder in ("labeled/cat/.ipynb_checkpoints", "labeled/.ipynb_checkpoints/cat", "unlabeled/__MACOSX/a"):
-        (Path(root) / folder).mkdir(parents=True)
-        Image.new("RGB", (8, 8)).save(Path(root) / folder / "copy.png")
-    return added + 3
-
-
-def test_other_files_are_named_by_kind_safely_and_in_bounded_memory(tmp_path):
-    """A FIFO named like an image, an extension with a terminal escape, a long one, and a stranger's
-    folder of thousands of extensions: counted, shown escaped and cut short, at most MOST_KINDS kinds."""
-    os.mkfifo(tmp_path / "pipe.png")
-    for name in ("a.HEIC", "b.mo\x1b[31mv", "c." + "x" * 40, "notes"):
-        (tmp_path / name).write_bytes(b"not an image")
-    line = files.describe_others(files.scan_images(tmp_path)[1], tmp_path)
-    assert line.endswith("5 files in %s that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
-                         "PPM/PGM/PBM): 1 without extension, 1 .heic, 1 .mo\\x1b[31mv, 1 .xxxxxxxx..., "
-                         "1 pipes, sockets or devices; HEIC/HEIF photos (iPhones, Macs) are not read: export them as JPEG to use "
-                         "them" % tmp_path), line
-    counts = collections.Counter()
-    for k in range(5000):
-        files.count_other(counts, files.other_kind(f"f.x{k}"))
-    assert len(counts) <= files.MOST_KINDS + 2 and counts["others"] == 5000
-    line = files.describe_others(counts, tmp_path)
-    assert line.endswith(", 4,995 of other kinds") and line.count(" 1 .x") == 5, line
-    assert "1 file in %s that is not an image of" % tmp_path in files.describe_others({"others": 1, ("other", ".mov"): 1}, tmp_path)
-
-
-def test_the_largest_kinds_are_named_first_and_a_telling_kind_always(tmp_path):
-    """500 HEIC photos after 120 kinds of junk are named first, with the HEIC hint; an image whose name
-    ends in a space or a dot after its extension is named, quoted, with a hint to rename it."""
-    counts = collections.Counter()
-    for k in range(120):
-        files.count_other(counts, files.other_kind(f"junk.j{k}"))
-    for k in range(500):
-        files.count_other(counts, files.other_kind(f"IMG_{k}.HEIC"))
-    for k in range(300):
-        files.count_other(counts, files.other_kind(f"clip_{k}.mov"))
-    for name in ("IMG_1.JPG ", "IMG_2.jpg."):
-        files.count_other(counts, files.other_kind(name))
-    line = files.describe_others(counts, tmp_path)
-    assert ": 500 .heic, 300 .mov, " in line and "1 '.jpg ', 1 '.jpg.'" in line, line
-    assert "HEIC/HEIF photos (iPhones, Macs) are not read" in line and "rename it" in line
-    named = sum(int(part.split()[0].replace(",", "")) for part in line.split(": ", 1)[1].split("; ")[0].split(", "))
-    assert named == counts["others"] == 922  # the rest is counted "of other kinds"
-
-
-@pytest.mark.slow
-def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
-    data = tmp_path / "d"
-    write_own_folder(data)
-    hidden = add_mac_and_notebook_leftovers(data)
-    for name in ("unlabeled/IMG_0001.HEIC", "unlabeled/a/IMG_0002.heic", "unlabeled/clip.MOV", "labeled/notes"):
-        (data / name).write_bytes(b"a phone's or a person's file")
-    out = tmp_path / "run"
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out)
-    assert res.returncode == 0, res.stderr
-    assert f"left out {hidden} hidden files and folders in {data}" in res.stdout
-    assert (f"left out 4 files in {data} that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
-            f"PPM/PGM/PBM): 2 .heic, 1 without extension, 1 .mov; HEIC/HEIF photos") in res.stdout
-    assert "18 labeled / 30 unlabeled / 0 validation / 9 test" in res.stdout
-    state = torch.load(out / "mt.pt", weights_only=True)
-    assert state["config"]["classes"] == ["cat", "dog", "owl"]  # .ipynb_checkpoints is no class
-    assert not any("/." in name or "__MACOSX" in name for name in state["config"]["files"]["train"])
-    pred = run("evaluate.py", "--ckpt", out / "mt_final.pt", "--predict", data / "unlabeled")
-    assert pred.returncode == 0, pred.stderr
-    assert len(rows(pred.stdout)) == 30 and "left out 32 hidden files and folders" in pred.stderr  # 30 ._ + .DS_Store + __MACOSX
-    assert f"left out 3 files in {data / 'unlabeled'} that are not images" in pred.stderr
-
-
-def test_a_hidden_folder_alone_is_no_class(tmp_path):
-    data = tmp_path / "d"
-    write_own_folder(data, classes=("cat",))
-    (data / "labeled" / ".ipynb_checkpoints").mkdir()
-    Image.new("RGB", (8, 8)).save(data / "labeled" / ".ipynb_checkpoints" / "x.png")
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", tmp_path / "run")
-    assert res.returncode == 2 and "holds one class folder (cat)" in res.stderr
