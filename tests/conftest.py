@@ -123,7 +123,7 @@ def trained(tmp_path_factory):
     images each) and an MT checkpoint trained on it."""
     root = tmp_path_factory.mktemp("predict")
     write_own_folder(root / "d", n_labeled=8, n_unlabeled=24, n_test=8)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", root / "d", "--width", "0.125",
                      "--labeled-batch", "12", "--unlabeled-batch", "12", "--lr", "0.02", "--cons-weight", "10",
                      "--epochs", "4", "--decay-epochs", "2", "--device", "cpu", "--out", root / "run")
     assert res.returncode == 0, res.stderr

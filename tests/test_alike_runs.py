@@ -10,7 +10,7 @@ import evaluate
 from conftest import invoke, run
 from fakedata import write_own_folder
 
-TRAIN = ["train_mt.py", "--dataset", "folder", "--consistency", "mt", "--labeled-batch", "8", "--unlabeled-batch", "8",
+TRAIN = ["train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--consistency", "mt", "--labeled-batch", "8", "--unlabeled-batch", "8",
          "--epochs", "2", "--decay-epochs", "1", "--device", "cpu"]
 
 

@@ -148,7 +148,7 @@ def faulty(tmp_path_factory):
     shutil.copyfile(folder / "test" / "dog" / "2.png", folder / "unlabeled" / "leaked.png")
     shutil.copyfile(folder / "unlabeled" / "u0003.png", folder / "unlabeled" / "a" / "again.png")
     Image.fromarray(np.full((30, 40, 3), (0, 255, 0), np.uint8)).save(folder / "unlabeled" / "stray.png")
-    res = run("train_mt.py", "--dataset", "folder", "--consistency", "mt", "--data-dir", folder, "--width", "0.125", "--labeled-batch", "12",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--consistency", "mt", "--data-dir", folder, "--width", "0.125", "--labeled-batch", "12",
               "--unlabeled-batch", "16", "--lr", "0.02", "--cons-weight", "10", "--epochs", "8", "--decay-epochs", "2",
               "--device", "cpu", "--out", root / "run")
     assert res.returncode == 0, res.stderr
@@ -173,7 +173,7 @@ def test_a_test_set_made_only_of_copies_is_said_and_training_goes_on(tmp_path):
     for c in ("cat", "dog", "owl"):
         (folder / "test" / c).mkdir(parents=True)
         shutil.copyfile(folder / "labeled" / c / "0.png", folder / "test" / c / "copy.png")
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", "0.125", "--epochs", "1",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", folder, "--width", "0.125", "--epochs", "1",
               "--decay-epochs", "0", "--labeled-batch", "6", "--unlabeled-batch", "6", "--device", "cpu",
               "--out", tmp_path / "run")
     assert res.returncode == 0, res.stderr
@@ -281,7 +281,7 @@ def test_test_images_relabeled_with_label_py_count_as_errors_in_calibration(tmp_
     write_own_folder(folder, n_labeled=4, n_unlabeled=12, n_test=8)
     rows = [("test/dog/0.png", "cat"), ("test/owl/1.png", "cat")]
     assert invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows)]).exit_code == 0
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", "0.125", "--epochs", "1",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", folder, "--width", "0.125", "--epochs", "1",
               "--decay-epochs", "0", "--labeled-batch", "6", "--unlabeled-batch", "6", "--device", "cpu", "--out", tmp_path / "r")
     assert res.returncode == 0 and "2 images were relabeled with label.py" in res.stdout, res.stderr
     assert torch.load(tmp_path / "r" / "mt_final.pt", weights_only=True)["config"]["relabeled"] == [

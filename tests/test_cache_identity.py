@@ -197,7 +197,7 @@ def test_a_cache_folder_that_is_a_link_is_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "train-32px-keep.json").write_text("someone's file")
     (tmp_path / "d" / "mtlc-cache").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", "--epochs", "1", "--out", tmp_path / "r",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", "--epochs", "1", "--out", tmp_path / "r",
               env=dict(MTLC_CONFIG_DIR=str(tmp_path / "me")))
     assert res.returncode == 2 and "is a symbolic link, not the decode cache folder" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["train-32px-keep.json"]

@@ -46,7 +46,7 @@ def test_an_audit_of_a_checkpoint_at_chance_says_so(tmp_path):
     """A teacher trained at a learning rate that moves nothing answers one class: the audit's doubtful
     test/ labels are said to rest on a network at chance."""
     write_own_folder(tmp_path / "d", n_labeled=4, n_unlabeled=12, n_test=4)
-    res = run("train_mt.py", "--dataset", "folder", "--consistency", "mt", "--data-dir", tmp_path / "d", "--width",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--consistency", "mt", "--data-dir", tmp_path / "d", "--width",
               "0.125", "--labeled-batch", "8", "--unlabeled-batch", "8", "--epochs", "1", "--decay-epochs", "0",
               "--lr", "1e-9", "--device", "cpu", "--out", tmp_path / "run")
     assert res.returncode == 0, res.stderr

@@ -77,7 +77,7 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     for name in ("unlabeled/IMG_0001.HEIC", "unlabeled/a/IMG_0002.heic", "unlabeled/clip.MOV", "labeled/notes"):
         (data / name).write_bytes(b"a phone's or a person's file")
     out = tmp_path / "run"
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out)
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, *SMALL, "--out", out)
     assert res.returncode == 0, res.stderr
     assert f"left out {hidden} hidden files and folders in {data}" in res.stdout
     assert (f"left out 4 files in {data} that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
@@ -97,5 +97,5 @@ def test_a_hidden_folder_alone_is_no_class(tmp_path):
     write_own_folder(data, classes=("cat",))
     (data / "labeled" / ".ipynb_checkpoints").mkdir()
     Image.new("RGB", (8, 8)).save(data / "labeled" / ".ipynb_checkpoints" / "x.png")
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", tmp_path / "run")
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, *SMALL, "--out", tmp_path / "run")
     assert res.returncode == 2 and "holds one class folder (cat)" in res.stderr

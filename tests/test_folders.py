@@ -25,7 +25,7 @@ def test_own_images_through_all_three_stages_and_predict(tmp_path):
     data = tmp_path / "d"
     write_own_folder(data)
     out = tmp_path / "run"
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--image-size", size, *SMALL, "--out", out)
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, "--image-size", size, *SMALL, "--out", out)
     assert res.returncode == 0, res.stderr
     assert "18 labeled / 30 unlabeled / 0 validation / 9 test" in res.stdout and f"{size} px" in res.stdout
     state = torch.load(out / "mt.pt", weights_only=True)
@@ -59,7 +59,7 @@ def test_unlabeled_images_carry_no_label(tmp_path):
     assert data.classes == ["cat", "dog", "owl"] and (data.train_y == -1).sum() == 30
     finals = []
     for name in ("a", "b"):
-        res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / name, *SMALL, "--out", tmp_path / f"r{name}")
+        res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / name, *SMALL, "--out", tmp_path / f"r{name}")
         assert res.returncode == 0, res.stderr
         finals.append(torch.load(tmp_path / f"r{name}" / "mt_final.pt", weights_only=True))
     for model in ("student", "teacher"):
@@ -69,7 +69,7 @@ def test_unlabeled_images_carry_no_label(tmp_path):
 @pytest.mark.slow
 def test_validation_hold_out_from_labeled_and_no_test_folder(tmp_path):
     write_own_folder(tmp_path / "d", n_labeled=6, n_test=0)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", "--val", "6", *SMALL,
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", "--val", "6", *SMALL,
               "--out", tmp_path / "r")
     assert res.returncode == 0, res.stderr
     assert "no test error" in res.stdout and res.stdout.count("no test error") == 1
@@ -88,7 +88,7 @@ def test_validation_hold_out_from_labeled_and_no_test_folder(tmp_path):
 @pytest.mark.slow
 def test_a_changed_folder_is_a_clear_error(tmp_path):
     write_own_folder(tmp_path / "d")
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r")
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r")
     assert res.returncode == 0, res.stderr
     (tmp_path / "d" / "unlabeled" / "u0000.png").unlink()
     Image.new("RGB", (8, 8)).save(tmp_path / "d" / "unlabeled" / "new.png")
@@ -131,7 +131,7 @@ def test_bad_folders_exit_2_and_write_nothing(tmp_path, prepare, message):
     data = tmp_path / "d"
     write_own_folder(data)
     prepare(data)
-    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", data, *SMALL, "--out", tmp_path / "run"])
+    result = invoke(train_mt, ["--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, *SMALL, "--out", tmp_path / "run"])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3
     assert not (tmp_path / "run").exists()
@@ -141,7 +141,7 @@ def test_bad_folders_exit_2_and_write_nothing(tmp_path, prepare, message):
 def test_many_bad_files_are_named_then_counted(tmp_path):
     write_own_folder(tmp_path / "d")
     spoil(tmp_path / "d" / "unlabeled", [f"u{i:04d}.png" for i in range(0, 30, 3)])
-    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r"])
+    result = invoke(train_mt, ["--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r"])
     assert result.exit_code == 2
     assert "10 image files cannot be read" in result.output and "and 5 more" in result.output
     assert "u0000.png" in result.output and "--skip-bad-images" in result.output
@@ -150,7 +150,7 @@ def test_many_bad_files_are_named_then_counted(tmp_path):
 def test_a_rerun_skipping_bad_files_decodes_nothing(tmp_path, monkeypatch):
     write_own_folder(tmp_path / "d")
     spoil(tmp_path / "d" / "unlabeled", ["u0001.png"])
-    assert invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r"]).exit_code == 2
+    assert invoke(train_mt, ["--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", *SMALL, "--out", tmp_path / "r"]).exit_code == 2
     no_decoding(monkeypatch)
     data = load_dataset("folder", tmp_path / "d", skip_bad=True, echo=quiet)
     assert "unlabeled/u0001.png" not in data.files["train"]
@@ -164,7 +164,7 @@ def test_skip_bad_images_trains_without_them(tmp_path):
     write_own_folder(data)
     spoil(data / "unlabeled", ["u0000.png", "a/u0001.png"])
     spoil(data / "labeled" / "cat", ["0.png"])
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--skip-bad-images", *SMALL, "--out", tmp_path / "r")
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, "--skip-bad-images", *SMALL, "--out", tmp_path / "r")
     assert res.returncode == 0, res.stderr
     assert "skipped (--skip-bad-images) 3 image files cannot be read" in res.stdout
     assert "17 labeled / 28 unlabeled" in res.stdout
@@ -233,7 +233,7 @@ def test_symbolic_link_loop_does_not_hang(tmp_path):
 
 def test_labels_with_own_layout_is_an_error(tmp_path):
     write_own_folder(tmp_path / "d")
-    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", "--labels", "9", "--out", tmp_path / "r"])
+    result = invoke(train_mt, ["--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", "--labels", "9", "--out", tmp_path / "r"])
     assert result.exit_code == 2 and "leave --labels out" in result.output
     assert not (tmp_path / "r").exists()
 
@@ -291,7 +291,7 @@ def test_true_class_pairs_and_pool_error_on_a_folder(tmp_path):
     write_own_folder(data)
     write_truth(tmp_path / "truth.csv")
     out = tmp_path / "run"
-    assert run("train_mt.py", "--dataset", "folder", "--data-dir", data, *SMALL, "--out", out).returncode == 0
+    assert run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, *SMALL, "--out", out).returncode == 0
     lc = ["finetune_lc.py", "--ckpt", out / "mt.pt", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu",
           "--lc-pairs", "true-class"]
     res = run(*lc)
@@ -317,7 +317,7 @@ def test_a_resumed_true_class_stage_two_reads_the_truth_where_it_now_is(tmp_path
     write_own_folder(tmp_path / "d")
     write_truth(tmp_path / "truth.csv")
     out = tmp_path / "run"
-    assert run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "d", *SMALL, "--out", out).returncode == 0
+    assert run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "d", *SMALL, "--out", out).returncode == 0
     lc = ["--ckpt", out / "mt.pt", "--epochs", "2", "--decay-epochs", "0", "--device", "cpu", "--lc-pairs",
           "true-class", "--out", out / "lc"]
     interrupt_write(monkeypatch, "lc_last.pt", 2)

@@ -11,7 +11,7 @@ from fakedata import write_own_folder
 from mtlc.data.copies import label_conflicts
 from mtlc.data.datasets import load_dataset
 
-TRAIN = ["--dataset", "folder", "--consistency", "mt", "--width", "0.125", "--labeled-batch", "8",
+TRAIN = ["--dataset", "folder", "--backbone", "convlarge", "--consistency", "mt", "--width", "0.125", "--labeled-batch", "8",
          "--unlabeled-batch", "8", "--epochs", "2", "--decay-epochs", "1", "--device", "cpu"]
 
 

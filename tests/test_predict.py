@@ -299,7 +299,7 @@ def no_held_out(tmp_path_factory):
     """A checkpoint whose folder has no test/ and no --val hold-out."""
     root = tmp_path_factory.mktemp("nohold")
     write_own_folder(root / "d", n_labeled=6, n_unlabeled=12, n_test=0)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125", "--labeled-batch",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", root / "d", "--width", "0.125", "--labeled-batch",
               "6", "--unlabeled-batch", "6", "--epochs", "1", "--decay-epochs", "1", "--device", "cpu",
               "--out", root / "run")
     assert res.returncode == 0, res.stderr

@@ -19,7 +19,7 @@ def fixmatch_runs(tmp_path_factory):
     and stage 2 with LC and its control from it."""
     root = tmp_path_factory.mktemp("fixmatch")
     write_own_folder(root / "d", n_labeled=8, n_unlabeled=24, n_test=8)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", root / "d", "--width", "0.125", "--labeled-batch",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", root / "d", "--width", "0.125", "--labeled-batch",
               "12", "--unlabeled-batch", "12", "--lr", "0.02", "--epochs", "4", "--decay-epochs", "2", "--device", "cpu",
               "--consistency", "fixmatch", "--threshold", "adaptive", "--pseudo-labels", "student",
               "--tensorboard", root / "tb" / "mt", "--out", root / "run")

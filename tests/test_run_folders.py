@@ -110,7 +110,7 @@ def test_decode_cache_write_refused_ends_the_run(tmp_path):
     training images (49 of 64 x 64 pixels, 602 KB) pass the 256 KiB limit while being written."""
     data = tmp_path / "d"
     write_own_folder(data)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", data, "--image-size", "64", "--width", "0.0625",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, "--image-size", "64", "--width", "0.0625",
               "--epochs", "1", "--decay-epochs", "0", "--device", "cpu", "--out", tmp_path / "run", limit_kb=256)
     assert res.returncode == 1, res.stderr
     # the rows are written into the cache's work folder first (.train-64px-<key>.mtlc-work/): that write is refused
@@ -122,7 +122,7 @@ def test_decode_cache_write_refused_ends_the_run(tmp_path):
 def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("own")
     write_own_folder(folder / "d")
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", folder / "d", "--width", "0.0625", "--labeled-batch",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", folder / "d", "--width", "0.0625", "--labeled-batch",
               "6", "--unlabeled-batch", "12", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu",
               "--out", folder / "run")
     assert res.returncode == 0, res.stderr

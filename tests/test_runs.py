@@ -150,7 +150,7 @@ def test_a_resume_reads_the_folder_where_it_now_is(tmp_path):
     images checked as they are now) and says nothing of it."""
     from fakedata import write_own_folder
     write_own_folder(tmp_path / "d", n_labeled=4, n_unlabeled=12, n_test=2)
-    args = ["train_mt.py", "--dataset", "folder", "--consistency", "mt", "--data-dir", tmp_path / "d", "--width",
+    args = ["train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--consistency", "mt", "--data-dir", tmp_path / "d", "--width",
             "0.0625", "--image-size", "16", "--labeled-batch", "4", "--unlabeled-batch", "4", "--epochs", "3",
             "--decay-epochs", "1", "--device", "cpu", "--out", tmp_path / "run"]
     code, err = kill_after_first_epoch(args, tmp_path / "run" / "mt_last.pt")

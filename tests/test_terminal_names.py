@@ -23,7 +23,7 @@ def hostile(tmp_path_factory):
     for part in ("labeled", "test"):
         os.rename(folder / part / "cat", folder / part / TITLE)
     os.rename(folder / "unlabeled" / "u0000.png", folder / "unlabeled" / "\x1b[2J.png")
-    res = run("train_mt.py", "--dataset", "folder", "--consistency", "mt", "--data-dir", folder, "--width", "0.125",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--consistency", "mt", "--data-dir", folder, "--width", "0.125",
               "--labeled-batch", "8", "--unlabeled-batch", "8", "--epochs", "1", "--decay-epochs", "0",
               "--device", "cpu", "--out", root / "run")
     assert res.returncode == 0, res.stderr

@@ -31,7 +31,7 @@ def test_train_mt_reads_real_file_formats(tmp_path, dataset, writer):
 @pytest.mark.slow
 def test_folder_dataset(tmp_path):
     write_folder(tmp_path / "data", n_train=12)
-    res = run("train_mt.py", "--dataset", "folder", "--data-dir", tmp_path / "data", "--labels", "6",
+    res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", tmp_path / "data", "--labels", "6",
               "--unlabeled-batch", "16", "--width", "0.0625", "--epochs", "1", "--decay-epochs", "0",
               "--out", tmp_path / "run")
     assert res.returncode == 0, res.stderr
@@ -44,7 +44,7 @@ def test_folder_dataset(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--labels", "15"], "multiple of the 10 classes"),
     (["--labels", "5000"], "needs 500 images of class 0,"),
-    (["--dataset", "folder"], "--labels is required"),
+    (["--dataset", "folder", "--backbone", "convlarge"], "--labels is required"),
     (["--dataset", "imagenet"], "Invalid value for '--dataset'"),
     (["--labeled-batch", "0"], "Invalid value for '--labeled-batch'"),
     (["--unlabeled-batch", "0"], "Invalid value for '--unlabeled-batch'"),

@@ -130,7 +130,7 @@ class LoopRun:
         return self.root / f"ckpt-{where.name}" / "mt_final.pt"
 
     def train(self, where, name):
-        self.record[name] = measure(name, [self.python, "train_mt.py", "--dataset", "folder", "--data-dir", where,
+        self.record[name] = measure(name, [self.python, "train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", where,
                                            "--image-size", str(self.image_size), "--width", str(self.width), "--epochs",
                                            "1", "--decay-epochs", "0", "--device", "cpu", "--out",
                                            self.checkpoint_of(where).parent, "--overwrite"], self.env)
@@ -183,7 +183,7 @@ class LoopRun:
         self.record["label_rows"] = labels_from(self.root / "predict-after.csv", labels)
         for code in self.codes:
             for part, command in (("apply", [self.python, "label.py", "--data-dir", self.folder, "--apply", labels]),
-                                  ("retrain_start", [self.python, "train_mt.py", "--dataset", "folder", "--data-dir",
+                                  ("retrain_start", [self.python, "train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir",
                                                      self.folder, "--image-size", str(self.image_size), "--width",
                                                      str(self.width), "--benchmark", "1", "--device", "cpu"]),
                                   ("undo", [self.python, "label.py", "--data-dir", self.folder, "--undo"])):

@@ -49,6 +49,13 @@ def merged(base, options):
     return [item for pair in kept for item in pair] + list(options)
 
 
+def training_data(dataset, data_dir):
+    """train_mt.py's data options; a folder trains the paper's network unless an objective names a
+    --backbone (the measurements here were made from scratch before a folder's default became auto)."""
+    return ["--dataset", dataset, *(["--data-dir", str(data_dir)] if data_dir else []),
+            *(["--backbone", "convlarge"] if dataset == "folder" else [])]
+
+
 def run_plan(dataset, data_dir, width, seeds, objectives, out, stage_two=True):
     """[(name, command, the file it makes, the file it needs)] of every training (stage 1 alone
     without stage_two)."""
@@ -56,7 +63,7 @@ def run_plan(dataset, data_dir, width, seeds, objectives, out, stage_two=True):
     for name, options in objectives.items():
         for seed in seeds:
             run = Path(out) / f"{name}-{seed}"
-            data = ["--dataset", dataset] + (["--data-dir", str(data_dir)] if data_dir else [])
+            data = training_data(dataset, data_dir)
             split = ["--split-seed", str(seed)] if dataset != "folder" else []
             base = [*data, "--width", str(width), "--seed", str(seed), *split]
             plan.append((f"{name}-{seed} stage 1", ["train_mt.py", *merged(base, shlex.split(options)), "--out", str(run)],
@@ -94,7 +101,7 @@ def step_costs(dataset, data_dir, width, objectives, steps, rounds):
     """{objective: [seconds a step of each round]}: train_mt.py --benchmark of each objective in turn
     (one thread, its --compress left out), so that a slower minute of the machine falls on every one."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    data = ["--dataset", dataset] + (["--data-dir", str(data_dir)] if data_dir else [])
+    data = training_data(dataset, data_dir)
     costs = {name: [] for name in objectives}
     for _ in range(rounds):
         for name, options in objectives.items():

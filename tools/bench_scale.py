@@ -272,7 +272,7 @@ def measure_scale(n, image_size, root, width, steps, out, predict_images, model_
         imports=[python, "-c", "import mtlc.data.datasets, mtlc.data.batches, mtlc.train.trainer, mtlc.train.model"],
         first_decode=[python, "-c", LOAD, folder, str(image_size)],
         second_start=[python, "-c", LOAD, folder, str(image_size)],
-        training=[python, "train_mt.py", "--dataset", "folder", "--data-dir", folder, "--image-size", str(image_size),
+        training=[python, "train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", folder, "--image-size", str(image_size),
                   "--width", str(width), "--benchmark", str(steps), "--device", "cpu"],
         decode_alone=[python, "-c", DECODE_ALONE, folder / "unlabeled", str(image_size), "256"],
         hash_alone=[python, "-c", HASH_ALONE, folder / "unlabeled"],
@@ -284,7 +284,7 @@ def measure_scale(n, image_size, root, width, steps, out, predict_images, model_
         if part not in parts:
             continue
         if part in ("model_alone", "predict") and not (ckpt / "mt_final.pt").exists():
-            measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--data-dir", small, "--image-size",
+            measure("checkpoint", [python, "train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", small, "--image-size",
                                    str(image_size), "--width", str(width), "--epochs", "1", "--decay-epochs", "0",
                                    "--device", "cpu", "--out", ckpt], env)
         if part == "rebuild":

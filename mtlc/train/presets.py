@@ -53,8 +53,10 @@ CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)
 # teacher's pseudo-labels: ahead of 0.95 and of the student's by 2.9 and 1.6 points on a development
 # CIFAR-10 folder (docs/better-labels.md).
 CONSISTENCY = dict(svhn="mt", cifar10="mt", digits="mt", folder="fixmatch")
-# The network of each dataset (--backbone): the paper's ConvLarge from scratch.
-BACKBONE = dict(svhn="convlarge", cifar10="convlarge", digits="convlarge", folder="convlarge")
+# The network of each dataset (--backbone): the paper's ConvLarge from scratch for the paper's presets;
+# for a folder, auto: an ImageNet-pretrained trunk for colour photos, ConvLarge for grey images
+# (train/pretrained.py: auto_backbone; docs/pretrained.md).
+BACKBONE = dict(svhn="convlarge", cifar10="convlarge", digits="convlarge", folder="auto")
 # --compress F: the schedule's lengths divided by F, the paper's shape on a budget (a rented GPU's
 # minutes): the epochs at constant lr and of decay of both stages, LC's start, the evaluation
 # interval (whole epochs, at least one; a decay may reach 0) and the ramp-ups (at least

