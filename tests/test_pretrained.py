@@ -161,3 +161,20 @@ def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path):
     classifier = mtlc.load(run / "mt_final.pt", device="cpu")
     predictions = classifier.predict([folder / "d" / "test"])
     assert len(predictions) == 12 and all(p.label in classifier.classes for p in predictions)
+
+
+@pytest.mark.slow
+def test_both_stages_of_a_backbone_run_under_torchrun(folder, tmp_path):
+    """Two processes: the first embeds the images and keeps the features, the other takes them up."""
+    from test_distributed import WORLD, torchrun
+    args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
+            "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "1", "--decay-epochs", "0",
+            "--device", "cpu", "--out", tmp_path]
+    res = torchrun("train_mt.py", *args)
+    assert res.returncode == 0, res.stderr
+    config = load_checkpoint(tmp_path / "mt.pt")["config"]
+    assert config.backbone == BACKBONE and config.processes == WORLD
+    res = torchrun("finetune_lc.py", "--ckpt", tmp_path / "mt.pt", "--epochs", "1", "--decay-epochs", "0",
+                   "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert load_checkpoint(tmp_path / "lc.pt")["config"].lc.mt_checkpoint == str((tmp_path / "mt.pt").resolve())
