@@ -58,6 +58,14 @@ def test_every_class_folder_is_looked_at(tmp_path):
     assert seen == 30 and share == pytest.approx(2 / 3)
 
 
+def test_many_class_folders_cost_one_image_each_up_to_the_sample(tmp_path):
+    for k in range(12):
+        write_images(tmp_path / "labeled" / f"c{k:02d}", 3, grey=k < 6, seed=k)
+    write_images(tmp_path / "unlabeled", 3, grey=False)
+    share, seen = folder_colour_share(tmp_path, sample=8)
+    assert seen == 8 and share == pytest.approx(7 / 8)  # c05 (grey) to c11 and unlabeled/, one image each
+
+
 @pytest.mark.parametrize("grey_share, chosen", [(1.0, "convlarge"), (0.7, "convlarge"), (0.2, pretrained.PHOTO_BACKBONE)])
 def test_auto_chooses_by_the_share_in_colour(tmp_path, monkeypatch, grey_share, chosen):
     monkeypatch.setattr(pretrained, "missing_packages", lambda backbone: [])

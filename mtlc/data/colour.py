@@ -48,9 +48,11 @@ def colour_share(folders, sample=SAMPLE):
 
 def folder_colour_share(data_dir, sample=SAMPLE):
     """colour_share of a folder's training images: each class folder of labeled/ and unlabeled/ (of
-    train/ in the benchmark layout), so that every class is looked at."""
+    train/ in the benchmark layout), so that every class is looked at; with more folders than
+    `sample`, the last `sample` of them (unlabeled/ among them), an image each."""
     root = Path(data_dir)
     parts = [root / "labeled", root / "unlabeled"] if is_own_layout(root) else [root / "train"]
     folders = [part / name for part in parts if part.name != "unlabeled" and part.is_dir()
                for name in sorted(os.listdir(part)) if not is_hidden(name) and (part / name).is_dir()]
-    return colour_share(folders + [part for part in parts if part.name == "unlabeled" and part.is_dir()], sample)
+    folders += [part for part in parts if part.name == "unlabeled" and part.is_dir()]
+    return colour_share(folders[-sample:] if len(folders) > sample else folders, sample)
