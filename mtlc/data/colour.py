@@ -4,7 +4,7 @@ features won on colour photos and lost on grey glyphs and digits (docs/pretraine
 
 A pixel has a colour where its channels differ by more than CHROMA of 255 (a grey image saved as a
 JPEG in RGB keeps its channels within a few levels of each other); an image is in colour where
-COLOUR_PIXELS of its pixels have one.
+more than COLOUR_PIXELS of its pixels have one.
 """
 import itertools
 import os
@@ -52,6 +52,8 @@ def folder_colour_share(data_dir, sample=SAMPLE):
     `sample`, the last `sample` of them (unlabeled/ among them), an image each."""
     root = Path(data_dir)
     parts = [root / "labeled", root / "unlabeled"] if is_own_layout(root) else [root / "train"]
+    if not parts[0].is_dir():  # not a folder load_dataset takes: it says why
+        return None, 0
     folders = [part / name for part in parts if part.name != "unlabeled" and part.is_dir()
                for name in sorted(os.listdir(part)) if not is_hidden(name) and (part / name).is_dir()]
     folders += [part for part in parts if part.name == "unlabeled" and part.is_dir()]

