@@ -161,9 +161,10 @@ def main(**options):
         check_labels(o, own)
         backbone = o.backbone or BACKBONE[o.dataset]
         if backbone == AUTO:
-            # chosen by the main process (a folder changing under a torchrun start cannot split the processes)
-            backbone = (procs.from_main(auto_backbone(o.data_dir, device, procs.echo)) if o.dataset == "folder"
-                        else refuse_auto(o.dataset))
+            if o.dataset != "folder":
+                refuse_auto(o.dataset)
+            # chosen by the main process alone (a folder changing under a torchrun start cannot split them)
+            backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo) if procs.main else None)
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         if o.backbone != CONVLARGE:

@@ -165,15 +165,17 @@ def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path):
 
 @pytest.mark.slow
 def test_both_stages_of_a_backbone_run_under_torchrun(folder, tmp_path):
-    """Two processes: the first embeds the images and keeps the features, the other takes them up."""
+    """Two processes: the first chooses the network (--backbone auto, a colour folder's trunk), embeds
+    the images and keeps the features, the other takes them up."""
     from test_distributed import WORLD, torchrun
-    args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
+    args = ["--dataset", "folder", "--data-dir", folder / "d", "--image-size", "32",
             "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "1", "--decay-epochs", "0",
             "--device", "cpu", "--out", tmp_path]
     res = torchrun("train_mt.py", *args)
     assert res.returncode == 0, res.stderr
     config = load_checkpoint(tmp_path / "mt.pt")["config"]
-    assert config.backbone == BACKBONE and config.processes == WORLD
+    assert config.backbone == pretrained.PHOTO_BACKBONE and config.processes == WORLD
+    assert res.stdout.count("--backbone auto:") == 1  # said once, by the main process
     res = torchrun("finetune_lc.py", "--ckpt", tmp_path / "mt.pt", "--epochs", "1", "--decay-epochs", "0",
                    "--device", "cpu")
     assert res.returncode == 0, res.stderr

@@ -161,8 +161,9 @@ def trunk(name, device="cpu"):
     return model.to(device, memory_format=torch.channels_last)
 
 
-# Images the CPU engine runs at once: at 160 px, Lite2 ran 150 images/s in chunks of 32 (1.3 GB peak)
-# and 71 in one of 256 (3.4 GB), on this project's 2-core AMD EPYC (`--predict` passes 256 at a time).
+# Images the CPU engine runs at once, for its memory: at 160 px Lite2 in onnxruntime peaked at 1.3 GB
+# in batches of 32 and 3.4 GB in one of 256 (`--predict` passes 256 at a time), at the same speed
+# (289 and 275 images/s: tools/bench_trunk.py --batch 32 / 256; a 2-core AMD EPYC).
 CPU_CHUNK = 32
 
 
