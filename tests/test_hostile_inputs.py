@@ -112,7 +112,7 @@ def test_a_pipe_named_like_an_image_never_hangs(trained, tmp_path):
     os.mkfifo(tmp_path / "p" / "pipe.png")
     Image.new("RGB", (20, 20)).save(tmp_path / "p" / "ok.png")
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p", timeout=120)
-    assert res.returncode == 0 and "1 files that are not images ignored" in res.stderr, res.stderr
+    assert res.returncode == 0 and "1 file that is not an image ignored" in res.stderr, res.stderr
     res = run("evaluate.py", "--ckpt", ckpt, "--predict", tmp_path / "p" / "pipe.png", timeout=120)
     assert res.returncode == 1 and "not a regular file" in res.stderr
 

@@ -106,7 +106,7 @@ def test_folders_are_searched_recursively(trained, tmp_path):
     rows = read_rows(result.stdout)
     assert len(rows) == 24 + 1  # unlabeled/ (nested), the file once (tmp_path, given too, holds it)
     assert any("/a/b/" in r["path"] for r in rows) and rows[24]["path"] == str(tmp_path / "single.png")
-    assert "1 files that are not images ignored" in result.output and ": 1 .txt" in result.output
+    assert "1 file that is not an image ignored" in result.output and ": 1 .txt" in result.output
 
 
 def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import evaluate
+import mtlc
 import finetune_lc
 import train_mt
 from conftest import invoke, read_rows
@@ -112,17 +113,17 @@ def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
     assert state["config"].backbone == BACKBONE and state["model_args"]["backbone"] == BACKBONE
     assert not any(k.startswith("trunk") for k in state["teacher"])  # the trunk comes from its package
     assert invoke(finetune_lc, ["--ckpt", run / "mt.pt", "--epochs", "1", "--decay-epochs", "1"]).exit_code == 0
-    # predictions of image files (through the trunk) are those of the kept features (straight to the head)
-    result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--predict", folder / "d" / "test"])
-    assert result.exit_code == 0, result.output
-    rows = read_rows(result.stdout)
+    # mtlc.load's predictions of image files (through the trunk) are those of the kept features (straight to the head)
     state = load_checkpoint(run / "lc.pt")
     data = restore_data(state, echo=lambda line: None)
     _, teacher = restore_models(state, torch.device("cpu"))
     teacher.eval()
     with torch.no_grad():
         kept = teacher(data.inputs("test")[:, 0].float())[1].argmax(1)
-    assert [r["prediction"] for r in rows] == [state["config"].classes[i] for i in kept]
+    predictions = mtlc.load(run / "lc.pt", device="cpu").predict(folder / "d" / "test")
+    assert ({p.path.relative_to(folder / "d").as_posix(): p.label for p in predictions}
+            == {name: state["config"].classes[i] for name, i in zip(data.files["test"], kept.tolist())})
+    assert invoke(evaluate, ["--ckpt", run / "lc.pt", "--predict", folder / "d" / "test"]).exit_code == 0
     result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--onnx", tmp_path / "m.onnx"])
     assert result.exit_code == 0, result.output
     import onnxruntime
@@ -136,7 +137,6 @@ def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
 def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path):
     """--suggest, --review, --label-studio, --audit (its folds train heads on the kept features) and
     mtlc.load on a backbone checkpoint, and --resume of its run."""
-    import mtlc
     run = tmp_path / "run"
     args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
             "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "2", "--decay-epochs",

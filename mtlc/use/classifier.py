@@ -27,6 +27,7 @@ from ..errors import UserError
 from ..train.checkpoints import load_checkpoint, restore_data, restore_models
 from ..train.devices import pick_device
 from ..train.inference import model_outputs, outputs
+from ..train.pretrained import CONVLARGE
 from .calibration import Calibration, confidences
 from .held_out import restore_held_out
 
@@ -87,6 +88,7 @@ class Classifier:
         self.mean, self.std = normalization(self.config, self.device)
         self.calibration: Optional[Calibration] = None
         self.uncalibrated: Optional[str] = "not calibrated yet"
+        self.unseen = None  # UnseenHeads: where set, each image is predicted by a head that never saw it
 
     @property
     def temperature(self):
@@ -110,11 +112,31 @@ class Classifier:
         self.uncalibrated = self.calibration.uncalibrated
         return self.calibration
 
+    def calibrate_unseen(self, checkpoint_key, data_dir=None, echo=lambda line: None):
+        """Where the checkpoint is a head on a frozen trunk that trained on unlabeled images: predict
+        with heads that never saw an image (unseen.py), calibrated alike; returns why not (a line)
+        where that cannot be, else None. checkpoint_key: what tells the checkpoint (the heads are
+        kept under it)."""
+        from .unseen import UnseenHeads
+        if self.config.backbone == CONVLARGE or not len(self.state["unlabeled_idx"]):
+            return "the checkpoint is no head on a frozen trunk that trained on unlabeled images"
+        root = data_dir or self.config.data_dir
+        try:
+            data = restore_data(self.state, root, echo=echo, device=self.device)
+        except UserError as e:
+            return f"its training images cannot be had as they were: {e.message}"
+        self.unseen = UnseenHeads.trained(self.state, data, root, checkpoint_key, self.model_name, self.model,
+                                          self.device, echo)
+        self.calibration = self.unseen.calibration()
+        self.uncalibrated = self.calibration.uncalibrated
+        return None
+
     def predict_files(self, paths, batch_size=256):
         """A Prediction for each file of paths (one path, or a list of them), in order, a batch at a
         time (a generator)."""
         return predict_files(self.model, checked_paths(paths, "paths"), self.classes, self.image_size, self.mean,
-                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature)
+                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature,
+                             unseen=self.unseen)
 
     def predict(self, targets, batch_size=256):
         """[Prediction] for the image files among targets (a file or a folder searched recursively, or a
@@ -164,13 +186,17 @@ class Prediction(NamedTuple):
     digest: Optional[str] = None  # the hash of the file's bytes (files.file_digest): which image the row is for
 
 
-def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0):
+def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, unseen=None):
     """A Prediction for each path in order: the class, its probability with the logits divided by
     the temperature (calibration.py), the runner-up class and the pooled features. One batch of
-    decoded images is held at a time, the next one decoding meanwhile."""
+    decoded images is held at a time, the next one decoding meanwhile. With UnseenHeads, the logits
+    are those of the head that never saw the image."""
     device = next(model.parameters()).device
     for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size):
-        features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
+        if unseen is not None:
+            features, logits = unseen.outputs(x, [d or "0" * 32 for d in digests])
+        else:
+            features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
         predicted, confidence = confidences(logits, temperature)
         runner_up = logits.topk(min(2, logits.shape[1]), dim=1).indices[:, -1]
         for i, path in enumerate(chunk):

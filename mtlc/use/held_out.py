@@ -22,6 +22,7 @@ class HeldOut(NamedTuple):
     y: torch.Tensor        # their classes, as the folder gives them now
     source: str            # "test" or "validation"
     relabeled: torch.Tensor  # bool per image: relabeled with label.py (config.relabeled) before the run
+    rows: torch.Tensor     # their positions among the dataset's test images, or its training images (--val)
 
 
 def held_out(state, data):
@@ -34,7 +35,7 @@ def held_out(state, data):
         return without_leaked(config, data.files and data.files["test"], data.test_x, data.test_y)
     val = state["val_idx"]
     names = [data.files["train"][i] for i in val.tolist()] if data.files else None
-    return HeldOut(data.train_x[val], data.train_y[val], "validation", relabeled_mask(config, names, len(val)))
+    return HeldOut(data.train_x[val], data.train_y[val], "validation", relabeled_mask(config, names, len(val)), val)
 
 
 def relabeled_mask(config, names, n):
@@ -48,7 +49,7 @@ def without_leaked(config, names, x, y):
     keep = unleaked_test(config, names)
     if keep is not None:
         x, y, names = x[keep], y[keep], [names[i] for i in keep.tolist()]
-    return HeldOut(x, y, "test", relabeled_mask(config, names, len(y)))
+    return HeldOut(x, y, "test", relabeled_mask(config, names, len(y)), torch.arange(len(y)) if keep is None else keep)
 
 
 def restore_held_out(state, data_dir=None, echo=click.echo):

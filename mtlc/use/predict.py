@@ -26,6 +26,7 @@ from ..disk.runs import atomic_write
 from ..disk.work import Work, work_folder
 from ..errors import UserError
 from ..train.checkpoints import restore_data
+from ..train.pretrained import CONVLARGE
 from . import label_studio
 from .classifier import Classifier, labeled_features
 from .figures import plot_coverage
@@ -33,6 +34,7 @@ from .prediction_rows import PredictionStore, is_accepted, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
 from .review import write_audit_review, write_review
 from .selection import suggest_rows
+from .unseen import FOLDS
 
 
 @dataclass
@@ -99,7 +101,8 @@ def predict(path, state, targets, device, options):
     # before any work: the images must lie where Label Studio can serve them
     studio = label_studio.local_storage(files, o.label_studio_root) if o.label_studio else None
     classifier, cal, found, threshold = calibrated(path, state, device, o)
-    summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)))
+    summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)),
+                   unseen_heads=FOLDS if classifier.unseen else 0)
     bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
     output = o.csv_path or o.review or o.label_studio
     if not (output or o.suggest_n):  # rows straight to stdout as they come
@@ -108,7 +111,8 @@ def predict(path, state, targets, device, options):
         bar.close()
         return report(path, o, tally, files.others, summary, found, cal)
     key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
-               temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n))
+               temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n),
+               unseen=classifier.unseen is not None)
     with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None) as kept:
         if kept.done:
             say(f"going on from {kept.work.folder}: {kept.done:,} of {count:,} images were predicted before")
@@ -132,7 +136,7 @@ def calibrated(path, state, device, o):
     """(the Classifier of --model, its calibration on the held-out images or None, the --max-error
     threshold found or None, the confidence a row needs to be accepted or None); --coverage drawn."""
     classifier = Classifier(state, model=o.model_name, device=device)
-    cal = classifier.calibrate(o.data_dir, echo=say)
+    cal = unseen_calibration(classifier, path, o) or classifier.calibrate(o.data_dir, echo=say)
     say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
         f"confidences are uncalibrated (the raw softmax): {classifier.uncalibrated}")
     if cal is None and (o.max_error is not None or o.coverage):
@@ -145,6 +149,21 @@ def calibrated(path, state, device, o):
                       f"{state['config'].dataset}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
         say(f"wrote {o.coverage}")
     return classifier, cal, found, threshold
+
+
+def unseen_calibration(classifier, path, o):
+    """The calibration of heads that never saw an image (unseen.py) where the checkpoint is a head
+    on a frozen trunk; else None, said in a line where it is such a head but they cannot be had."""
+    if classifier.config.backbone == CONVLARGE:
+        return None
+    why_not = classifier.calibrate_unseen(checkpoint_identity(path), o.data_dir, echo=say)
+    if why_not:
+        say(f"the images it trained on are predicted by the checkpoint itself, and it is surer of them than of the "
+            f"held-out ones: {why_not}")
+        return None
+    say(f"each image is predicted by one of {FOLDS} heads trained as the checkpoint's was, the one that never saw it "
+        f"(an image it trained on without a label, by the head that left it out): the calibration holds for them too")
+    return classifier.calibration
 
 
 class Outcome(NamedTuple):
@@ -229,12 +248,13 @@ def report(path, o, tally, others, summary, found, cal, suggested=None):
     """The run's closing lines (and --json's summary); returns the number of files that could not be read."""
     n, failed = tally.rows, tally.failed
     say(f"predicted {n - failed:,} of {n:,} images with the {o.model_name} of {path}"
-        + (f" ({others} files that are not images ignored)" if others else "")
+        + (f" ({'1 file that is not an image' if others == 1 else f'{others} files that are not images'} ignored)"
+           if others else "")
         + (f"; {failed} could not be read (empty prediction)" if failed else "")
         + (f"; the {len(suggested):,} to label next, best first" if suggested is not None else "")
         + (f"; wrote {o.csv_path}" if o.csv_path else ""))
     if o.max_error is not None:
-        say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal))
+        say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal, bool(summary['unseen_heads'])))
         summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,
                        threshold=found.confidence if found else None)
     if o.as_json:

@@ -293,10 +293,13 @@ def describe_calibration(summary):
             f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted); {coverage}")
 
 
-def describe_acceptance(n_accepted, n, max_error, found, cal):
+def describe_acceptance(n_accepted, n, max_error, found, cal, unseen=False):
+    """The line --max-error ends with; unseen: the images were predicted by heads that never saw them."""
     promise = (f"the promise holds at {CONFIDENCE_LEVEL:.0%} for images like the held-out ones (the search for the "
-               "threshold included); the unlabeled images were trained on, so the network is more confident on them "
-               "and their error at the same threshold can be higher")
+               "threshold included)" + ("; each image was predicted by a head that never saw it, so the unlabeled "
+                                        "ones the checkpoint trained on are such images" if unseen else
+                                        "; the unlabeled images were trained on, so the network is more confident on "
+                                        "them and their error at the same threshold can be higher"))
     if found is None:
         return (f"0 of {n:,} accepted: no confidence threshold keeps the error of the held-out images above it at "
                 f"most {max_error:g}% with {CONFIDENCE_LEVEL:.0%} confidence (from {cal.n:,} held-out {cal.source} "

@@ -1,0 +1,115 @@
+"""--predict of a head on a frozen trunk: each image is predicted by one of FOLDS heads trained as the
+checkpoint's was, the one that never saw it (an unlabeled training image by the head that left it
+out, any other by the head its file's hash picks), calibrated on the held-out images predicted
+alike; the heads are kept for the next run; where the training images cannot be had, the
+checkpoint itself predicts and the line says why."""
+import importlib.util
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import finetune_lc
+import train_mt
+from conftest import invoke, read_rows
+from fakedata import write_own_folder
+from mtlc.train import pretrained
+from mtlc.train.checkpoints import load_checkpoint, restore_data
+from mtlc.train.settings import learning_rate
+from mtlc.use import unseen
+
+BACKBONE = "efficientnet-lite0"
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
+                                or importlib.util.find_spec(pretrained.BACKBONES[BACKBONE].package) is None,
+                                reason="the backbone's packages are not installed (pip install -r requirements.txt)")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("unseen")
+    write_own_folder(root / "d", n_labeled=4, n_unlabeled=16, n_test=8, size=(40, 30))
+    args = ["--dataset", "folder", "--data-dir", root / "d", "--backbone", BACKBONE, "--image-size", "32",
+            "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "4", "--epochs", "2", "--decay-epochs",
+            "1", "--device", "cpu", "--out", root / "run"]
+    assert invoke(train_mt, args).exit_code == 0
+    assert invoke(finetune_lc, ["--ckpt", root / "run" / "mt.pt", "--epochs", "1", "--decay-epochs", "1"]).exit_code == 0
+    return root
+
+
+@pytest.mark.parametrize("n_checkpoint, n_fold, batch", [(10_000, 7_500, 128), (1_337, 1_002, 128), (12, 9, 6),
+                                                        (30, 22, 12)])
+def test_a_folds_schedule_takes_as_many_steps_as_the_checkpoints(run, n_checkpoint, n_fold, batch):
+    config = load_checkpoint(run / "run" / "lc.pt")["config"]
+    config = config.replace(epochs=40, decay_epochs=10, unlabeled_batch=batch,
+                            lc=config.lc.replace(epochs=7, decay_epochs=3, mt_step=0))
+    per_checkpoint, per_fold = max(1, n_checkpoint // batch), max(1, n_fold // batch)
+    fold = unseen.fold_settings(config, n_checkpoint, n_fold, first_steps=50 * per_checkpoint)
+    for stage, epochs in (("mt", 50), ("lc", 10)):
+        s = fold.stage(stage)
+        assert (s.epochs + s.decay_epochs) * per_fold == pytest.approx(epochs * per_checkpoint)
+        # the lr a step of the fold's head takes is the one the checkpoint's took at that step
+        step = epochs * per_checkpoint - 1
+        assert learning_rate(step / per_fold, 1.0, s.epochs, s.decay_epochs) == pytest.approx(
+            learning_rate(step / per_checkpoint, 1.0, *((40, 10) if stage == "mt" else (7, 3))))
+    assert fold.stage("lc").first_step == 50 * per_checkpoint
+    assert fold.eval_every == unseen.NEVER and fold.step_mode == "eager"
+
+
+def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch, tmp_path):
+    state = load_checkpoint(run / "run" / "lc.pt")
+    splits, real = {}, unseen.train_fold
+
+    def recorded(state, data, split, device, name, echo):
+        splits[name] = split
+        return real(state, data, split, device, name, echo)
+    monkeypatch.setattr(unseen, "train_fold", recorded)
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "p.csv"
+    result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--csv", out,
+                               "--json"])
+    assert result.exit_code == 0, result.output
+    assert "each image is predicted by one of 4 heads" in result.output
+    assert json.loads(result.stdout.splitlines()[-1])["unseen_heads"] == 4
+    # head k trained on every label and on the unlabeled images but fold k's, stage 2 included
+    unlabeled, folds = state["unlabeled_idx"], unseen.unlabeled_folds(state)
+    assert len(splits) == 4 and np.bincount(folds).tolist() == [4, 4, 4, 4]
+    for k, split in enumerate(splits[f"head {k + 1} of 4"] for k in range(4)):
+        assert torch.equal(split["labeled_idx"], state["labeled_idx"])
+        assert set(split["unlabeled_idx"].tolist()) == set(unlabeled[torch.from_numpy(folds != k)].tolist())
+    # each unlabeled image's row: the head that left it out, on the image's kept features
+    data = restore_data(state, echo=lambda line: None)
+    heads = unseen.UnseenHeads.trained(state, data, run / "d", evaluate_key(run), "teacher", None, "cpu", print)
+    by_name = {r["path"]: r for r in read_rows(out.read_text())}
+    assert len(by_name) == 16
+    for position, row in enumerate(unlabeled.tolist()):
+        head = heads.heads[folds[position]]
+        with torch.no_grad():
+            logits = head(data.features.train[row:row + 1, 0].float())[1]
+        name = str(run / "d" / data.files["train"][row])
+        assert by_name[name]["prediction"] == state["config"].classes[int(logits.argmax())]
+    # kept: a second run trains no head
+    monkeypatch.setattr(unseen, "train_fold", lambda *a: pytest.fail("trained again"))
+    result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "test", "--max-error", "60"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("kept from before") == 4
+    assert "each image was predicted by a head that never saw it" in result.output
+
+
+def evaluate_key(run):
+    from mtlc.use.predict import checkpoint_identity
+    return checkpoint_identity(run / "run" / "lc.pt")
+
+
+def test_where_the_training_images_changed_the_checkpoint_predicts_and_says_why(run, tmp_path):
+    folder = tmp_path / "d"
+    shutil.copytree(run / "d", folder, ignore=shutil.ignore_patterns("mtlc-cache"))
+    next(iter(sorted((folder / "unlabeled").glob("*.png")))).unlink()
+    result = invoke(evaluate, ["--ckpt", run / "run" / "mt.pt", "--predict", folder / "unlabeled", "--data-dir",
+                               folder, "--json", "--csv", tmp_path / "p.csv"])
+    assert result.exit_code == 0, result.output
+    assert "the images it trained on are predicted by the checkpoint itself" in result.output
+    assert "changed since the checkpoint was trained" in result.output
+    assert json.loads(result.stdout.splitlines()[-1])["unseen_heads"] == 0
