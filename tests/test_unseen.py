@@ -90,8 +90,9 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
             logits = head(data.features.train[row:row + 1, 0].float())[1]
         name = str(run / "d" / data.files["train"][row])
         assert by_name[name]["prediction"] == state["config"].classes[int(logits.argmax())]
-    # kept: a second run trains no head
+    # kept: a second run trains no head, and runs no trunk on the checkpoint's own images (their features are kept)
     monkeypatch.setattr(unseen, "train_fold", lambda *a: pytest.fail("trained again"))
+    monkeypatch.setattr(pretrained.PretrainedNet, "features", lambda *a: pytest.fail("the trunk ran"))
     result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "test", "--max-error", "60"])
     assert result.exit_code == 0, result.output
     assert result.output.count("kept from before") == 4

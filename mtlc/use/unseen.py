@@ -99,11 +99,14 @@ class UnseenHeads:
 
     def __init__(self, state, data, heads, model, device):
         self.state, self.data, self.heads, self.model, self.device = state, data, heads, model, device
-        unlabeled = state["unlabeled_idx"]
         self.unlabeled_fold = unlabeled_folds(state)
-        digests = data.digests["train"]() if data.digests else None
-        # the unlabeled training images by the digest of their files, where a folder gives one
-        self.by_digest = None if digests is None else SortedRows(np.asarray(digests)[unlabeled.numpy()])
+        n_train = len(data.train_y)
+        # the fold of each training image that trained without a label (-1: labeled, or held out)
+        self.fold_of_row = np.full(n_train, -1)
+        self.fold_of_row[state["unlabeled_idx"].numpy()] = self.unlabeled_fold
+        # the checkpoint's images (training, then test) by the digest of their files, where a folder gives one
+        self.kept = None if not data.digests else SortedRows(np.concatenate([np.asarray(data.digests[part](), "S32")
+                                                                             for part in ("train", "test")]))
 
     @classmethod
     def trained(cls, state, data, root, checkpoint_key, model_name, model, device, echo):
@@ -121,25 +124,30 @@ class UnseenHeads:
         return cls(state, data, heads, model, device)
 
     def folds_of(self, digests):
-        """The head of each image by its file's digest: the fold that left it out where it is an
-        unlabeled training image, else the one its hash picks."""
+        """(the head of each image, its position among the checkpoint's training then test images or
+        -1) by its file's digest: the fold that left it out where it trained without a label, else
+        the fold its hash picks."""
         folds = hashed_fold(digests)
-        if self.by_digest is not None and len(digests):
-            rows = self.by_digest.rows(np.array([d.encode() if isinstance(d, str) else d for d in digests], "S32"))
-            known = rows >= 0
-            folds[known] = self.unlabeled_fold[rows[known]]
-            return folds, np.where(known, self.state["unlabeled_idx"].numpy()[np.maximum(rows, 0)], -1)
-        return folds, np.full(len(digests), -1)
+        if self.kept is None or not len(digests):
+            return folds, np.full(len(digests), -1)
+        rows = self.kept.rows(np.array([d.encode() if isinstance(d, str) else d for d in digests], "S32"))
+        n_train = len(self.fold_of_row)
+        left_out = (rows >= 0) & (rows < n_train)
+        left_out[left_out] = self.fold_of_row[rows[left_out]] >= 0
+        folds[left_out] = self.fold_of_row[rows[left_out]]
+        return folds, rows
 
     def outputs(self, x, digests):
         """(the checkpoint's pooled features, the logits of each image's head) of uint8 images x whose
-        files have these digests: an unlabeled training image's trunk features taken from the kept
-        ones, any other image's computed."""
+        files have these digests: the trunk's features of the checkpoint's own images (training and
+        test) taken from the kept ones, any other image's computed."""
         folds, rows = self.folds_of(digests)
         features = torch.empty(len(x), self.data.features.train.shape[-1])
-        kept = rows >= 0
-        if kept.any():
-            features[kept] = self.data.features.train[torch.from_numpy(rows[kept]), 0].float()
+        n_train, kept = len(self.fold_of_row), rows >= 0
+        for part, mine in (("train", kept & (rows < n_train)), ("test", rows >= n_train)):
+            if mine.any():
+                at = rows[mine] - (n_train if part == "test" else 0)
+                features[torch.from_numpy(mine)] = getattr(self.data.features, part)[torch.from_numpy(at), 0].float()
         if (~kept).any():
             images = normalize(x[torch.from_numpy(~kept)].to(self.device), *normalization(self.state["config"], self.device))
             with torch.no_grad():
