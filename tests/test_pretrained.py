@@ -5,6 +5,7 @@ features are computed once, kept sealed, taken up again and recomputed where the
 a run on them trains, fine-tunes, predicts (features and images agree) and exports to ONNX."""
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -92,13 +93,43 @@ def test_features_are_computed_once_kept_sealed_and_made_again_when_meddled_with
     assert torch.equal(again.train, first.train)
     monkeypatch.undo()
     original = first.train.clone()  # (the map shows the file as it is: meddled with below)
-    kept = next((folder / "d" / "mtlc-cache").glob("embed-*")) / "train.f16"
+    kept = next((folder / "d" / "mtlc-cache").glob("embed-*")) / embeddings.ROWS
     raw = bytearray(kept.read_bytes())
     raw[100] ^= 0xFF
     kept.write_bytes(bytes(raw))
     lines.clear()
     third = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
     assert any(line.startswith("embedding ") for line in lines) and torch.equal(third.train, original)
+
+
+def test_features_are_kept_per_image_label_py_moves_cost_nothing_new_images_only_theirs(tmp_path, monkeypatch):
+    """Each image's features are keyed by its file's bytes: the same files under other names (an image
+    moved from unlabeled/ into labeled/<class>/, as label.py does) are embedded no more, a new image
+    alone, and a dataset without files by its pixels."""
+    write_own_folder(tmp_path / "d", n_labeled=3, n_unlabeled=6, n_test=2, size=(40, 30))
+    before = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
+    first = embeddings.embed(before, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
+    by_name = dict(zip(before.files["train"], first.train))
+    (tmp_path / "d" / "unlabeled" / "u0000.png").rename(tmp_path / "d" / "labeled" / "cat" / "moved.png")
+    computed = []
+    real = embeddings.compute
+    monkeypatch.setattr(embeddings, "compute", lambda work, todo, *a: computed.append(len(todo)) or real(work, todo, *a))
+    after = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
+    moved = embeddings.embed(after, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
+    assert computed == []
+    renamed = dict(by_name, **{"labeled/cat/moved.png": by_name["unlabeled/u0000.png"]})
+    for name, features in zip(after.files["train"], moved.train):
+        assert torch.equal(features, renamed[name])
+    shutil.copy(tmp_path / "d" / "test" / "dog" / "0.png", tmp_path / "d" / "unlabeled" / "copy.png")
+    write_own_folder(tmp_path / "new", n_labeled=1, n_unlabeled=0, n_test=0, size=(40, 30), seed=5)
+    shutil.copy(tmp_path / "new" / "labeled" / "owl" / "0.png", tmp_path / "d" / "unlabeled" / "new.png")
+    grown = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
+    embeddings.embed(grown, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
+    assert computed == [1]  # the copy of a test image was kept already; the new one was not
+    digits = load_dataset("digits", tmp_path / "digits", 32, echo=lambda line: None)
+    digits.train_x, digits.test_x = digits.train_x[:5], digits.test_x[:0]
+    pixels = embeddings.embed(digits, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
+    assert pixels.train.shape == (5, 2, 1280) and pixels.test.shape == (0, 1, 1280) and computed[-1] == 5
 
 
 def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):

@@ -1,11 +1,13 @@
-"""A pretrained trunk's features of a run's images, computed once and kept as the decode cache keeps
-the images: in the dataset's cache folder (data/cache.py's cache_dir), as a work folder (disk/work.py)
-whose manifest is sealed by this machine's secret over what the features are of (the backbone and its
-weights, the image size, the views, the images' content) and the HMAC of their bytes, so that only
-features this machine computed from these very images are ever used, and an embedding cut short
-goes on where it stopped. The features are float16 rows, memory-mapped: each training image in two
-views (as is, and flipped left to right: the augmentation a frozen trunk's features can still take),
-each test image as is.
+"""A pretrained trunk's features of a run's images, computed once per image and kept as the decode
+cache keeps the images: in the dataset's cache folder (data/cache.py's cache_dir), as a work folder
+(disk/work.py) whose manifest is sealed by this machine's secret over what the features are of (the
+backbone and its weights, the image size, the views, how the images were decoded) and the HMAC of
+their bytes, so that only features this machine computed are ever used. Each row is keyed by what
+tells its image: the digest of its file's bytes (a folder: the decode cache's), else of its decoded
+pixels. A run computes only the rows of images not kept yet: label.py's moves (the same files
+under other names) cost nothing, new images only theirs, and an embedding cut short goes on where it
+stopped. The rows are float16, memory-mapped: each image in two views (as is, and flipped left to
+right: the augmentation a frozen trunk's features can still take); the test images' first view.
 """
 import hashlib
 from dataclasses import dataclass
@@ -15,15 +17,17 @@ import torch
 import torch.nn.functional as F
 
 from ..data.batches import image_batches
-from ..data.cache import cache_dir
+from ..data.cache import CACHE_VERSION, cache_dir
+from ..data.cache_rows import SortedRows
 from ..data.views import normalize
 from ..disk.work import Work
 from .devices import sync
 from .pretrained import BACKBONES, TrunkEngine
 from .progress import epoch_progress
 
-VIEWS = ("as is", "flipped")  # of each training image; test images are kept as is
+VIEWS = ("as is", "flipped")  # of each image; a run's test images take the first
 EMBED_BATCH = 64
+KEYS, ROWS = "keys.s32", "views.f16"  # the work's files: each row's key (hex digest), its views' features
 
 
 @dataclass
@@ -33,19 +37,14 @@ class Features:
     test: torch.Tensor
 
 
-def content_key(data, image_size):
-    """What tells these images from any others: a folder's content fingerprint (the hash of every
-    file's bytes, data/datasets.py), else the hash of the decoded pixels themselves."""
-    if data.contents:
-        return dict(data.contents, image_size=image_size, files=hashlib.sha256(
-            "\0".join(data.files["train"] + ["\1"] + data.files["test"]).encode("utf-8", "surrogateescape")).hexdigest())
-    digests = {}
-    for part, x in (("train", data.train_x), ("test", data.test_x)):
-        h = hashlib.sha256(str(tuple(x.shape)).encode())
-        for batch in image_batches(x):
-            h.update(batch.numpy().tobytes())
-        digests[part] = h.hexdigest()
-    return dict(digests, image_size=image_size)
+def image_keys(data, part):
+    """What tells each image of a part ("train" or "test") from any other (hex digests, S32): its
+    file's digest where the dataset is a folder, else that of its decoded pixels."""
+    if data.digests:
+        return np.asarray(data.digests[part](), "S32")
+    x = data.train_x if part == "train" else data.test_x
+    return np.array([hashlib.blake2b(image.numpy().tobytes(), digest_size=16).hexdigest()
+                     for batch in image_batches(x) for image in batch], "S32").reshape(-1)
 
 
 def trunk_input(images, image_size, backbone):
@@ -60,47 +59,70 @@ def trunk_input(images, image_size, backbone):
 
 
 def embed(data, data_dir, backbone_name, image_size, device, echo):
-    """The Features of `data` under the backbone (computed, or taken up where this machine kept them)."""
+    """The Features of `data` under the backbone: the rows kept of its images, the others computed first."""
     backbone = BACKBONES[backbone_name]
-    key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, views=list(VIEWS),
-               images=content_key(data, image_size))
+    key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, views=list(VIEWS), image_size=image_size,
+               decoded=CACHE_VERSION, keyed_by="file bytes" if data.digests else "pixels")
     folder = cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px"
     # Another run computing or reading them: waited for (reading the kept features takes seconds).
     work = Work(folder, key, echo, wait=lambda: echo(f"waiting for another run that computes or reads the features "
                                                      f"in {folder}"))
-    dim = backbone.features
-    parts = dict(train=(data.train_x, len(VIEWS)), test=(data.test_x, 1))
+    parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
+    width = len(VIEWS) * backbone.features
     try:
         with work.kept_if_interrupted("the features computed so far"):
-            todo = {part: len(x) - work.state.get(part, 0) for part, (x, _) in parts.items()}
-            if any(todo.values()):
-                compute(work, parts, backbone, image_size, device, echo)
-            return Features(*(torch.from_numpy(work.rows(f"{part}.f16", np.float16, views * dim, mode="c"))
-                              .view(-1, views, dim) for part, (_, views) in parts.items()))
+            todo = missing(kept_keys(work), parts)
+            if todo:
+                compute(work, todo, backbone, image_size, device, echo)
+            rows, kept = work.rows(ROWS, np.float16, width, mode="c"), SortedRows(kept_keys(work))
+            assert len(rows) == len(kept.keys), "a row for every key kept"
+            return Features(*(gathered(rows, kept.rows(keys), views) for (_, keys), views in zip(parts.values(), (2, 1))))
     finally:
         work.close()
 
 
+def kept_keys(work):
+    return work.rows(KEYS, "S32", 1).reshape(-1)
+
+
+def missing(kept, parts):
+    """[(a part's images, their keys, a position)]: one image of each key the parts hold and the work does not."""
+    known, todo, seen = SortedRows(np.asarray(kept)), [], set()
+    for x, keys in parts.values():
+        for position in np.flatnonzero(known.rows(keys) < 0).tolist():
+            if keys[position] not in seen:
+                seen.add(keys[position])
+                todo.append((x, keys, position))
+    return todo
+
+
+def gathered(rows, idx, views):
+    """The features (n, views, D) of the rows idx: a memory-mapped view where they lie in order (a
+    first embedding's), else gathered into memory."""
+    if not len(idx):
+        out = torch.zeros(0, rows.shape[1], dtype=torch.float16)
+    elif np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx))):
+        out = torch.from_numpy(rows[idx[0]:idx[0] + len(idx)])
+    else:
+        out = torch.from_numpy(np.ascontiguousarray(rows[idx]))
+    return out.view(len(idx), len(VIEWS), rows.shape[1] // len(VIEWS))[:, :views]
+
+
 @torch.no_grad()
-def compute(work, parts, backbone, image_size, device, echo):
-    """Embed what the work has not done yet, a batch at a time, each batch committed."""
+def compute(work, todo, backbone, image_size, device, echo):
+    """Embed the images of todo (missing's) in both views, a batch at a time, each batch committed
+    with its keys."""
     model = TrunkEngine(backbone.name, device)
-    total = sum(len(x) * views for x, views in parts.values())
-    done_before = sum(work.state.get(part, 0) * views for part, (x, views) in parts.items())
-    echo(f"embedding {total - done_before:,} image views with {backbone.name} at {image_size} px"
-         + (f" (going on after {done_before:,} kept)" if done_before else ""))
-    for part, (x, views) in parts.items():
-        start = work.state.get(part, 0)
-        out = work.appended(f"{part}.f16")
-        batches = list(range(start, len(x), EMBED_BATCH))
-        for first in epoch_progress(batches, f"embedding {part}", True, echo):
-            images = x[first:first + EMBED_BATCH].to(device)
-            inputs = trunk_input(images, image_size, backbone)
-            rows = [model(inputs)]
-            if views == 2:
-                rows.append(model(inputs.flip(3)))
-            sync(device)
-            out.write(torch.stack(rows, 1).flatten(1).to(torch.float16).cpu().numpy().tobytes())
-            work.state[part] = first + len(images)
-            work.commit()
+    echo(f"embedding {len(todo) * len(VIEWS):,} image views with {backbone.name} at {image_size} px"
+         + (f" (going on after {len(kept_keys(work)):,} images kept)" if len(kept_keys(work)) else ""))
+    features, keys = work.appended(ROWS), work.appended(KEYS)
+    for first in epoch_progress(range(0, len(todo), EMBED_BATCH), "embedding", True, echo):
+        batch = todo[first:first + EMBED_BATCH]
+        images = torch.stack([x[position] for x, _, position in batch]).to(device)
+        inputs = trunk_input(images, image_size, backbone)
+        rows = torch.stack([model(inputs), model(inputs.flip(3))], 1)
+        sync(device)
+        features.write(rows.flatten(1).to(torch.float16).cpu().numpy().tobytes())
+        keys.write(np.array([k[position] for _, k, position in batch], "S32").tobytes())
+        work.commit()
     work.commit(force=True)
