@@ -115,11 +115,14 @@ def test_features_are_kept_per_image_label_py_moves_cost_nothing_new_images_only
     real = embeddings.compute
     monkeypatch.setattr(embeddings, "compute", lambda work, todo, *a: computed.append(len(todo)) or real(work, todo, *a))
     after = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
-    moved = embeddings.embed(after, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
-    assert computed == []
     renamed = dict(by_name, **{"labeled/cat/moved.png": by_name["unlabeled/u0000.png"]})
-    for name, features in zip(after.files["train"], moved.train):
-        assert torch.equal(features, renamed[name])
+    for gather_in_memory in (2 ** 30, 0):  # the rows out of the kept order: gathered in memory, or written in order
+        monkeypatch.setattr(embeddings, "GATHER_IN_MEMORY", gather_in_memory)
+        moved = embeddings.embed(after, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
+        assert computed == []
+        for name, features in zip(after.files["train"], moved.train):
+            assert torch.equal(features, renamed[name])
+    assert (next((tmp_path / "d" / "mtlc-cache").glob("embed-*")) / "order-train.f16").is_file()
     shutil.copy(tmp_path / "d" / "test" / "dog" / "0.png", tmp_path / "d" / "unlabeled" / "copy.png")
     write_own_folder(tmp_path / "new", n_labeled=1, n_unlabeled=0, n_test=0, size=(40, 30), seed=5)
     shutil.copy(tmp_path / "new" / "labeled" / "owl" / "0.png", tmp_path / "d" / "unlabeled" / "new.png")

@@ -183,6 +183,14 @@ class Work:
             self.files[name] = Appended(self.folder / name, fd, length, mac)
         return self.files[name]
 
+    def restarted(self, name):
+        """The work file `name` emptied, to be written anew (its earlier bytes dropped)."""
+        self.taken_up.pop(name, None)
+        if name in self.files:
+            self.files.pop(name).close()
+        self.taken_up[name] = (0, running_hmac())
+        return self.appended(name)
+
     def rows(self, name, dtype, width, mode="r"):
         """The rows (width values of dtype each) of the work file `name` written so far, memory-mapped
         read-only, or with mode "c" copy-on-write (writes stay in this process: what torch's tensors

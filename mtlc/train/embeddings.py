@@ -28,6 +28,9 @@ from .progress import epoch_progress
 VIEWS = ("as is", "flipped")  # of each image; a run's test images take the first
 EMBED_BATCH = 64
 KEYS, ROWS = "keys.s32", "views.f16"  # the work's files: each row's key (hex digest), its views' features
+# Bytes of features a run gathers into memory where its images do not lie in the kept order (after
+# label.py's moves); more are written in its order to the work once (5 GB at a million images).
+GATHER_IN_MEMORY = 2 ** 30
 
 
 @dataclass
@@ -61,22 +64,22 @@ def trunk_input(images, image_size, backbone):
 def embed(data, data_dir, backbone_name, image_size, device, echo):
     """The Features of `data` under the backbone: the rows kept of its images, the others computed first."""
     backbone = BACKBONES[backbone_name]
-    key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, views=list(VIEWS), image_size=image_size,
-               decoded=CACHE_VERSION, keyed_by="file bytes" if data.digests else "pixels")
+    key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, features=backbone.features,
+               views=list(VIEWS), image_size=image_size, decoded=CACHE_VERSION,
+               keyed_by="file bytes" if data.digests else "pixels")
     folder = cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px"
     # Another run computing or reading them: waited for (reading the kept features takes seconds).
     work = Work(folder, key, echo, wait=lambda: echo(f"waiting for another run that computes or reads the features "
                                                      f"in {folder}"))
     parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
-    width = len(VIEWS) * backbone.features
     try:
         with work.kept_if_interrupted("the features computed so far"):
             todo = missing(kept_keys(work), parts)
             if todo:
                 compute(work, todo, backbone, image_size, device, echo)
-            rows, kept = work.rows(ROWS, np.float16, width, mode="c"), SortedRows(kept_keys(work))
-            assert len(rows) == len(kept.keys), "a row for every key kept"
-            return Features(*(gathered(rows, kept.rows(keys), views) for (_, keys), views in zip(parts.values(), (2, 1))))
+            kept = SortedRows(kept_keys(work))
+            return Features(*(gathered(work, part, kept.rows(keys), views)
+                              for (part, (_, keys)), views in zip(parts.items(), (2, 1))))
     finally:
         work.close()
 
@@ -96,15 +99,26 @@ def missing(kept, parts):
     return todo
 
 
-def gathered(rows, idx, views):
-    """The features (n, views, D) of the rows idx: a memory-mapped view where they lie in order (a
-    first embedding's), else gathered into memory."""
+def gathered(work, part, idx, views):
+    """The features (n, views, D) of the kept rows idx: a memory-mapped view where they lie in order
+    (a first embedding's); else gathered into memory where they fit GATHER_IN_MEMORY, or written in
+    this order to the work (once for an order) and mapped: memory stays bounded at a million images."""
+    rows = work.rows(ROWS, np.float16, len(VIEWS) * work.key["features"], mode="c")
     if not len(idx):
         out = torch.zeros(0, rows.shape[1], dtype=torch.float16)
     elif np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx))):
         out = torch.from_numpy(rows[idx[0]:idx[0] + len(idx)])
-    else:
+    elif len(idx) * rows.shape[1] * rows.itemsize <= GATHER_IN_MEMORY:
         out = torch.from_numpy(np.ascontiguousarray(rows[idx]))
+    else:
+        name, order = f"order-{part}.f16", hashlib.sha256(np.asarray(idx).tobytes()).hexdigest()
+        if work.state.get(name) != order:
+            written = work.restarted(name)
+            for start in range(0, len(idx), EMBED_BATCH * 64):
+                written.write(np.ascontiguousarray(rows[idx[start:start + EMBED_BATCH * 64]]).tobytes())
+            work.state[name] = order
+            work.commit(force=True)
+        out = torch.from_numpy(work.rows(name, np.float16, rows.shape[1], mode="c"))
     return out.view(len(idx), len(VIEWS), rows.shape[1] // len(VIEWS))[:, :views]
 
 
