@@ -129,10 +129,15 @@ def measure(path, truth, max_error):
     logits = outputs(classifier.model, data.inputs("train"), classifier.mean, classifier.std, unlabeled)[1]
     predicted, confidence = confidences(logits, classifier.temperature)
     test_logits = outputs(classifier.model, data.inputs("test"), classifier.mean, classifier.std)[1]
-    found = cal.threshold(max_error) if cal else None
+    return scored(predicted, confidence, y, test_logits, data.test_y, cal.threshold(max_error) if cal else None)
+
+
+def scored(predicted, confidence, y, test_logits, test_y, found):
+    """measure's numbers of the unlabeled images' predictions and confidences (their classes y), the
+    test images' logits and the --max-error threshold found (None: none)."""
     accepted = confidence >= found.confidence if found else confidence > 1
     wrong = predicted != y
-    return dict(test_error=100 * float((test_logits.argmax(1) != data.test_y).float().mean()),
+    return dict(test_error=100 * float((test_logits.argmax(1) != test_y).float().mean()),
                 unlabeled_error=100 * float(wrong.mean()), accepted_share=100 * float(accepted.mean()),
                 accepted_error=100 * float(wrong[accepted].mean()) if accepted.any() else None,
                 accepted=int(accepted.sum()), unlabeled=len(y))

@@ -17,7 +17,7 @@ import click
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root: mtlc
-from bench_objectives import measure  # noqa: E402
+from bench_objectives import measure, scored  # noqa: E402
 from mtlc.data.splits import true_classes  # noqa: E402
 from mtlc.train.checkpoints import load_checkpoint  # noqa: E402
 from mtlc.use.calibration import confidences  # noqa: E402
@@ -39,13 +39,7 @@ def measure_unseen(path, truth, max_error):
     predicted, confidence = confidences(heads.logits(data.features.train[unlabeled, 0].float(), heads.unlabeled_fold)[1],
                                         classifier.temperature)
     test_logits = heads.logits(data.features.test[:, 0].float(), hashed_fold(data.digests["test"]()))[1]
-    found = cal.threshold(max_error)
-    accepted = confidence >= found.confidence if found else confidence > 1
-    wrong = predicted != y
-    return dict(test_error=100 * float((test_logits.argmax(1) != data.test_y).float().mean()),
-                unlabeled_error=100 * float(wrong.mean()), accepted_share=100 * float(accepted.mean()),
-                accepted_error=100 * float(wrong[accepted].mean()) if accepted.any() else None,
-                accepted=int(accepted.sum()), unlabeled=len(y))
+    return scored(predicted, confidence, y, test_logits, data.test_y, cal.threshold(max_error))
 
 
 @click.command()

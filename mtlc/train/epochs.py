@@ -3,6 +3,7 @@
 every epoch so that a killed run resumes exactly, TensorBoard's curves; and run_stage around it,
 which writes into a staging folder while an earlier run's outputs are to be replaced.
 """
+import gc
 import time
 from pathlib import Path
 
@@ -122,6 +123,10 @@ def run_stage(trainer, out, milestones, start_epoch, replacing=(), tensorboard=N
     with stop_on_signals():
         last = fit(trainer, folder, milestones, start_epoch=start_epoch, echo=trainer.procs.echo,
                    tensorboard=tensorboard)
+    # DDP's reducer let go while the process group lives: torn down after it (at exit), its gloo work
+    # aborted the process now and then ("terminate called without an active exception").
+    trainer.student_forward = None
+    gc.collect()
     if trainer.procs.main:
         if folder != out:
             publish(folder, out, replacing)
