@@ -114,3 +114,17 @@ def test_where_the_training_images_changed_the_checkpoint_predicts_and_says_why(
     assert "the images it trained on are predicted by the checkpoint itself" in result.output
     assert "changed since the checkpoint was trained" in result.output
     assert json.loads(result.stdout.splitlines()[-1])["unseen_heads"] == 0
+
+
+@pytest.mark.parametrize("n_unlabeled, n_test, why", [(8, 0, "it has no held-out images to calibrate heads on"),
+                                                      (5, 7, "5 unlabeled images are too few for 4 heads")])
+def test_without_held_out_or_enough_unlabeled_images_the_checkpoint_predicts(tmp_path, n_unlabeled, n_test, why):
+    write_own_folder(tmp_path / "d", n_labeled=4, n_unlabeled=n_unlabeled, n_test=n_test, size=(40, 30))
+    args = ["--dataset", "folder", "--data-dir", tmp_path / "d", "--backbone", BACKBONE, "--image-size", "32",
+            "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "4", "--epochs", "1", "--decay-epochs",
+            "0", "--device", "cpu", "--out", tmp_path / "run"]
+    assert invoke(train_mt, args).exit_code == 0
+    result = invoke(evaluate, ["--ckpt", tmp_path / "run" / "mt.pt", "--predict", tmp_path / "d" / "unlabeled"])
+    assert result.exit_code == 0, result.output
+    assert why in result.output and len(read_rows(result.stdout)) == n_unlabeled
+    assert "each image is predicted by one of" not in result.output

@@ -29,7 +29,7 @@ from ..train.devices import pick_device
 from ..train.inference import model_outputs, outputs
 from ..train.pretrained import CONVLARGE
 from .calibration import Calibration, confidences
-from .held_out import restore_held_out
+from .held_out import held_out, restore_held_out
 
 
 MODELS = ("teacher", "student")
@@ -117,14 +117,19 @@ class Classifier:
         with heads that never saw an image (unseen.py), calibrated alike; returns why not (a line)
         where that cannot be, else None. checkpoint_key: what tells the checkpoint (the heads are
         kept under it)."""
-        from .unseen import UnseenHeads
+        from .unseen import FOLDS, UnseenHeads
         if self.config.backbone == CONVLARGE or not len(self.state["unlabeled_idx"]):
             return "the checkpoint is no head on a frozen trunk that trained on unlabeled images"
+        if len(self.state["unlabeled_idx"]) < 2 * FOLDS:
+            return (f"{len(self.state['unlabeled_idx'])} unlabeled images are too few for {FOLDS} heads that each "
+                    f"leave a quarter out")
         root = data_dir or self.config.data_dir
         try:
             data = restore_data(self.state, root, echo=echo, device=self.device)
         except UserError as e:
             return f"its training images cannot be had as they were: {e.message}"
+        if not len(held_out(self.state, data).y):
+            return "it has no held-out images to calibrate heads on"
         self.unseen = UnseenHeads.trained(self.state, data, root, checkpoint_key, self.model_name, self.model,
                                           self.device, echo)
         self.calibration = self.unseen.calibration()
