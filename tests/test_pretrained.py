@@ -214,3 +214,13 @@ def test_both_stages_of_a_backbone_run_under_torchrun(folder, tmp_path):
                    "--device", "cpu")
     assert res.returncode == 0, res.stderr
     assert load_checkpoint(tmp_path / "lc.pt")["config"].lc.mt_checkpoint == str((tmp_path / "mt.pt").resolve())
+
+
+def test_features_lacking_an_image_are_refused_never_another_images_row(tmp_path):
+    from mtlc.disk.work import Work
+    work = Work(tmp_path / "embed", dict(features=2))
+    work.appended(embeddings.ROWS).write(np.ones((1, 2 * len(embeddings.VIEWS)), np.float16).tobytes())
+    assert embeddings.gathered(work, "train", np.array([0]), 2).shape == (1, 2, 2)
+    for idx in ([0, -1], [1]):
+        with pytest.raises(UserError, match="lack some of the images"):
+            embeddings.gathered(work, "train", np.array(idx), 2)

@@ -21,6 +21,7 @@ from ..data.cache import CACHE_VERSION, cache_dir
 from ..data.cache_rows import SortedRows
 from ..data.views import normalize
 from ..disk.work import Work
+from ..errors import UserError
 from .devices import sync
 from .pretrained import BACKBONES, TrunkEngine
 from .progress import epoch_progress
@@ -104,6 +105,8 @@ def gathered(work, part, idx, views):
     (a first embedding's); else gathered into memory where they fit GATHER_IN_MEMORY, or written in
     this order to the work (once for an order) and mapped: memory stays bounded at a million images."""
     rows = work.rows(ROWS, np.float16, len(VIEWS) * work.key["features"], mode="c")
+    if len(idx) and (idx.min() < 0 or idx.max() >= len(rows)):  # never a wrong image's row, silently
+        raise UserError(f"the features kept in {work.folder} lack some of the images: delete that folder and run again")
     if not len(idx):
         out = torch.zeros(0, rows.shape[1], dtype=torch.float16)
     elif np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx))):
