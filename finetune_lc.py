@@ -144,7 +144,7 @@ def main(**options):
             raise UserError(f"{o.ckpt} is not a Mean Teacher checkpoint (stage {state.get('stage')!r})")
         check_finished(o.ckpt, state, o.unfinished)
         config = state["config"].replace(seed=o.seed if o.seed is not None else state["config"].seed)
-        steps_per_epoch = max(1, len(state["unlabeled_idx"]) // config.unlabeled_batch)
+        steps_per_epoch = config.steps_per_epoch(len(state["unlabeled_idx"]))
         defaults = preset(config.dataset, config.labels, steps_per_epoch, config.compress)
         chosen = lc_choices(o, defaults)
         check_outputs({name: out / name for name in outputs}, inputs={"--ckpt": o.ckpt, "--truth": o.truth},

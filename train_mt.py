@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from mtlc.data.batches import channel_stats
+from mtlc.data.batches import channel_stats, epoch_steps
 from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
 from mtlc.data.splits import balanced_split, hold_out, own_split
@@ -35,7 +35,7 @@ from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, cons
 from mtlc.train.options import (Number, given_on_command_line, moved_inputs, note_ignored_by_resume, resumed_curves,
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
-from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
+from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
 from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, PHOTO_BACKBONE,
                                    auto_backbone, default_image_size, normalization_of, weights_path)
 from mtlc.train.settings import RunSettings
@@ -66,7 +66,8 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "folder with labeled/, labeled ones (stratified by class).")
 @click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
 @click.option("--unlabeled-batch", type=click.IntRange(min=1), default=None,
-              help="Unlabeled images per step; an epoch is one pass over the unlabeled set. "
+              help="Unlabeled images per step; an epoch is one pass over the unlabeled set (a folder's default schedule, "
+                   f"which counts steps: as many passes as make {MIN_EPOCH_STEPS} steps). "
                    f"{objective_help('unlabeled_batch')}")
 @click.option("--width", type=Number(min=0, min_open=True), default=1.0,
               help="Channel multiplier of the 13-layer ConvNet; 1.0 is the paper's network.")
@@ -281,7 +282,9 @@ def warn_label_conflicts(data, echo):
 
 def run_config(o, data, split, labels, objective, own, procs, device):
     """A new run's config (what its checkpoints keep), said in one line."""
-    steps_per_epoch = max(1, len(split["unlabeled_idx"]) // objective["unlabeled_batch"])
+    # a folder's schedule left to its default counts steps (FOLDER_STEPS): its epochs are never tiny
+    min_epoch_steps = MIN_EPOCH_STEPS if o.dataset == "folder" and o.epochs is None else 1
+    steps_per_epoch = epoch_steps(len(split["unlabeled_idx"]), objective["unlabeled_batch"], min_epoch_steps)
     defaults, schedule = schedule_of(o, labels, steps_per_epoch)
     leaked = test_copies(data, procs.echo)
     warn_label_conflicts(data, procs.echo)
@@ -298,7 +301,7 @@ def run_config(o, data, split, labels, objective, own, procs, device):
         files=data.files, contents=data.contents, leaked_test=leaked, relabeled=relabeled, seed=o.seed, lr=o.lr,
         ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
         forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
-        eval_every=o.eval_every or defaults["eval_every"], compress=o.compress,
+        eval_every=o.eval_every or defaults["eval_every"], min_epoch_steps=min_epoch_steps, compress=o.compress,
         precision=resolve_precision(o.precision, device, convolutions=o.backbone == CONVLARGE), compile=o.compile_,
         step_mode=o.step_mode,
         tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)

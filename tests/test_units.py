@@ -6,7 +6,7 @@ import torch
 
 from mtlc.train.presets import PRESETS, preset
 from mtlc.train.model import ConvLarge, Dropout, WeightNormMeanOnlyBN
-from mtlc.data.batches import BatchStream
+from mtlc.data.batches import BatchStream, epoch_steps
 from mtlc.data.views import augment
 from mtlc.data.splits import balanced_split
 from mtlc.errors import UserError
@@ -76,6 +76,16 @@ def test_batch_stream_is_a_function_of_the_step():
     assert len(unl.unique()) == len(unl) == 256
     lab = torch.cat([stream.batch(s)[0] for s in range(5)])  # 40 positions = 2 full cycles
     assert sorted(lab[:20].tolist()) == list(range(20)) and sorted(lab[20:].tolist()) == list(range(20))
+
+
+def test_an_epoch_of_few_unlabeled_images_is_as_many_passes_as_make_its_least_steps():
+    assert [epoch_steps(n, 128, 10) for n in (64, 128, 300, 1279, 1280, 5000)] == [10, 10, 10, 18, 10, 39]
+    assert epoch_steps(300, 64, 1) == 4 and epoch_steps(300, 64, 10) == 12
+    # the same batches at every step: only where epochs end moves
+    one, passes = BatchStream(20, 300, 8, 64, seed=1), BatchStream(20, 300, 8, 64, seed=1, min_epoch_steps=10)
+    assert (one.steps_per_epoch, passes.steps_per_epoch) == (4, 12)
+    for step in range(30):
+        assert all(torch.equal(a, b) for a, b in zip(one.batch(step), passes.batch(step)))
 
 
 def dot_image():

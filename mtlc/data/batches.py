@@ -83,14 +83,22 @@ def channel_stats(x):
     return torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
 
 
-class BatchStream:
-    """The indices of every step's batches, a pure function of (seed, step): an epoch is one pass
-    over the unlabeled set in a fresh random order; the labeled set cycles in its own orders."""
+def epoch_steps(n_unlabeled, unlabeled_batch, min_steps=1):
+    """The steps of an epoch: whole passes over the unlabeled set, as few as make min_steps steps."""
+    per_pass = max(1, n_unlabeled // unlabeled_batch)
+    return per_pass * -(-min_steps // per_pass)
 
-    def __init__(self, n_labeled, n_unlabeled, labeled_batch, unlabeled_batch, seed):
+
+class BatchStream:
+    """The indices of every step's batches, a pure function of (seed, step): each pass over the
+    unlabeled set in a fresh random order (an epoch is one pass, or as many as make min_epoch_steps);
+    the labeled set cycles in its own orders."""
+
+    def __init__(self, n_labeled, n_unlabeled, labeled_batch, unlabeled_batch, seed, min_epoch_steps=1):
         self.n_labeled, self.n_unlabeled = n_labeled, n_unlabeled
         self.labeled_batch, self.unlabeled_batch, self.seed = labeled_batch, unlabeled_batch, seed
-        self.steps_per_epoch = max(1, n_unlabeled // unlabeled_batch)
+        self.steps_per_pass = max(1, n_unlabeled // unlabeled_batch)
+        self.steps_per_epoch = epoch_steps(n_unlabeled, unlabeled_batch, min_epoch_steps)
         self._perms = {}
 
     def _perm(self, kind, k, n):
@@ -104,8 +112,8 @@ class BatchStream:
 
     def batch(self, step):
         """(positions in the labeled set, positions in the unlabeled set) for this step."""
-        epoch, i = divmod(step, self.steps_per_epoch)
-        u = self._perm(1, epoch, self.n_unlabeled)
+        done, i = divmod(step, self.steps_per_pass)
+        u = self._perm(1, done, self.n_unlabeled)
         u = u[torch.arange(i * self.unlabeled_batch, (i + 1) * self.unlabeled_batch) % self.n_unlabeled]
         pos = torch.arange(step * self.labeled_batch, (step + 1) * self.labeled_batch)
         cycles, offsets = pos // self.n_labeled, pos % self.n_labeled
@@ -137,7 +145,7 @@ class Batches:
         self.n_lab, self.n_unl = config.labeled_batch // world, config.unlabeled_batch // world
         self.lab_idx, self.unl_idx, self.val_idx = (split[k].cpu() for k in ("labeled_idx", "unlabeled_idx", "val_idx"))
         self.stream = BatchStream(len(self.lab_idx), len(self.unl_idx), config.labeled_batch,
-                                  config.unlabeled_batch, config.seed)
+                                  config.unlabeled_batch, config.seed, config.min_epoch_steps)
         # The images, or a pretrained trunk's features of them (embedded ahead: views drawn, not made)
         self.train_x, self.train_y = data.inputs("train"), data.train_y
         self.embedded = self.train_x.dtype != torch.uint8

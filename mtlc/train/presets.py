@@ -44,6 +44,12 @@ PRESETS = {
 # 4,000 steps and level after 12,000, as supervised-only kept improving (docs/own-images.md).
 FOLDER_STEPS = dict(epochs=4000, decay_epochs=1000, lc_epochs=1000, lc_decay_epochs=1000, eval_every=500)
 RAMP_SHARE = dict(cons_rampup=0.2, lc_rampup=0.25)
+# folder's default schedule (FOLDER_STEPS) in epochs of as many passes over the unlabeled set as make
+# at least this many steps: every epoch ends with a checkpoint, a metrics line and the metrics file
+# written again, and a folder left with 64 unlabeled images after label.py accepted the rest made
+# 5,000 one-step epochs of them (233 s for a head's 25 s of steps). Nothing changes where a pass has
+# 10 steps (1,280 unlabeled images) or more, nor where --epochs is given (an epoch is then one pass).
+MIN_EPOCH_STEPS = 10
 MIN_RAMP_STEPS = 300
 # CIFAR-10 with 2,000 labels: MT for 600 epochs, LC from epoch 600 until 800 (Section 5.1), eps 40.
 CIFAR10_2000 = dict(epochs=600, lc_epochs=200, eps=40.0)

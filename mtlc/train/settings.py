@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from ..data.batches import epoch_steps
 from ..data.datasets import DATASETS
 from .model import MIN_IMAGE_SIZE
 from .objectives import CONSISTENCIES
@@ -165,6 +166,7 @@ class RunSettings(Settings):
     forward: str = setting(one_of(FORWARDS), before="joint")
     bn_momentum: float = setting(number(above=0, high=1))
     eval_every: int = setting(integer(1))
+    min_epoch_steps: int = setting(integer(1), before=1)  # an epoch: passes over the unlabeled set, at least this many steps
     compress: float = setting(number(above=0), before=1.0)
     precision: str = setting(one_of(("fp32", "bf16")), before="fp32")  # as resolved for the device
     compile: bool = setting(flag, before=False)
@@ -199,6 +201,10 @@ class RunSettings(Settings):
         if values["lc"] is None:
             del values["lc"]
         return values
+
+    def steps_per_epoch(self, n_unlabeled):
+        """The steps of this run's epoch over n_unlabeled images (batches.epoch_steps)."""
+        return epoch_steps(n_unlabeled, self.unlabeled_batch, self.min_epoch_steps)
 
     @property
     def decode_size(self):

@@ -27,7 +27,7 @@ def fold_config(config, n_unlabeled, steps):
     """The checkpoint's config with a schedule of exactly `steps` steps, however large the folder: 80%
     at constant lr, 20% decay, the consistency ramp over the first 20% (the schedule counts epochs of
     this fold's unlabeled set, here a fraction of one where the folder is large)."""
-    per_epoch = max(1, n_unlabeled // config.unlabeled_batch)
+    per_epoch = config.steps_per_epoch(n_unlabeled)
     epochs, decay = 0.8 * steps / per_epoch, 0.2 * steps / per_epoch
     return config.replace(epochs=epochs, decay_epochs=decay, cons_rampup=0.2 * steps / per_epoch, lc_start_epoch=epochs,
                           eval_every=epochs + decay, compile=False, step_mode="eager")

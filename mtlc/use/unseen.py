@@ -41,7 +41,7 @@ def stage_steps(state):
 def fold_settings(config, n_checkpoint, n_fold, first_steps):
     """The checkpoint's settings for a fold's head: its schedules in epochs of the fold's (fewer)
     unlabeled images, so that the head takes as many steps as the checkpoint's, on one process, eager."""
-    per_epoch = max(1, n_checkpoint // config.unlabeled_batch) / max(1, n_fold // config.unlabeled_batch)
+    per_epoch = config.steps_per_epoch(n_checkpoint) / config.steps_per_epoch(n_fold)
     fold = config.replace(epochs=config.epochs * per_epoch, decay_epochs=config.decay_epochs * per_epoch,
                           cons_rampup=config.cons_rampup * per_epoch, lc_start_epoch=config.lc_start_epoch * per_epoch,
                           eval_every=NEVER, compile=False, step_mode="eager", processes=1, precision="fp32")
