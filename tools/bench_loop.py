@@ -108,8 +108,9 @@ class LoopRun:
     """One --loop measurement: its record (kept in --out after every step, the other code's values
     taken up), the folders and the codes it measures (after: this checkout; before: --before)."""
 
-    def __init__(self, n, image_size, root, width, out, before, only):
+    def __init__(self, n, image_size, root, width, out, before, only, backbone):
         self.python, self.root, self.image_size, self.width, self.out = sys.executable, Path(root), image_size, width, out
+        self.backbone = backbone
         codes = dict(after=ROOT, **({"before": Path(before).resolve()} if before else {}))
         self.codes = {code: where for code, where in codes.items() if only is None or code == only}
         self.folder = self.root / f"loop-{n}-{image_size}px"
@@ -127,13 +128,16 @@ class LoopRun:
         Path(self.out).write_text(json.dumps(self.record, indent=1) + "\n")
 
     def checkpoint_of(self, where):
-        return self.root / f"ckpt-{where.name}" / "mt_final.pt"
+        return self.root / f"ckpt-{where.name}{'' if self.backbone == 'convlarge' else '-' + self.backbone}" / "mt_final.pt"
+
+    def training(self, where, *args):
+        """train_mt.py on a folder with the measurement's network, image size and width, then args."""
+        return [self.python, "train_mt.py", "--dataset", "folder", "--backbone", self.backbone, "--data-dir", where,
+                "--image-size", str(self.image_size), "--width", str(self.width), *args, "--device", "cpu"]
 
     def train(self, where, name):
-        self.record[name] = measure(name, [self.python, "train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", where,
-                                           "--image-size", str(self.image_size), "--width", str(self.width), "--epochs",
-                                           "1", "--decay-epochs", "0", "--device", "cpu", "--out",
-                                           self.checkpoint_of(where).parent, "--overwrite"], self.env)
+        self.record[name] = measure(name, self.training(where, "--epochs", "1", "--decay-epochs", "0", "--out",
+                                                        self.checkpoint_of(where).parent, "--overwrite"), self.env)
         self.save()
 
     def evaluate(self, where, name, *args, code="after", allowed=(0,)):
@@ -183,9 +187,7 @@ class LoopRun:
         self.record["label_rows"] = labels_from(self.root / "predict-after.csv", labels)
         for code in self.codes:
             for part, command in (("apply", [self.python, "label.py", "--data-dir", self.folder, "--apply", labels]),
-                                  ("retrain_start", [self.python, "train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir",
-                                                     self.folder, "--image-size", str(self.image_size), "--width",
-                                                     str(self.width), "--benchmark", "1", "--device", "cpu"]),
+                                  ("retrain_start", self.training(self.folder, "--benchmark", "1")),
                                   ("undo", [self.python, "label.py", "--data-dir", self.folder, "--undo"])):
                 if part in parts:
                     self.part(part)[code] = measure(f"{part} ({code})", command, self.env, self.codes[code])
@@ -193,11 +195,11 @@ class LoopRun:
 
 
 def run_loop(n, image_size, root, width, out, before, parts, planted, folds, steps, max_error, suggest, audit_before,
-             only):
+             only, backbone):
     """Measure the loop's steps (LOOP_PARTS) on root/loop-<n>-<size>px; see --loop."""
-    run = LoopRun(n, image_size, root, width, out, before, only)
+    run = LoopRun(n, image_size, root, width, out, before, only, backbone)
     record = run.record
-    record.update(images=n, image_size=image_size, width=width, planted_photos=planted, audit_folds=folds,
+    record.update(images=n, image_size=image_size, width=width, backbone=backbone, planted_photos=planted, audit_folds=folds,
                   audit_steps=steps, max_error=max_error, suggest_asked=suggest,
                   cpu=subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[-1]
                   .splitlines()[0].strip(), cores=os.cpu_count(),

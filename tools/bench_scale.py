@@ -223,11 +223,13 @@ def last_json(record):
 @click.option("--only", type=click.Choice(["after", "before"]), default=None,
               help="With --loop: measure this code alone; the other's measurements stay in --out as they were (a "
                    "long run in two sittings). [default: both]")
+@click.option("--backbone", type=click.Choice(["convlarge", "efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2"]),
+              default="convlarge", help="With --loop: train_mt.py's --backbone (a pretrained trunk sees --image-size).")
 @click.option("--audit-before", is_flag=True,
               help="With --loop and --before: audit the big folder with the code before too (hours, and its memory "
                    "grows with the folder: 3 GB of images at a million, on top of the rest).")
 def main(n, image_size, root, width, steps, out, predict_images, model_images, parts, loop, before, planted, folds,
-         audit_steps, max_error, suggest, audit_before, only):
+         audit_steps, max_error, suggest, audit_before, only, backbone):
     """Make the folder, then time and weigh decoding, start-up, training and prediction on it (or,
     with --loop, every step of the loop after training)."""
     if loop:
@@ -238,7 +240,7 @@ def main(n, image_size, root, width, steps, out, predict_images, model_images, p
             raise click.BadParameter(f"unknown parts {', '.join(unknown)}; choose from {', '.join(LOOP_PARTS)}",
                                      param_hint="--parts")
         return run_loop(n, image_size, root, width, out, before, parts, planted, folds, audit_steps, max_error, suggest,
-                        audit_before, only)
+                        audit_before, only, backbone)
     parts = (parts or ",".join(PARTS)).split(",")
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
