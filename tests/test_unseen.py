@@ -128,3 +128,42 @@ def test_without_held_out_or_enough_unlabeled_images_the_checkpoint_predicts(tmp
     assert result.exit_code == 0, result.output
     assert why in result.output and len(read_rows(result.stdout)) == n_unlabeled
     assert "each image is predicted by one of" not in result.output
+
+
+def test_heads_interrupted_while_one_trains_keep_those_done_and_the_next_run_trains_the_rest(run, monkeypatch,
+                                                                                             tmp_path):
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
+    trained, real = [], unseen.train_fold
+
+    def stopped_in_the_third(state, data, split, device, name, echo):
+        trained.append(name)
+        if len(trained) == 3:
+            raise KeyboardInterrupt
+        return real(state, data, split, device, name, echo)
+    monkeypatch.setattr(unseen, "train_fold", stopped_in_the_third)
+    args = ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--csv", tmp_path / "p.csv"]
+    result = invoke(evaluate, args)
+    assert result.exit_code != 0 and "the heads trained so far are kept" in result.output
+    assert not (tmp_path / "p.csv").exists()
+    trained.clear()
+    monkeypatch.setattr(unseen, "train_fold", lambda *a: trained.append(a[4]) or real(*a))
+    result = invoke(evaluate, args)
+    assert result.exit_code == 0, result.output
+    assert trained == ["head 3 of 4", "head 4 of 4"] and result.output.count("kept from before") == 2
+    assert len(read_rows((tmp_path / "p.csv").read_text())) == 16
+
+
+def test_a_link_in_place_of_the_heads_folder_is_refused_in_one_line_and_left_alone(run, monkeypatch, tmp_path):
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "mine.txt").write_text("not the tool's")
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(cache))
+    assert invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "test"]).exit_code == 0
+    (folder,) = cache.rglob("unseen-*")
+    shutil.rmtree(folder)
+    folder.symlink_to(elsewhere)
+    result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "test", "--csv",
+                               tmp_path / "p.csv"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(folder) in result.output and not (tmp_path / "p.csv").exists()
+    assert [p.name for p in elsewhere.iterdir()] == ["mine.txt"]
