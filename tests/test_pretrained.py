@@ -224,3 +224,49 @@ def test_features_lacking_an_image_are_refused_never_another_images_row(tmp_path
     for idx in ([0, -1], [1]):
         with pytest.raises(UserError, match="lack some of the images"):
             embeddings.gathered(work, "train", np.array(idx), 2)
+
+
+def resident_bytes(path):
+    """The bytes of the file `path` that this process's memory maps hold resident (/proc/self/smaps)."""
+    total, mine = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range, ..., its path
+                mine = len(head) >= 6 and head[5] == str(path)
+            elif mine and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.parametrize("order", ["in order", "scattered", "written in order"])
+def test_kept_features_read_batch_by_batch_hold_a_batch_in_memory_not_the_file(tmp_path, monkeypatch, order):
+    """A run over a million images' features (5 GB) maps them: each batch's pages are let go after it,
+    as the decode cache's are, wherever the rows lie."""
+    from mtlc.data.batches import image_batches
+    from mtlc.disk.work import Work
+    n, d = 8192, 512  # 16 MB of float16 rows, two views of 512 features
+    work = Work(tmp_path / "embed", dict(features=d))
+    rows = np.repeat(np.arange(n) % 512, 2 * d).reshape(n, 2, d) * np.array([1, -1]).reshape(1, 2, 1)
+    work.appended(embeddings.ROWS).write(rows.astype(np.float16).tobytes())  # view 1: the row % 512, view 2: minus
+    work.commit(force=True)
+    idx = np.arange(n) if order == "in order" else np.random.default_rng(0).permutation(n)
+    if order == "written in order":
+        monkeypatch.setattr(embeddings, "GATHER_IN_MEMORY", 2 ** 20)
+    features = embeddings.gathered(work, "train", idx, 2)
+    assert features.shape == (n, 2, d)
+    picked = torch.from_numpy(np.random.default_rng(1).permutation(n))
+    for batch in image_batches(features, picked, 160):  # a training epoch's scattered batches, let go after each
+        assert batch.shape == (160, 2, d) or len(batch) == n % 160
+    files = [work.folder / embeddings.ROWS, *work.folder.glob("order-*.f16")]
+    assert sum(resident_bytes(f) for f in files) < 4 * 2 ** 20, order
+    assert torch.equal(features[:600].float(), torch.from_numpy(rows[idx[:600]]).float())  # each image's own row
+
+
+def test_embedding_lets_go_of_the_decoded_images_it_has_read(tmp_path):
+    write_own_folder(tmp_path / "d", n_labeled=4, n_unlabeled=1500, n_test=2, size=(32, 32))
+    data = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
+    embeddings.embed(data, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
+    cache = next((tmp_path / "d" / "mtlc-cache").glob("train-*.u8"))
+    assert cache.stat().st_size > 4 * 2 ** 20  # 1,512 images of 3 KB
+    assert resident_bytes(cache) < 2 * 2 ** 20

@@ -1,5 +1,6 @@
-"""uint8 images memory-mapped from a file the tools keep (the decode cache) as a tensor whose pages are
-read when a batch touches them and let go after (release_pages), read ahead on a pass in order (in_order).
+"""Arrays memory-mapped from a file the tools keep (the decode cache's uint8 images, a trunk's kept
+features) as tensors whose pages are read when a batch touches them and let go after (release_pages),
+read ahead on a pass in order (in_order).
 """
 import contextlib
 import mmap
@@ -13,18 +14,26 @@ import torch
 _MAPS = weakref.WeakValueDictionary()
 
 
-def mapped_images(f, count, size, offset=0):
-    """count uint8 images (3, size, size) stored one after another in the open file f from offset, as a tensor backed by a private, copy-on-write memory map: pages are read when a
-    batch touches them and the page cache holds one copy for every process that maps the file. The
-    map is advised random: a scattered batch reads its own pages, not megabytes of read-ahead each."""
+def mapped_array(fd, dtype, shape, offset=0):
+    """The values of dtype stored one after another in the open file descriptor fd from offset, as a
+    tensor of that shape backed by a private, copy-on-write memory map: pages are read when a batch
+    touches them and the page cache holds one copy for every process that maps the file. The map is
+    advised random: a scattered batch reads its own pages, not megabytes of read-ahead each."""
+    count = int(np.prod(shape))
     if count == 0:
-        return torch.zeros(0, 3, size, size, dtype=torch.uint8)
-    length = offset + count * 3 * size * size
-    mm = mmap.mmap(f.fileno(), length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return torch.from_numpy(np.zeros(shape, dtype))
+    length = offset + count * np.dtype(dtype).itemsize
+    mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     mm.madvise(mmap.MADV_RANDOM)
-    x = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=length - offset, offset=offset)).view(count, 3, size, size)
+    x = torch.from_numpy(np.frombuffer(mm, dtype=dtype, count=count, offset=offset)).view(shape)
     _MAPS[x.untyped_storage().data_ptr()] = mm
     return x
+
+
+def mapped_images(f, count, size, offset=0):
+    """count uint8 images (3, size, size) stored one after another in the open file f from offset
+    (mapped_array)."""
+    return mapped_array(f.fileno(), np.uint8, (count, 3, size, size), offset)
 
 
 def release_pages(x):

@@ -10,6 +10,7 @@ stopped. The rows are float16, memory-mapped: each image in two views (as is, an
 right: the augmentation a frozen trunk's features can still take); the test images' first view.
 """
 import hashlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,9 @@ import torch.nn.functional as F
 from ..data.batches import image_batches
 from ..data.cache import CACHE_VERSION, cache_dir
 from ..data.cache_rows import SortedRows
+from ..data.mapped import mapped_array, release_pages
 from ..data.views import normalize
+from ..disk.opening import open_kept
 from ..disk.work import Work
 from ..errors import UserError
 from .devices import sync
@@ -104,25 +107,38 @@ def gathered(work, part, idx, views):
     """The features (n, views, D) of the kept rows idx: a memory-mapped view where they lie in order
     (a first embedding's); else gathered into memory where they fit GATHER_IN_MEMORY, or written in
     this order to the work (once for an order) and mapped: memory stays bounded at a million images."""
-    rows = work.rows(ROWS, np.float16, len(VIEWS) * work.key["features"], mode="c")
+    width = len(VIEWS) * work.key["features"]
+    rows = mapped_rows(work, ROWS, width)
     if len(idx) and (idx.min() < 0 or idx.max() >= len(rows)):  # never a wrong image's row, silently
         raise UserError(f"the features kept in {work.folder} lack some of the images: delete that folder and run again")
+    idx = torch.as_tensor(idx, dtype=torch.long)
     if not len(idx):
-        out = torch.zeros(0, rows.shape[1], dtype=torch.float16)
-    elif np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx))):
-        out = torch.from_numpy(rows[idx[0]:idx[0] + len(idx)])
-    elif len(idx) * rows.shape[1] * rows.itemsize <= GATHER_IN_MEMORY:
-        out = torch.from_numpy(np.ascontiguousarray(rows[idx]))
+        out = torch.zeros(0, width, dtype=torch.float16)
+    elif torch.equal(idx, torch.arange(int(idx[0]), int(idx[0]) + len(idx))):
+        out = rows[int(idx[0]):int(idx[0]) + len(idx)]
+    elif len(idx) * width * rows.element_size() <= GATHER_IN_MEMORY:
+        out = torch.cat(list(image_batches(rows, idx, EMBED_BATCH * 64)))
     else:
-        name, order = f"order-{part}.f16", hashlib.sha256(np.asarray(idx).tobytes()).hexdigest()
+        name, order = f"order-{part}.f16", hashlib.sha256(idx.numpy().tobytes()).hexdigest()
         if work.state.get(name) != order:
             written = work.restarted(name)
-            for start in range(0, len(idx), EMBED_BATCH * 64):
-                written.write(np.ascontiguousarray(rows[idx[start:start + EMBED_BATCH * 64]]).tobytes())
+            for batch in image_batches(rows, idx, EMBED_BATCH * 64):
+                written.write(batch.numpy().tobytes())
             work.state[name] = order
             work.commit(force=True)
-        out = torch.from_numpy(work.rows(name, np.float16, rows.shape[1], mode="c"))
-    return out.view(len(idx), len(VIEWS), rows.shape[1] // len(VIEWS))[:, :views]
+        out = mapped_rows(work, name, width)
+    return out.view(len(idx), len(VIEWS), width // len(VIEWS))[:, :views]
+
+
+def mapped_rows(work, name, width):
+    """The float16 rows (width values each) of the work file `name` written so far, memory-mapped with
+    their pages let go after each batch that reads them (data/mapped.py)."""
+    count = work.appended(name).length // (np.dtype(np.float16).itemsize * width)
+    fd = open_kept(work.folder / name, os.O_RDONLY, "work file")
+    try:
+        return mapped_array(fd, np.float16, (count, width))
+    finally:
+        os.close(fd)
 
 
 @torch.no_grad()
@@ -133,9 +149,12 @@ def compute(work, todo, backbone, image_size, device, echo):
     echo(f"embedding {len(todo) * len(VIEWS):,} image views with {backbone.name} at {image_size} px"
          + (f" (going on after {len(kept_keys(work)):,} images kept)" if len(kept_keys(work)) else ""))
     features, keys = work.appended(ROWS), work.appended(KEYS)
+    sources = list({id(x): x for x, _, _ in todo}.values())  # the mapped decode caches the images come from
     for first in epoch_progress(range(0, len(todo), EMBED_BATCH), "embedding", True, echo):
         batch = todo[first:first + EMBED_BATCH]
         images = torch.stack([x[position] for x, _, position in batch]).to(device)
+        for x in sources:
+            release_pages(x)  # memory holds a batch, not every image read so far
         inputs = trunk_input(images, image_size, backbone)
         rows = torch.stack([model(inputs), model(inputs.flip(3))], 1)
         sync(device)

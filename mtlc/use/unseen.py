@@ -16,6 +16,7 @@ import torch
 
 from ..data.cache import cache_dir
 from ..data.cache_rows import SortedRows
+from ..data.mapped import release_pages
 from ..data.splits import true_classes
 from ..data.views import normalization, normalize
 from ..disk.work import Work
@@ -147,7 +148,9 @@ class UnseenHeads:
         for part, mine in (("train", kept & (rows < n_train)), ("test", rows >= n_train)):
             if mine.any():
                 at = rows[mine] - (n_train if part == "test" else 0)
-                features[torch.from_numpy(mine)] = getattr(self.data.features, part)[torch.from_numpy(at), 0].float()
+                kept_features = getattr(self.data.features, part)
+                features[torch.from_numpy(mine)] = kept_features[torch.from_numpy(at), 0].float()
+                release_pages(kept_features)  # a batch's pages, not the whole mapped file
         if (~kept).any():
             images = normalize(x[torch.from_numpy(~kept)].to(self.device), *normalization(self.state["config"], self.device))
             with torch.no_grad():
