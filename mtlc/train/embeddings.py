@@ -81,9 +81,10 @@ def embed(data, data_dir, backbone_name, image_size, device, echo):
             todo = missing(kept_keys(work), parts)
             if todo:
                 compute(work, todo, backbone, image_size, device, echo)
-            kept = SortedRows(kept_keys(work))
-            return Features(*(gathered(work, part, kept.rows(keys), views)
-                              for (part, (_, keys)), views in zip(parts.items(), (2, 1))))
+            keys = kept_keys(work)
+            train, test = (rows_of(keys, part_keys, start) for (_, part_keys), start
+                           in zip(parts.values(), (0, len(parts["train"][1]))))
+            return Features(gathered(work, "train", train, 2), gathered(work, "test", test, 1))
     finally:
         work.close()
 
@@ -93,14 +94,19 @@ def kept_keys(work):
 
 
 def missing(kept, parts):
-    """[(a part's images, their keys, a position)]: one image of each key the parts hold and the work does not."""
-    known, todo, seen = SortedRows(np.asarray(kept)), [], set()
-    for x, keys in parts.values():
-        for position in np.flatnonzero(known.rows(keys) < 0).tolist():
-            if keys[position] not in seen:
-                seen.add(keys[position])
-                todo.append((x, keys, position))
-    return todo
+    """[(a part's images, their keys, a position)]: each image whose key the work does not hold, copies
+    of one file included (a few more embedded, so that a first embedding's rows are its images' in
+    their order: rows_of finds them in place, and none is gathered)."""
+    known = SortedRows(np.asarray(kept))
+    return [(x, keys, position) for x, keys in parts.values() for position in np.flatnonzero(known.rows(keys) < 0).tolist()]
+
+
+def rows_of(kept, keys, start):
+    """The kept row of each key: start, start + 1, ... where the kept keys from start are these in
+    order (a first embedding's), else each key's first row (SortedRows)."""
+    if np.array_equal(kept[start:start + len(keys)], keys):
+        return np.arange(start, start + len(keys))
+    return SortedRows(np.asarray(kept)).rows(keys)
 
 
 def gathered(work, part, idx, views):
