@@ -101,6 +101,19 @@ def read_rows(text, more=()):
     return list(reader)
 
 
+def resident_bytes(path):
+    """The bytes of the file `path` that this process's memory maps hold resident (/proc/self/smaps)."""
+    total, mine = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range, ..., its path
+                mine = len(head) >= 6 and head[5] == str(path)
+            elif mine and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
 def snapshot(folder, leave_out=("label-log.csv",)):
     """Every file's bytes (hashed) and every folder under folder, the label log left out."""
     files = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()

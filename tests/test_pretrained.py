@@ -15,7 +15,7 @@ import evaluate
 import mtlc
 import finetune_lc
 import train_mt
-from conftest import invoke, read_rows
+from conftest import invoke, read_rows, resident_bytes
 from fakedata import write_own_folder
 from mtlc.data.datasets import load_dataset
 from mtlc.errors import UserError
@@ -224,19 +224,6 @@ def test_features_lacking_an_image_are_refused_never_another_images_row(tmp_path
     for idx in ([0, -1], [1]):
         with pytest.raises(UserError, match="lack some of the images"):
             embeddings.gathered(work, "train", np.array(idx), 2)
-
-
-def resident_bytes(path):
-    """The bytes of the file `path` that this process's memory maps hold resident (/proc/self/smaps)."""
-    total, mine = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range, ..., its path
-                mine = len(head) >= 6 and head[5] == str(path)
-            elif mine and head[0] == "Rss:":
-                total += int(head[1]) * 1024
-    return total
 
 
 @pytest.mark.parametrize("order", ["in order", "scattered", "written in order"])

@@ -63,3 +63,20 @@ def test_beyond_the_in_memory_size_faiss_clusters_a_memory_map_with_the_same_ans
     assert sorted(blob[picks]) == [1, 3, 5] and len(set(clusters)) == 3
     picks, _ = suggest(features, np.zeros((0, 3)), 6)
     assert sorted(blob[picks]) == list(range(6))
+
+
+def test_a_million_images_features_are_read_a_batch_at_a_time_their_pages_let_go(monkeypatch, tmp_path):
+    """The kept predictions' features (1 GB at a million images and 256 values) are mapped: the sample
+    k-means trains on and every batch assigned to a centre leave no pages of the file resident."""
+    from conftest import resident_bytes
+    from mtlc.data.mapped import mapped_work_rows
+    from mtlc.disk.work import Work
+    monkeypatch.setattr(selection, "FULL_KMEANS_MAX", 0)
+    work = Work(tmp_path / "predictions", dict(step="predict"))
+    work.appended("features.f32").write(np.random.default_rng(0).normal(size=(20_000, 128)).astype(np.float32).tobytes())
+    work.commit(force=True)
+    features = mapped_work_rows(work, "features.f32", np.float32, 128)
+    picks, _ = suggest(features, np.zeros((0, 128)), 10)
+    assert len(set(picks.tolist())) == 10
+    assert (tmp_path / "predictions" / "features.f32").stat().st_size == 10_240_000
+    assert resident_bytes(tmp_path / "predictions" / "features.f32") < 2 * 2 ** 20

@@ -4,10 +4,13 @@ read ahead on a pass in order (in_order).
 """
 import contextlib
 import mmap
+import os
 import weakref
 
 import numpy as np
 import torch
+
+from ..disk.opening import open_kept
 
 # The memory maps behind mapped_images' tensors, by the address of their first image: what
 # release_pages needs. Weak: a map closes when the last tensor that reads it is gone.
@@ -30,6 +33,17 @@ def mapped_array(fd, dtype, shape, offset=0):
     return x
 
 
+def mapped_work_rows(work, name, dtype, width):
+    """The rows (width values of dtype each) of the work file `name` (disk/work.py) written so far,
+    as a tensor whose pages release_pages lets go."""
+    count = work.appended(name).length // (np.dtype(dtype).itemsize * width)
+    fd = open_kept(work.folder / name, os.O_RDONLY, "work file")
+    try:
+        return mapped_array(fd, dtype, (count, width))
+    finally:
+        os.close(fd)
+
+
 def mapped_images(f, count, size, offset=0):
     """count uint8 images (3, size, size) stored one after another in the open file f from offset
     (mapped_array)."""
@@ -41,7 +55,7 @@ def release_pages(x):
     keeps them for the next reader): its resident memory then holds the batch in use, not every
     image read so far (a page fault maps a whole large folio of the page cache, up to 2 MB, for one
     image of a few kB). A no-op for a tensor in memory."""
-    mm = _MAPS.get(x.untyped_storage().data_ptr())
+    mm = _MAPS.get(x.untyped_storage().data_ptr()) if isinstance(x, torch.Tensor) else None
     if mm is not None:
         mm.madvise(mmap.MADV_DONTNEED)
 

@@ -10,7 +10,6 @@ stopped. The rows are float16, memory-mapped: each image in two views (as is, an
 right: the augmentation a frozen trunk's features can still take); the test images' first view.
 """
 import hashlib
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +19,8 @@ import torch.nn.functional as F
 from ..data.batches import image_batches
 from ..data.cache import CACHE_VERSION, cache_dir
 from ..data.cache_rows import SortedRows
-from ..data.mapped import mapped_array, release_pages
+from ..data.mapped import mapped_work_rows, release_pages
 from ..data.views import normalize
-from ..disk.opening import open_kept
 from ..disk.work import Work
 from ..errors import UserError
 from .devices import sync
@@ -114,7 +112,7 @@ def gathered(work, part, idx, views):
     (a first embedding's); else gathered into memory where they fit GATHER_IN_MEMORY, or written in
     this order to the work (once for an order) and mapped: memory stays bounded at a million images."""
     width = len(VIEWS) * work.key["features"]
-    rows = mapped_rows(work, ROWS, width)
+    rows = mapped_work_rows(work, ROWS, np.float16, width)
     if len(idx) and (idx.min() < 0 or idx.max() >= len(rows)):  # never a wrong image's row, silently
         raise UserError(f"the features kept in {work.folder} lack some of the images: delete that folder and run again")
     idx = torch.as_tensor(idx, dtype=torch.long)
@@ -132,19 +130,9 @@ def gathered(work, part, idx, views):
                 written.write(batch.numpy().tobytes())
             work.state[name] = order
             work.commit(force=True)
-        out = mapped_rows(work, name, width)
+        out = mapped_work_rows(work, name, np.float16, width)
     return out.view(len(idx), len(VIEWS), width // len(VIEWS))[:, :views]
 
-
-def mapped_rows(work, name, width):
-    """The float16 rows (width values each) of the work file `name` written so far, memory-mapped with
-    their pages let go after each batch that reads them (data/mapped.py)."""
-    count = work.appended(name).length // (np.dtype(np.float16).itemsize * width)
-    fd = open_kept(work.folder / name, os.O_RDONLY, "work file")
-    try:
-        return mapped_array(fd, np.float16, (count, width))
-    finally:
-        os.close(fd)
 
 
 @torch.no_grad()

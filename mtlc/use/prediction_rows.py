@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.files import DIGEST_COLUMN
+from ..data.mapped import mapped_work_rows
 from ..disk.console import csv_writer
 from ..disk.spill import batched
 from .classifier import Prediction
@@ -65,8 +66,9 @@ class PredictionStore:
                 yield Prediction(Path(path), label, confidence, runner_up, None, reason, digest)
 
     def features(self):
-        """The features of the readable predictions, in order: (n, feature_dim) float32, memory-mapped."""
-        return self.work.rows(FEATURES, np.float32, self.feature_dim)
+        """The features of the readable predictions, in order: (n, feature_dim) float32, memory-mapped
+        (release_pages lets go of what a batch read)."""
+        return mapped_work_rows(self.work, FEATURES, np.float32, self.feature_dim)
 
 
 

@@ -23,6 +23,8 @@ import heapq
 
 import numpy as np
 
+from ..data.mapped import release_pages
+
 TYPICALITY_NEIGHBOURS = 20  # as TypiClust
 FULL_KMEANS_MAX = 50_000    # points; beyond, faiss's k-means on a sample keeps time and memory bounded
 TRAINING_PER_CLUSTER = 256  # faiss's max_points_per_centroid: the sample k-means is trained on
@@ -61,12 +63,20 @@ class Points:
         """Unit rows of the points at sorted positions idx."""
         idx = np.asarray(idx)
         at = np.searchsorted(idx, self.n_labeled)
-        return np.concatenate([self.labeled[idx[:at]], unit_rows(self.unlabeled[idx[at:] - self.n_labeled])])
+        unlabeled = idx[at:] - self.n_labeled
+        return np.concatenate([self.labeled[idx[:at]], *(self.read(unlabeled[start:start + BATCH])
+                                                         for start in range(0, len(unlabeled), BATCH))])
 
     def batches(self):
         yield self.labeled
         for start in range(0, len(self.unlabeled), BATCH):
-            yield unit_rows(self.unlabeled[start:start + BATCH])
+            yield self.read(slice(start, start + BATCH))
+
+    def read(self, idx):
+        """Unit rows of the unlabeled points idx, the pages of a memory map let go after."""
+        rows = unit_rows(self.unlabeled[idx])
+        release_pages(self.unlabeled)
+        return rows
 
 
 def cluster(points, n_clusters, seed):
