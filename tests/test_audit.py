@@ -310,3 +310,20 @@ def test_an_audit_interrupted_goes_on_from_the_parts_it_kept(faulty, tmp_path, m
     whole = invoke(evaluate, args + [tmp_path / "b.csv"])
     assert whole.exit_code == 0 and (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.csv"]
+
+
+def test_the_teachers_features_are_read_a_batch_at_a_time_their_pages_let_go(tmp_path):
+    """The audit keeps the teacher's features of every image (1 GB at a million images of 256 values)
+    mapped: the outlier search's passes leave no pages of the file resident."""
+    from conftest import resident_bytes
+    from mtlc.data.mapped import mapped_work_rows
+    from mtlc.data.nearest import in_memory
+    from mtlc.disk.work import Work
+    work = Work(tmp_path / "audit", dict(step="audit"))
+    rows = np.random.default_rng(0).normal(size=(20_000, 128)).astype(np.float32)
+    work.appended("features.f32").write(rows.tobytes())
+    work.commit(force=True)
+    vectors = in_memory(mapped_work_rows(work, "features.f32", np.float32, 128))
+    assert np.array_equal(np.concatenate(list(vectors.batches())), rows)
+    assert np.array_equal(vectors.rows(np.array([3, 19_999])), rows[[3, 19_999]])
+    assert resident_bytes(tmp_path / "audit" / "features.f32") < 2 * 2 ** 20

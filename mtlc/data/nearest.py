@@ -15,6 +15,9 @@ carry the codes' rounding); docs/audit.md measures what that costs the copy sear
 import math
 
 import numpy as np
+import torch
+
+from .mapped import release_pages
 
 EXACT_PAIRS = 10 ** 10   # queries x base vectors compared one by one at most: about a minute here
 BLOCK = 65_536           # vectors made or searched at a time
@@ -32,14 +35,20 @@ class Vectors:
 
 
 def in_memory(array):
-    """Vectors of an array (or a memory map) of rows."""
-    array = np.asarray(array, dtype=np.float32) if not isinstance(array, np.memmap) else array
+    """Vectors of an array, a memory map or a mapped tensor (mapped.py: its pages let go after each read) of rows."""
+    if not isinstance(array, (np.memmap, torch.Tensor)):
+        array = np.asarray(array, dtype=np.float32)
     dim = array.shape[1] if array.ndim == 2 else 0
+
+    def read(rows):
+        out = np.ascontiguousarray(np.asarray(rows), dtype=np.float32)
+        release_pages(array)
+        return out
 
     def batches():
         for start in range(0, len(array), BLOCK):
-            yield np.ascontiguousarray(array[start:start + BLOCK], dtype=np.float32)
-    return Vectors(len(array), dim, batches, lambda idx: np.ascontiguousarray(array[idx], dtype=np.float32))
+            yield read(array[start:start + BLOCK])
+    return Vectors(len(array), dim, batches, lambda idx: read(array[idx]))
 
 
 def nearest(base, queries, k, seed=0, progress=lambda n: None):

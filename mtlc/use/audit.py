@@ -30,6 +30,7 @@ from ..data.batches import ImageRows
 from ..data.copies import copy_pairs, thumbnail_vectors
 from ..data.datasets import is_own_layout
 from ..data.files import DIGEST_COLUMN
+from ..data.mapped import mapped_work_rows
 from ..data.nearest import BLOCK, Vectors, in_memory, nearest
 from ..data.views import normalization
 from ..disk.console import csv_writer, path_text
@@ -209,7 +210,8 @@ def teacher_outputs(teacher, images, mean, std, work, classes):
             work.commit()
             bar.update(len(batch))
     work.commit(force=True)
-    return work.rows("features.f32", np.float32, teacher.feature_dim), work.rows("logits.f32", np.float32, classes)
+    return (mapped_work_rows(work, "features.f32", np.float32, teacher.feature_dim),  # 1 GB at a million images
+            work.rows("logits.f32", np.float32, classes))
 
 
 def kept(work, name, make):
