@@ -33,14 +33,20 @@ GATHER_ROWS = 256  # scattered images read between two releases of the mapped pa
 
 class ImageRows:
     """The uint8 images of several arrays (a folder's training then test images, each memory-mapped)
-    as one sequence, never copied into one: consecutive batches, and the rows at given positions."""
+    as one sequence, never copied into one: consecutive batches, and the rows at given positions
+    (`at` some positions: the same, read when asked for)."""
 
-    def __init__(self, *parts):
+    def __init__(self, *parts, at=None):
         self.parts = [p for p in parts if len(p)] or list(parts[:1])
         self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+        self.at = None if at is None else np.asarray(at, dtype=np.int64)
+
+    def subset(self, at):
+        """The images at positions `at` of these, as an ImageRows (nothing read)."""
+        return ImageRows(*self.parts, at=at if self.at is None else self.at[np.asarray(at, dtype=np.int64)])
 
     def __len__(self):
-        return int(self.starts[-1])
+        return int(self.starts[-1]) if self.at is None else len(self.at)
 
     @property
     def image_size(self):
@@ -48,6 +54,11 @@ class ImageRows:
 
     def batches(self, batch_size=None):
         """Consecutive batches in memory (image_batches of each part in turn)."""
+        if self.at is not None:
+            batch_size = batch_size or max(1, PASS_BYTES // max(1, self.parts[0][0].numel()))
+            for start in range(0, len(self), batch_size):
+                yield self.gather(np.arange(start, min(start + batch_size, len(self))))
+            return
         for part in self.parts:
             yield from image_batches(part, None, batch_size)
 
@@ -55,7 +66,8 @@ class ImageRows:
         """The images at positions idx (any order), in memory; the mapped pages read let go every
         GATHER_ROWS images (each scattered image can map a whole folio of the cache, up to 2 MB:
         262,144 of a million images gathered at once mapped all 3 GB of it)."""
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        idx = np.asarray(idx, dtype=np.int64)
+        idx = torch.as_tensor(idx if self.at is None else self.at[idx], dtype=torch.long)
         out = torch.empty(len(idx), *self.parts[0].shape[1:], dtype=torch.uint8)
         for k, part in enumerate(self.parts):
             mine = torch.nonzero((idx >= int(self.starts[k])) & (idx < int(self.starts[k + 1])))[:, 0]

@@ -185,7 +185,7 @@ def label_conflicts(data):
     labels = np.concatenate([data.train_y.numpy(), data.test_y.numpy()])
     digests = np.concatenate([data.digests["train"](), data.digests["test"]()])
     labeled = np.flatnonzero(labels >= 0)  # the copies among the images with a label only
-    rows = ImageRows(data.train_x, data.test_x).gather(labeled)
+    rows = ImageRows(data.train_x, data.test_x).subset(labeled)  # read a batch at a time: never all gathered
     pairs = [(labeled[i], labeled[j], detail) for (i, j), (_, detail) in sorted(copy_pairs(digests[labeled], rows).items())]
     return [(names[j], data.classes[labels[j]], names[i], data.classes[labels[i]], detail)
             for i, j, detail in pairs if labels[i] != labels[j]]
