@@ -9,8 +9,9 @@ from conftest import invoke
 from fakedata import write_own_folder
 from mtlc.train.presets import MIN_EPOCH_STEPS
 
-SMALL = ["--dataset", "folder", "--backbone", "convlarge", "--width", "0.0625", "--labeled-batch", "6",
-         "--unlabeled-batch", "12", "--device", "cpu"]
+# lr 0.01 and fp32: at lr 0.05 in bf16 this tiny folder's FixMatch diverged on one machine (steps, not results, are tested)
+SMALL = ["--dataset", "folder", "--backbone", "convlarge", "--width", "0.0625", "--lr", "0.01", "--precision", "fp32",
+         "--labeled-batch", "6", "--unlabeled-batch", "12", "--device", "cpu"]
 
 
 def steps_of(path):
