@@ -12,7 +12,7 @@ import torch
 
 from ..disk.opening import open_kept
 
-# The memory maps behind mapped_images' tensors, by the address of their first image: what
+# The memory maps behind mapped_array's tensors, by the address of their first value: what
 # release_pages needs. Weak: a map closes when the last tensor that reads it is gone.
 _MAPS = weakref.WeakValueDictionary()
 
@@ -51,10 +51,10 @@ def mapped_images(f, count, size, offset=0):
 
 
 def release_pages(x):
-    """Let go of the pages of a mapped_images tensor that this process has read (the page cache
+    """Let go of the pages of a mapped_array tensor (or a view of one) that this process has read (the page cache
     keeps them for the next reader): its resident memory then holds the batch in use, not every
     image read so far (a page fault maps a whole large folio of the page cache, up to 2 MB, for one
-    image of a few kB). A no-op for a tensor in memory."""
+    image of a few kB). A no-op for anything else (a tensor in memory, a numpy array)."""
     mm = _MAPS.get(x.untyped_storage().data_ptr()) if isinstance(x, torch.Tensor) else None
     if mm is not None:
         mm.madvise(mmap.MADV_DONTNEED)
