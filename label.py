@@ -11,7 +11,9 @@ columns will do, UTF-8 or UTF-16), and optionally blake2b (the hash of the bytes
 was written for: every CSV this project writes has it, and a row whose file holds another image now
 is refused) and action (label, or set-aside: the image goes to set-aside/<its path>, where training
 never looks). A row for a labeled/ or test/ image (a label the audit page corrects, evaluate.py
---audit) moves it to the class folder of its own part; --accepted takes unlabeled/ rows only. Every
+--audit) moves it to the class folder of its own part; --accepted takes unlabeled/ rows only, logged
+as a model's predictions (train_mt.py trains on them as unlabeled images unless --accepted-as-labels;
+a person's later relabel makes the label theirs). Every
 row is checked before anything moves: an unknown class (unless --new-classes; a test/ image only
 takes a class labeled/ has), a class differing from another only in case, a missing file, a file two
 rows name, an image replaced since its row was written, a path outside unlabeled/, labeled/ and test/
@@ -96,7 +98,8 @@ def progress_bar(total, what):
                    "cancelled is its label; tasks without one move nothing and are counted.")
 @click.option("--accepted", is_flag=True,
               help="With --apply: the CSV is evaluate.py's predictions written with --max-error; apply the rows it "
-                   "accepted (accepted = 1), each with its prediction as the label; unlabeled/ images only.")
+                   "accepted (accepted = 1), each with its prediction as the label; unlabeled/ images only, logged "
+                   "as predictions: train_mt.py trains on them as unlabeled images unless --accepted-as-labels.")
 @click.option("--undo", "undo_last", is_flag=True, help="Put the images of the last applied batch back where they were.")
 @click.option("--set-aside", "set_aside", callback=aside_kinds, default=None, metavar="KINDS",
               help=f"With --apply: the CSV is evaluate.py --audit's; move the images of its findings of these kinds "
@@ -144,9 +147,12 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
                 click.echo(f"{shown(move.source)} -> {shown(move.target)}")
             click.echo(f"would move {len(moves):,} image{'s' * (len(moves) != 1)} {describe_moves(moves)}{done}; nothing moved")
             return
-        batch = apply(data_dir, moves, bar=progress_bar)
+        batch = apply(data_dir, moves, bar=progress_bar, accepted=accepted)
         click.echo(f"moved {len(moves):,} image{'s' * (len(moves) != 1)} {describe_moves(moves)}{done}; logged as batch {batch} in "
                    f"{shown(data_dir / LOG_NAME)}; python label.py --data-dir {shown(data_dir)} --undo puts them back")
+        if accepted:
+            click.echo("their labels are the model's: train_mt.py trains on them as unlabeled images (a person's "
+                       "labels teach better), and as labels with --accepted-as-labels")
 
 
 if __name__ == "__main__":

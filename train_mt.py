@@ -13,17 +13,18 @@ import os
 from pathlib import Path
 
 import click
+import torch
 
 from mtlc.data.batches import channel_stats, epoch_steps
 from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
-from mtlc.data.splits import balanced_split, hold_out, own_split
+from mtlc.data.splits import balanced_split, by_model, hold_out, own_split
 from mtlc.disk.command_line import Command, given_options
 from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.errors import UserError
-from mtlc.label.log import relabeled_images
+from mtlc.label.log import History, label_history
 from mtlc.train.benchmark import report_benchmark
 from mtlc.train.checkpoints import checkpoint_split, restore_data, restore_training, resume_checkpoint
 from mtlc.train.curves import check_folder
@@ -64,6 +65,10 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help="Hold out this many training images (never trained on) as a validation set, reported at every "
                    "evaluation, for model selection that never looks at the test set: unlabeled ones, or for a "
                    "folder with labeled/, labeled ones (stratified by class).")
+@click.option("--accepted-as-labels", is_flag=True,
+              help="A folder with labeled/: train on the images label.py --accepted moved into labeled/ (a model's "
+                   "predictions, told apart by label-log.csv) as labeled ones. Without it they train as unlabeled "
+                   "images: taking them as labels made the next model worse (docs/pretrained.md).")
 @click.option("--labeled-batch", type=click.IntRange(min=1), default=32, help="Labeled images per step.")
 @click.option("--unlabeled-batch", type=click.IntRange(min=1), default=None,
               help="Unlabeled images per step; an epoch is one pass over the unlabeled set (a folder's default schedule, "
@@ -176,8 +181,9 @@ def main(**options):
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
-        split, labels = split_of(o, data, own, procs.echo)
-        config = run_config(o, data, split, labels, objective, own, procs, device)
+        history = label_history(Path(o.data_dir)) if own else History([], {})
+        split, labels = split_of(o, data, own, history.accepted, procs.echo)
+        config = run_config(o, data, split, labels, objective, history.relabeled, procs, device)
         if o.backbone != CONVLARGE:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
                                                            procs.echo))
@@ -217,11 +223,24 @@ def check_labels(o, own):
                         f"how many training images keep their labels")
 
 
-def split_of(o, data, own, echo):
-    """(the labeled / unlabeled / validation indices, the number of labels) of a new run."""
+def split_of(o, data, own, accepted, echo):
+    """(the labeled / unlabeled / validation indices, the number of labels) of a new run; accepted:
+    where label.py --accepted put a model's predictions (label_history), trained as unlabeled images
+    unless --accepted-as-labels."""
     if own:
-        labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, o.val, o.split_seed)
+        model_labeled = None
+        if accepted:
+            model_labeled = by_model(data.files["train"], data.digests["train"]() if data.digests else None, accepted)
+            say_accepted(o, int(model_labeled.sum()), echo)
+        labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, o.val, o.split_seed,
+                                                        unlabeled_too=None if o.accepted_as_labels else model_labeled)
         labels = len(labeled_idx)
+        if model_labeled is not None and not o.accepted_as_labels:
+            untaught = (torch.bincount(data.train_y[labeled_idx], minlength=data.num_classes) == 0).nonzero().flatten()
+            if len(untaught):  # every image of a class is a model's prediction: no label teaches the class
+                raise UserError(f"{Path(o.data_dir) / 'labeled' / data.classes[untaught[0]]} holds only images label.py "
+                                f"--accepted labeled (a model's predictions): label one of them yourself, or train on "
+                                f"them as labels with --accepted-as-labels")
     else:
         labels = o.labels if o.labels is not None else preset(o.dataset, None)["labels"]
         labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, o.split_seed,
@@ -280,7 +299,20 @@ def warn_label_conflicts(data, echo):
              f"evaluate.py --audit lists them as conflicts, and label.py moves the wrong one to its class")
 
 
-def run_config(o, data, split, labels, objective, own, procs, device):
+def say_accepted(o, n, echo):
+    """How the images label.py --accepted labeled train, said; exit 2 where a class has no other label."""
+    if not n:
+        return
+    where = f"{Path(o.data_dir) / 'labeled'}"
+    if o.accepted_as_labels:
+        echo(f"train_mt: --accepted-as-labels: {n:,} images in {where} are a model's predictions that label.py "
+             f"--accepted moved there ({LOG_NAME}); they train as labels")
+        return
+    echo(f"train_mt: {n:,} images in {where} are a model's predictions that label.py --accepted moved there "
+         f"({LOG_NAME}): they train as unlabeled images (--accepted-as-labels takes their labels)")
+
+
+def run_config(o, data, split, labels, objective, relabeled, procs, device):
     """A new run's config (what its checkpoints keep), said in one line."""
     # a folder's schedule left to its default counts steps (FOLDER_STEPS): its epochs are never tiny
     min_epoch_steps = MIN_EPOCH_STEPS if o.dataset == "folder" and o.epochs is None else 1
@@ -288,7 +320,6 @@ def run_config(o, data, split, labels, objective, own, procs, device):
     defaults, schedule = schedule_of(o, labels, steps_per_epoch)
     leaked = test_copies(data, procs.echo)
     warn_label_conflicts(data, procs.echo)
-    relabeled = relabeled_images(Path(o.data_dir)) if own else []
     if relabeled:
         procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "
                    f"out (test/, --val), they count as errors in the calibration of --max-error")
@@ -298,7 +329,8 @@ def run_config(o, data, split, labels, objective, own, procs, device):
         dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed, val=o.val,
         labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
         mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, skip_bad_images=o.skip_bad_images,
-        files=data.files, contents=data.contents, leaked_test=leaked, relabeled=relabeled, seed=o.seed, lr=o.lr,
+        accepted_as_labels=o.accepted_as_labels, files=data.files, contents=data.contents, leaked_test=leaked,
+        relabeled=relabeled, seed=o.seed, lr=o.lr,
         ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
         forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
         eval_every=o.eval_every or defaults["eval_every"], min_epoch_steps=min_epoch_steps, compress=o.compress,

@@ -1,8 +1,10 @@
-"""Train again after accepting: does a second run on a folder whose accepted predictions became labels
-(`label.py --apply predictions.csv --accepted`) end better or worse on test/ than the first? For each
-seed, on a copy of the folder (hard links, its own decode cache), the README's own-images commands:
-train_mt.py and finetune_lc.py, evaluate.py --predict --max-error --csv, label.py --apply --accepted,
-then train_mt.py and finetune_lc.py again; each run's teacher error on test/ and wall time.
+"""Train again after accepting: does a second run on a folder whose accepted predictions were moved
+into labeled/ (`label.py --apply predictions.csv --accepted`) end better or worse on test/ than the
+first, with them trained as unlabeled images (the default) and as labels (--accepted-as-labels)? For
+each seed, on a copy of the folder (hard links, its own decode cache), the README's own-images
+commands: train_mt.py and finetune_lc.py, evaluate.py --predict --max-error --csv, label.py --apply
+--accepted, then train_mt.py and finetune_lc.py again, both ways; each run's teacher error on test/
+and wall time.
 
     python tools/bench_accepted.py data/own-imagenette --seeds 1,2,3 --work /tmp/accepted --record docs/accepted-imagenette.json
 """
@@ -30,10 +32,10 @@ def timed(command, env):
     return time.perf_counter() - start, done
 
 
-def trained(folder, out, seed, width, env):
+def trained(folder, out, seed, width, env, *extra):
     """Both stages on the folder: (the LC teacher's test error, wall time of the two)."""
     first, _ = timed(["train_mt.py", "--dataset", "folder", "--data-dir", folder, "--width", width, "--seed", seed,
-                      "--out", out], env)
+                      "--out", out, *extra], env)
     second, _ = timed(["finetune_lc.py", "--ckpt", out / "mt.pt"], env)
     _, done = timed(["evaluate.py", "--ckpt", out / "lc.pt", "--json"], env)
     return json.loads(done.stdout.splitlines()[-1])["teacher_error"], first + second
@@ -52,9 +54,10 @@ def one_seed(folder, work, seed, width, max_error):
     _, done = timed(["label.py", "--data-dir", work / "d", "--apply", work / "p.csv", "--accepted"], env)
     left = sum(1 for p in (work / "d" / "unlabeled").rglob("*") if p.is_file())
     second_error, second_s = trained(work / "d", work / "second", seed, width, env)
-    result = dict(seed=seed, first_error=first_error, second_error=second_error, first_s=round(first_s, 1),
-                  predict_s=round(predict_s, 1), second_s=round(second_s, 1), unlabeled_left=left,
-                  label_py=done.stdout.strip().splitlines()[-1:])
+    as_labels_error, as_labels_s = trained(work / "d", work / "as-labels", seed, width, env, "--accepted-as-labels")
+    result = dict(seed=seed, first_error=first_error, second_error=second_error, as_labels_error=as_labels_error,
+                  first_s=round(first_s, 1), predict_s=round(predict_s, 1), second_s=round(second_s, 1),
+                  as_labels_s=round(as_labels_s, 1), unlabeled_left=left, label_py=done.stdout.strip().splitlines()[-2:])
     click.echo(json.dumps(result))
     return result
 
@@ -70,12 +73,15 @@ def main(folder, seeds, width, max_error, work, record):
     results = []
     for seed in seeds.split(","):  # the record written after each seed: a long run stopped keeps what it did
         results.append(one_seed(folder.resolve(), work, seed, width, max_error))
-        firsts, seconds = [r["first_error"] for r in results], [r["second_error"] for r in results]
-        out = dict(folder=str(folder), width=width, max_error=max_error, runs=results, first=summary(firsts),
-                   second=summary(seconds), second_minus_first=paired(firsts, seconds), command=" ".join(sys.argv))
+        errors = {run: [r[f"{run}_error"] for r in results] for run in ("first", "second", "as_labels")}
+        out = dict(folder=str(folder), width=width, max_error=max_error, runs=results,
+                   **{run: summary(e) for run, e in errors.items()},
+                   second_minus_first=paired(errors["first"], errors["second"]),
+                   as_labels_minus_first=paired(errors["first"], errors["as_labels"]),
+                   as_labels_minus_second=paired(errors["second"], errors["as_labels"]), command=" ".join(sys.argv))
         if record:
             Path(record).write_text(json.dumps(out, indent=1) + "\n")
-    click.echo(json.dumps({k: out[k] for k in ("first", "second", "second_minus_first")}))
+    click.echo(json.dumps({k: v for k, v in out.items() if k not in ("runs", "command")}))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,13 @@ from ..disk.csv_text import read_mapping
 from ..errors import UserError
 
 
-def own_split(labels, n_val, seed):
-    """A folder of your own images: every labeled image is labeled, every unlabeled one unlabeled;
+def own_split(labels, n_val, seed, *, unlabeled_too=None):
+    """A folder of your own images: every labeled image is labeled, every unlabeled one unlabeled, and
+    so are the labeled ones unlabeled_too marks (bool per image: a model's predictions, by_model);
     n_val labeled images (stratified by class) are held out as a validation set, never trained on."""
     from sklearn.model_selection import train_test_split
-    pool, unlabeled = (labels >= 0).nonzero().flatten(), (labels < 0).nonzero().flatten()
+    is_labeled = (labels >= 0) if unlabeled_too is None else (labels >= 0) & ~unlabeled_too
+    pool, unlabeled = is_labeled.nonzero().flatten(), (~is_labeled).nonzero().flatten()
     if n_val == 0:
         return pool, unlabeled, torch.zeros(0, dtype=torch.long)
     counts = torch.bincount(labels[pool])
@@ -22,6 +24,19 @@ def own_split(labels, n_val, seed):
                         f"one left to train on ({len(pool)} labeled images, {counts.min().item()} in the smallest class)")
     train, val = train_test_split(pool.numpy(), test_size=n_val, random_state=seed, stratify=labels[pool].numpy())
     return torch.from_numpy(np.sort(train)), unlabeled, torch.from_numpy(np.sort(val))
+
+
+def by_model(names, digests, accepted):
+    """Which of the images `names` (relative to the folder) label.py --accepted labeled, as a bool
+    tensor: `accepted` is {where such an image is now: the hash of its bytes when it was moved (None:
+    not logged)} (label.log.label_history); `digests` the hash of each image's bytes now (the decode
+    cache's, or None). A file whose bytes differ (replaced by hand since) is a person's."""
+    marked = np.zeros(len(names), dtype=bool)
+    for i, name in enumerate(names):
+        if name in accepted:
+            then = accepted[name]
+            marked[i] = then is None or digests is None or digests[i] == then.encode()
+    return torch.from_numpy(marked)
 
 
 def balanced_split(labels, n_labeled, num_classes, seed, *, class_names=None):

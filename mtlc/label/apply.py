@@ -22,7 +22,7 @@ from ..disk.opening import lock_folder, rename_no_replace
 from ..disk.spill import CHUNK, Spill
 from ..errors import MoveFailed, UserError
 from .inputs import linked_folder
-from .log import Log, log_rows, next_batch, undone_batches
+from .log import MOVES, Log, log_rows, next_batch, undone_batches
 from .plan import digest_problem, file_digest_or_error, no_bar
 
 # Changing the folder: one label.py at a time, logged, all or nothing ---------------------------------
@@ -60,9 +60,10 @@ def folder_label(folder):
     return parts[1] if len(parts) == 2 and parts[0] in ("labeled", "test") else ""
 
 
-def apply(data_dir, moves, echo=click.echo, bar=no_bar):
+def apply(data_dir, moves, echo=click.echo, bar=no_bar, accepted=False):
     """Move each image to its target (a Plan's), each with one rename that never replaces a file; the
-    folders it needs are made. A chunk of moves at a time, the log's rows for the whole chunk are
+    folders it needs are made; accepted: the labels are a model's predictions (label.py --accepted),
+    logged as such (log.MOVES), so that training can tell them from a person's. A chunk of moves at a time, the log's rows for the whole chunk are
     written and flushed to disk (one fsync) before any of its moves is made, so that a run cut short
     leaves every file in its old place or its new one, logged. Returns the batch number. If the OS
     refuses a step, the batch's moves are put back (latest first) and its folders removed before
@@ -77,7 +78,7 @@ def apply(data_dir, moves, echo=click.echo, bar=no_bar):
             for move in chunk:
                 folders = folders_to_make(data_dir, posixpath.dirname(move.target), existing)
                 rows += [log.row(batch, "mkdir", target=folder, label=folder_label(folder)) for folder in folders]
-                rows.append(log.row(batch, "aside" if move.aside else "move", move.source, move.target, move.label,
+                rows.append(log.row(batch, "aside" if move.aside else "accept" if accepted else "move", move.source, move.target, move.label,
                                     move.digest))
                 steps.append((folders, move))
                 existing.update(folders)
@@ -123,7 +124,7 @@ def last_batch(data_dir):
     """The number (text) of the last batch of the log with moves that is not undone, or None."""
     undone, last = undone_batches(data_dir), None
     for r in log_rows(data_dir):
-        if r["action"] in ("move", "aside") and r["batch"] not in undone:
+        if r["action"] in MOVES and r["batch"] not in undone:
             last = r["batch"]
     return last
 
@@ -142,7 +143,7 @@ def undo(data_dir, echo=click.echo, bar=no_bar):
         return None
     mine, made_by_batch = Spill(), []
     for r in log_rows(data_dir):
-        if r["batch"] == batch and r["action"] in ("move", "aside"):
+        if r["batch"] == batch and r["action"] in MOVES:
             mine.append([r["source"], r["target"], r["label"], r.get(DIGEST_COLUMN) or None])
         elif r["batch"] == batch and r["action"] == "mkdir":
             made_by_batch.append(r["target"])

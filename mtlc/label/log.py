@@ -24,6 +24,9 @@ from .inputs import ASIDE, SOURCES, inside, remembered_realpath, target_part
 # Paths relative to the folder; blake2b: the hash of the moved file's bytes (logs written before it
 # have the first six columns only).
 LOG_HEADER = ("batch", "time", "action", "source", "target", "label", DIGEST_COLUMN)
+# The actions that move a file: a label a person gave (move), a model's prediction taken as the label
+# (accept: label.py --accepted, unlabeled/ to labeled/<class>/), set aside (aside).
+MOVES = ("move", "accept", "aside")
 
 
 def is_batch_number(text):
@@ -51,10 +54,11 @@ def log_problem(data_dir, row, realpath=os.path.realpath):
             or (parts[0] == ASIDE and not label)))
         return None if ok else (f"{target!r} is not a folder label.py makes (labeled/, labeled/<class>, test/<class> or "
                                 f"under {ASIDE}/) inside the folder")
-    if action not in ("move", "aside"):
-        return f"its action {action!r} is none of move, aside, mkdir, undo"
-    if not inside(data_dir, source, SOURCES, realpath):
-        return f"{source!r} is not a path under unlabeled/, labeled/ or test/ inside the folder"
+    if action not in MOVES:
+        return f"its action {action!r} is none of {', '.join(MOVES)}, mkdir, undo"
+    if not inside(data_dir, source, ("unlabeled",) if action == "accept" else SOURCES, realpath):
+        return (f"{source!r} is not a path under {'unlabeled/' if action == 'accept' else 'unlabeled/, labeled/ or test/'}"
+                f" inside the folder")
     if action == "aside":
         folder = posixpath.dirname(target)
         ok = (not label and folder == f"{ASIDE}/{posixpath.dirname(source)}" and inside(data_dir, target, (ASIDE,), realpath))
@@ -156,7 +160,7 @@ def applied_moves(data_dir, sources, undone):
     sources = set(sources)
     journeys, applied = {}, {}  # journeys: {where a followed file is now: its Journey}
     for r in log_rows(data_dir):
-        if r["action"] in ("move", "aside") and r["batch"] not in undone:
+        if r["action"] in MOVES and r["batch"] not in undone:
             journey = journeys.pop(r["source"], None)
             if journey is None and r["source"] in sources:
                 journey = Journey(r["source"])
@@ -173,18 +177,25 @@ def place_key(path):
     return hashlib.blake2b(path.encode("utf-8", PATH_ERRORS), digest_size=16).digest()
 
 
-def relabeled_images(data_dir):
-    """The paths (relative to the folder) of the labeled/ and test/ images that label.py moved from
-    one class folder of their part to another (relabeled, e.g. from the audit's suggestion) in
-    batches not undone, where they are now: held-out images among them are no longer independent of
-    the model that suggested their new label (none where the folder has no log); exit 2 for a log that
-    cannot be trusted: a run must not take relabeled images for independent ones. A file's journey is
-    followed only where it starts in labeled/ or test/ (not where an earlier move brought it): the
-    million images moved from unlabeled/ cost a set of 16-byte keys."""
+class History(NamedTuple):
+    """What label-log.csv tells training about the images label.py moved (batches not undone)."""
+    relabeled: list  # labeled/ and test/ images moved from one class folder of their part to another, where they are now
+    accepted: dict   # {where an image label.py --accepted labeled is now: the hash of its bytes then (None: not logged)}
+
+
+def label_history(data_dir):
+    """The History of a folder's log (empty where it has none), in one pass; exit 2 for a log that
+    cannot be trusted: a run must not take relabeled images for independent ones.
+
+    relabeled: held-out images among them are no longer independent of the model that suggested their
+    new label (the audit's, say). A file's journey is followed only where it starts in labeled/ or
+    test/ (not where an earlier move brought it): the million images moved from unlabeled/ cost a set
+    of 16-byte keys. accepted: the files whose last move was an accepted prediction; a person's move
+    of one since (a relabel from the audit) makes its label a person's."""
     undone = undone_batches(data_dir)
-    arrived, journeys, started = set(), {}, []
+    arrived, journeys, started, accepted = set(), {}, [], {}
     for r in log_rows(data_dir):
-        if r["action"] not in ("move", "aside") or r["batch"] in undone:
+        if r["action"] not in MOVES or r["batch"] in undone:
             continue
         journey, source = journeys.pop(r["source"], None), place_key(r["source"])
         if journey is None and r["source"].split("/")[0] in ("labeled", "test") and source not in arrived:
@@ -195,7 +206,11 @@ def relabeled_images(data_dir):
             journeys[r["target"]] = journey
         arrived.discard(source)  # the place is free: a file put there later starts a journey of its own
         arrived.add(place_key(r["target"]))
-    return sorted(j.now for j in started if j.now != j.first and j.now.split("/")[0] == j.first.split("/")[0])
+        accepted.pop(r["source"], None)
+        if r["action"] == "accept":
+            accepted[r["target"]] = r.get(DIGEST_COLUMN) or None
+    relabeled = sorted(j.now for j in started if j.now != j.first and j.now.split("/")[0] == j.first.split("/")[0])
+    return History(relabeled, accepted)
 
 
 class Log:

@@ -152,6 +152,7 @@ class RunSettings(Settings):
     contents: Optional[dict] = setting(optional(lambda v: is_part_dict(v, text)), before=None)  # their bytes'
     leaked_test: Optional[list] = setting(optional(is_names), before=None)  # test images that copy training ones
     relabeled: list = setting(is_names, before=[])      # images label.py relabeled (label-log.csv)
+    accepted_as_labels: bool = setting(flag, before=True)  # label.py --accepted's images trained as labels
     seed: int = setting(integer())
     lr: float = setting(number())
     ema: float = setting(number())

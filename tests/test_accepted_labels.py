@@ -1,0 +1,94 @@
+"""Images label.py --accepted labeled are a model's predictions: the log tells them from a person's
+labels (action accept), and train_mt.py trains on them as unlabeled images unless
+--accepted-as-labels; a person's relabel since, or a file replaced by hand, makes the label a person's."""
+import torch
+
+import label
+import train_mt
+from conftest import invoke, write_labels
+from fakedata import write_own_folder
+from mtlc.data.files import file_digest
+from mtlc.data.splits import by_model, own_split
+from mtlc.label.log import label_history, log_rows
+
+TINY = ["--dataset", "folder", "--backbone", "convlarge", "--width", "0.0625", "--lr", "0.01", "--precision", "fp32",
+        "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "1", "--decay-epochs", "0", "--device", "cpu"]
+
+
+def accept(folder, tmp_path, rows):
+    """label.py --apply --accepted of a predictions CSV accepting `rows` [(unlabeled/ path, class)]."""
+    preds = tmp_path / "preds.csv"
+    preds.write_text("path,prediction,confidence,runner_up,accepted\n"
+                     + "".join(f"{folder / path},{c},0.99,cat,1\n" for path, c in rows))
+    result = invoke(label, ["--data-dir", folder, "--apply", preds, "--accepted"])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def trained_split(folder, out, *extra):
+    result = invoke(train_mt, [*TINY, "--data-dir", folder, "--out", out, *extra])
+    assert result.exit_code == 0, result.output
+    state = torch.load(out / "mt_final.pt", weights_only=True)
+    names = state["config"]["files"]["train"]
+    return result, {part: {names[i] for i in state[part].tolist()} for part in ("labeled_idx", "unlabeled_idx")}
+
+
+def test_accepted_images_train_as_unlabeled_ones_unless_asked(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    said = accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")]).output
+    assert "trains on them as unlabeled images" in said
+    assert [r["action"] for r in log_rows(folder) if r["action"] != "mkdir"] == ["accept", "accept"]
+    result, split = trained_split(folder, tmp_path / "r")
+    assert "2 images in" in result.output and "they train as unlabeled images" in result.output
+    assert {"labeled/cat/u0000.png", "labeled/dog/u0001.png"} <= split["unlabeled_idx"]
+    assert not split["labeled_idx"] & {"labeled/cat/u0000.png", "labeled/dog/u0001.png"}
+    assert len(split["labeled_idx"]) == 9 and len(split["unlabeled_idx"]) == 12
+    result, split = trained_split(folder, tmp_path / "r2", "--accepted-as-labels")
+    assert "--accepted-as-labels: 2 images" in result.output and len(split["labeled_idx"]) == 11
+    assert torch.load(tmp_path / "r2" / "mt_final.pt", weights_only=True)["config"]["accepted_as_labels"] is True
+
+
+def test_a_persons_relabel_or_an_undo_ends_a_models_label(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")])
+    moved = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("labeled/cat/u0000.png", "owl")])])
+    assert moved.exit_code == 0, moved.output
+    assert label_history(folder).accepted.keys() == {"labeled/dog/u0001.png"}
+    assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0  # the relabel undone: the model's again
+    assert label_history(folder).accepted.keys() == {"labeled/cat/u0000.png", "labeled/dog/u0001.png"}
+    assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0  # the acceptance undone: unlabeled again
+    assert label_history(folder).accepted == {}
+
+
+def test_a_file_replaced_by_hand_is_a_persons_and_an_unlogged_hash_a_models():
+    names = ["labeled/cat/0.png", "labeled/cat/u0.png", "labeled/dog/u1.png", "unlabeled/u2.png"]
+    digests = [file_digest(bytes([i])).encode() for i in range(4)]
+    accepted = {"labeled/cat/u0.png": file_digest(b"another image"), "labeled/dog/u1.png": None}
+    assert by_model(names, digests, accepted).tolist() == [False, False, True, False]
+    accepted["labeled/cat/u0.png"] = file_digest(bytes([1]))
+    assert by_model(names, digests, accepted).tolist() == [False, True, True, False]
+    labels = torch.tensor([0, 0, 1, -1])
+    labeled, unlabeled, val = own_split(labels, 0, 0, unlabeled_too=by_model(names, digests, accepted))
+    assert labeled.tolist() == [0] and unlabeled.tolist() == [1, 2, 3] and not len(val)
+
+
+def test_a_class_taught_only_by_accepted_predictions_is_refused(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "cat")])
+    for name in ("0.png", "1.png", "2.png"):
+        (folder / "labeled" / "cat" / name).unlink()  # the person's labels of cat gone
+    result = invoke(train_mt, [*TINY, "--data-dir", folder, "--out", tmp_path / "r"])
+    assert result.exit_code == 2 and "holds only images label.py --accepted labeled" in result.output
+    assert "--accepted-as-labels" in result.output and not (tmp_path / "r" / "mt_final.pt").exists()
+
+
+def test_an_accept_row_from_outside_unlabeled_is_refused(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=6)
+    (folder / "label-log.csv").write_text("batch,time,action,source,target,label,blake2b\n"
+                                          "1,t,accept,labeled/cat/0.png,labeled/dog/0.png,dog,\n")
+    result = invoke(train_mt, [*TINY, "--data-dir", folder, "--out", tmp_path / "r"])
+    assert result.exit_code == 2 and "line 2 cannot be trusted" in result.output and "under unlabeled/" in result.output
