@@ -168,9 +168,10 @@ def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
     assert result.exit_code == 0 and json.loads(result.stdout.splitlines()[-1])["teacher_error"] is not None
 
 
-def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path):
-    """--suggest, --review, --label-studio, --audit (its folds train heads on the kept features) and
-    mtlc.load on a backbone checkpoint, and --resume of its run."""
+def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path, monkeypatch):
+    """--suggest, --review, --label-studio, --audit (its folds train heads on the kept features, its
+    teacher reads them too: the trunk never runs) and mtlc.load on a backbone checkpoint, and --resume
+    of its run."""
     run = tmp_path / "run"
     args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
             "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "2", "--decay-epochs",
@@ -188,8 +189,10 @@ def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(read_rows((tmp_path / "next.csv").read_text(), more=("cluster",))) == 3
     assert (tmp_path / "page.html").stat().st_size and len(json.loads((tmp_path / "tasks.json").read_text())) == 3
-    result = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--audit", tmp_path / "audit.csv", "--audit-steps", "20",
-                               "--audit-folds", "2"])
+    with monkeypatch.context() as patched:
+        patched.setattr(pretrained.PretrainedNet, "features", lambda *a: pytest.fail("the trunk ran in the audit"))
+        result = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--audit", tmp_path / "audit.csv", "--audit-steps",
+                                   "20", "--audit-folds", "2"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "audit.csv").read_text().startswith("kind,path")
     classifier = mtlc.load(run / "mt_final.pt", device="cpu")

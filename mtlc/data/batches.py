@@ -32,9 +32,10 @@ GATHER_ROWS = 256  # scattered images read between two releases of the mapped pa
 
 
 class ImageRows:
-    """The uint8 images of several arrays (a folder's training then test images, each memory-mapped)
-    as one sequence, never copied into one: consecutive batches, and the rows at given positions
-    (`at` some positions: the same, read when asked for)."""
+    """The uint8 images of several arrays (a folder's training then test images, each memory-mapped),
+    or any rows of one dtype (a trunk's features of them), as one sequence, never copied into one:
+    consecutive batches, and the rows at given positions (`at` some positions: the same, read when
+    asked for)."""
 
     def __init__(self, *parts, at=None):
         self.parts = [p for p in parts if len(p)] or list(parts[:1])
@@ -68,7 +69,7 @@ class ImageRows:
         262,144 of a million images gathered at once mapped all 3 GB of it)."""
         idx = np.asarray(idx, dtype=np.int64)
         idx = torch.as_tensor(idx if self.at is None else self.at[idx], dtype=torch.long)
-        out = torch.empty(len(idx), *self.parts[0].shape[1:], dtype=torch.uint8)
+        out = torch.empty(len(idx), *self.parts[0].shape[1:], dtype=self.parts[0].dtype)
         for k, part in enumerate(self.parts):
             mine = torch.nonzero((idx >= int(self.starts[k])) & (idx < int(self.starts[k + 1])))[:, 0]
             for start in range(0, len(mine), GATHER_ROWS):

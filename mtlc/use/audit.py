@@ -193,17 +193,27 @@ def outlier_findings(paths, features, images, labeled):
             for i in np.flatnonzero(~labeled & (score > OUTLIER_MARGIN))]
 
 
+def teacher_inputs(data, mean, std):
+    """(what the teacher takes for every image, training then test (ImageRows), its mean and std):
+    the uint8 images, or for a head on a frozen trunk the trunk's kept features of their plain view
+    (the trunk never runs again)."""
+    if data.features is None:
+        return ImageRows(data.train_x, data.test_x), mean, std
+    return ImageRows(data.features.train[:, 0], data.features.test[:, 0]), None, None
+
+
 def teacher_outputs(teacher, images, mean, std, work, classes):
-    """(features (n, D), logits (n, classes)) of the teacher for every image, memory-mapped from the
-    work folder where they are kept a batch at a time (an interrupted audit goes on after the last
-    batch kept)."""
+    """(features (n, D), logits (n, classes)) of the teacher for every image (images: teacher_inputs),
+    memory-mapped from the work folder where they are kept a batch at a time (an interrupted audit
+    goes on after the last batch kept)."""
+    device = next(teacher.parameters()).device
     features, logits = work.appended("features.f32"), work.appended("logits.f32")
     done = work.state.setdefault("outputs", 0)
     with tqdm(total=len(images), initial=done, desc="audit: the teacher's features", unit="img", disable=None,
               leave=False) as bar:
         for start in range(done, len(images), OUTPUTS_BATCH):
             batch = images.gather(np.arange(start, min(start + OUTPUTS_BATCH, len(images))))
-            f, z = (t.cpu() for t in model_outputs(teacher, batch.to(mean.device), mean, std))
+            f, z = (t.cpu() for t in model_outputs(teacher, batch.to(device), mean, std))
             features.write(f.numpy().astype(np.float32).tobytes())
             logits.write(z.numpy().astype(np.float32).tobytes())
             work.state["outputs"] = start + len(batch)
@@ -249,7 +259,7 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
         probabilities, _ = out_of_sample_probabilities(logits, labels)
         findings += label_findings([paths[i] for i in labeled_idx], labels, probabilities, classes,
                                    f"labeled/, {used}-fold cross-fitted")
-    features, all_logits = teacher_outputs(teacher, images, mean, std, work, len(classes))
+    features, all_logits = teacher_outputs(teacher, *teacher_inputs(data, mean, std), work, len(classes))
     val_idx = state["val_idx"].numpy()
     test_idx = np.arange(n_train, len(images))
     for where, held, labels_held in (("test/, the checkpoint's teacher", test_idx, data.test_y),

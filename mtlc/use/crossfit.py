@@ -67,7 +67,7 @@ def crossfit_logits(state, data, device, *, folds=DEFAULT_FOLDS, steps=DEFAULT_S
             trainer.train_step(step, *trainer.batches.views(step))
             estimate.tick()
         trainer.recompute_bn_means()
-        logits[held_pos] = outputs(trainer.teacher, data.train_x, *normalization(fold, device), labeled[held_pos])[1]
+        logits[held_pos] = outputs(trainer.teacher, data.inputs("train"), *normalization(fold, device), labeled[held_pos])[1]
         if work:
             work.appended(name).write(logits[held_pos].numpy().astype(np.float32).tobytes())
             kept.append(k)
