@@ -24,7 +24,7 @@ from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.errors import UserError
-from mtlc.label.log import History, label_history
+from mtlc.label.log import label_history
 from mtlc.train.benchmark import report_benchmark
 from mtlc.train.checkpoints import checkpoint_split, restore_data, restore_training, resume_checkpoint
 from mtlc.train.curves import check_folder
@@ -181,9 +181,9 @@ def main(**options):
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
-        history = label_history(Path(o.data_dir)) if own else History([], {})
-        split, labels = split_of(o, data, own, history.accepted, procs.echo)
-        config = run_config(o, data, split, labels, objective, history.relabeled, procs, device)
+        history = label_history(Path(o.data_dir)) if own else None
+        split, labels = split_of(o, data, own, history.accepted if own else {}, procs.echo)
+        config = run_config(o, data, split, labels, objective, history, procs, device)
         if o.backbone != CONVLARGE:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
                                                            procs.echo))
@@ -288,10 +288,10 @@ def test_copies(data, echo):
     return leaked
 
 
-def warn_label_conflicts(data, echo):
+def warn_label_conflicts(data, echo, trained_without=()):
     """Copies among the labeled and test images that disagree on their class, said: one of each pair
-    is trained (or tested) on a wrong label."""
-    conflicts = label_conflicts(data)
+    is trained (or tested) on a wrong label. trained_without: labeled images trained as unlabeled."""
+    conflicts = label_conflicts(data, trained_without)
     if conflicts:
         named = "; ".join(f"{shown(a)} ({shown(ca)}) and {shown(b)} ({shown(cb)})" for a, ca, b, cb, _ in conflicts[:3])
         echo(f"train_mt: warning: {len(conflicts)} labeled or test images are copies of one under another class (the "
@@ -312,14 +312,17 @@ def say_accepted(o, n, echo):
          f"({LOG_NAME}): they train as unlabeled images (--accepted-as-labels takes their labels)")
 
 
-def run_config(o, data, split, labels, objective, relabeled, procs, device):
-    """A new run's config (what its checkpoints keep), said in one line."""
+def run_config(o, data, split, labels, objective, history, procs, device):
+    """A new run's config (what its checkpoints keep), said in one line; history: label.py's log of an
+    own-images folder (None for another dataset)."""
     # a folder's schedule left to its default counts steps (FOLDER_STEPS): its epochs are never tiny
     min_epoch_steps = MIN_EPOCH_STEPS if o.dataset == "folder" and o.epochs is None else 1
     steps_per_epoch = epoch_steps(len(split["unlabeled_idx"]), objective["unlabeled_batch"], min_epoch_steps)
     defaults, schedule = schedule_of(o, labels, steps_per_epoch)
     leaked = test_copies(data, procs.echo)
-    warn_label_conflicts(data, procs.echo)
+    # in an own-images folder the unlabeled ones are unlabeled/ and the accepted predictions trained without labels
+    warn_label_conflicts(data, procs.echo, split["unlabeled_idx"] if history else ())
+    relabeled = history.relabeled if history else []
     if relabeled:
         procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "
                    f"out (test/, --val), they count as errors in the calibration of --max-error")

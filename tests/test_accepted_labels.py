@@ -92,3 +92,14 @@ def test_an_accept_row_from_outside_unlabeled_is_refused(tmp_path):
                                           "1,t,accept,labeled/cat/0.png,labeled/dog/0.png,dog,\n")
     result = invoke(train_mt, [*TINY, "--data-dir", folder, "--out", tmp_path / "r"])
     assert result.exit_code == 2 and "line 2 cannot be trusted" in result.output and "under unlabeled/" in result.output
+
+
+def test_a_copy_accepted_under_another_class_is_a_label_conflict_only_where_trained_as_a_label(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    (folder / "unlabeled" / "copy.png").write_bytes((folder / "labeled" / "cat" / "0.png").read_bytes())
+    accept(folder, tmp_path, [("unlabeled/copy.png", "dog")])
+    result, _ = trained_split(folder, tmp_path / "r")
+    assert "copies of one under another class" not in result.output
+    result, _ = trained_split(folder, tmp_path / "r2", "--accepted-as-labels")
+    assert "1 labeled or test images are copies of one under another class" in result.output

@@ -175,14 +175,16 @@ def copy_pairs(digests, images, progress=lambda n: None):
     return found
 
 
-def label_conflicts(data):
+def label_conflicts(data, trained_without=()):
     """[(name, class, name of its copy, its class, detail)]: the copies among a folder's labeled
     training images and test images that disagree on their class (the same image under two labels is
-    a label conflict, never a plain duplicate); [] for a dataset without file names."""
+    a label conflict, never a plain duplicate); [] for a dataset without file names. trained_without:
+    the training images (indices) a run takes without their labels (label.py --accepted's), left out."""
     if not data.files:
         return []
     names = data.files["train"] + data.files["test"]
     labels = np.concatenate([data.train_y.numpy(), data.test_y.numpy()])
+    labels[np.asarray(trained_without, dtype=np.int64)] = -1
     digests = np.concatenate([data.digests["train"](), data.digests["test"]()])
     labeled = np.flatnonzero(labels >= 0)  # the copies among the images with a label only
     rows = ImageRows(data.train_x, data.test_x).subset(labeled)  # read a batch at a time: never all gathered
