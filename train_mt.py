@@ -213,7 +213,11 @@ def refuse_auto(dataset):
 
 
 def check_labels(o, own):
-    """--labels: refused for a folder with labeled/ (all of it is used), needed for one in the benchmark layout."""
+    """--labels: refused for a folder with labeled/ (all of it is used), needed for one in the benchmark
+    layout; --accepted-as-labels: only for a folder with labeled/ (label.py moves into no other)."""
+    if o.accepted_as_labels and not own:
+        raise UserError("--accepted-as-labels goes with a folder of your own images (labeled/, unlabeled/), whose "
+                        "label-log.csv says which labels label.py --accepted gave")
     if own and o.labels is not None:
         raise UserError(f"--labels: every image in {Path(o.data_dir) / 'labeled'} is labeled and those in "
                         f"{Path(o.data_dir) / 'unlabeled'} are not; leave --labels out (to use fewer labels, move "

@@ -85,6 +85,12 @@ def test_a_class_taught_only_by_accepted_predictions_is_refused(tmp_path):
     assert "--accepted-as-labels" in result.output and not (tmp_path / "r" / "mt_final.pt").exists()
 
 
+def test_accepted_as_labels_without_an_own_images_folder_is_refused(tmp_path):
+    result = invoke(train_mt, ["--dataset", "digits", "--accepted-as-labels", "--out", tmp_path / "r"])
+    assert result.exit_code == 2 and "--accepted-as-labels goes with a folder of your own images" in result.output
+    assert not (tmp_path / "r").exists()
+
+
 def test_an_accept_row_from_outside_unlabeled_is_refused(tmp_path):
     folder = tmp_path / "d"
     write_own_folder(folder, n_labeled=3, n_unlabeled=6)
