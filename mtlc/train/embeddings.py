@@ -9,6 +9,7 @@ under other names) cost nothing, new images only theirs, and an embedding cut sh
 stopped. The rows are float16, memory-mapped: each image in two views (as is, and flipped left to
 right: the augmentation a frozen trunk's features can still take); the test images' first view.
 """
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -80,7 +81,8 @@ def embed(data, data_dir, backbone_name, image_size, device, echo):
             if todo:
                 compute(work, todo, backbone, image_size, device, echo)
             keys = kept_keys(work)
-            train, test = (rows_of(keys, part_keys, start) for (_, part_keys), start
+            known = functools.cache(lambda: SortedRows(np.asarray(keys)))  # sorted once, where a part needs it
+            train, test = (rows_of(keys, part_keys, start, known) for (_, part_keys), start
                            in zip(parts.values(), (0, len(parts["train"][1]))))
             return Features(gathered(work, "train", train, 2), gathered(work, "test", test, 1))
     finally:
@@ -99,12 +101,12 @@ def missing(kept, parts):
     return [(x, keys, position) for x, keys in parts.values() for position in np.flatnonzero(known.rows(keys) < 0).tolist()]
 
 
-def rows_of(kept, keys, start):
+def rows_of(kept, keys, start, known):
     """The kept row of each key: start, start + 1, ... where the kept keys from start are these in
-    order (a first embedding's), else each key's first row (SortedRows)."""
+    order (a first embedding's), else each key's first row (known(): the kept keys' SortedRows)."""
     if np.array_equal(kept[start:start + len(keys)], keys):
         return np.arange(start, start + len(keys))
-    return SortedRows(np.asarray(kept)).rows(keys)
+    return known().rows(keys)
 
 
 def gathered(work, part, idx, views):
