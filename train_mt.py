@@ -181,9 +181,8 @@ def main(**options):
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
-        history = label_history(Path(o.data_dir)) if own else None
-        split, labels = split_of(o, data, own, history.accepted if own else {}, procs.echo)
-        config = run_config(o, data, split, labels, objective, history, procs, device)
+        split, labels, relabeled = split_of(o, data, own, procs.echo)
+        config = run_config(o, data, split, labels, objective, relabeled, procs, device)
         if o.backbone != CONVLARGE:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
                                                            procs.echo))
@@ -227,12 +226,15 @@ def check_labels(o, own):
                         f"how many training images keep their labels")
 
 
-def split_of(o, data, own, accepted, echo):
-    """(the labeled / unlabeled / validation indices, the number of labels) of a new run; accepted:
-    where label.py --accepted put a model's predictions (label_history), trained as unlabeled images
-    unless --accepted-as-labels."""
+def split_of(o, data, own, echo):
+    """(the labeled / unlabeled / validation indices, the number of labels, the images label.py
+    relabeled or None for another dataset than an own-images folder) of a new run. label.py
+    --accepted's images (label_history: about 300 bytes each, let go on return) train as unlabeled
+    ones unless --accepted-as-labels."""
+    relabeled = None
     if own:
-        model_labeled = None
+        history = label_history(Path(o.data_dir))
+        relabeled, accepted, model_labeled = history.relabeled, history.accepted, None
         if accepted:
             model_labeled = by_model(data.files["train"], data.digests["train"]() if data.digests else None, accepted)
             say_accepted(o, int(model_labeled.sum()), echo)
@@ -254,7 +256,7 @@ def split_of(o, data, own, accepted, echo):
         echo(f"train_mt: {Path(o.data_dir) / 'test'} is missing, so there is no test error"
              + (f"; the validation error of the {o.val} held-out labeled images is reported instead" if o.val else
                 "; --val N holds out N labeled images (never trained on) for an error to watch"))
-    return dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx), labels
+    return dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx), labels, relabeled
 
 
 def schedule_of(o, labels, steps_per_epoch):
@@ -316,17 +318,15 @@ def say_accepted(o, n, echo):
          f"({LOG_NAME}): they train as unlabeled images (--accepted-as-labels takes their labels)")
 
 
-def run_config(o, data, split, labels, objective, history, procs, device):
-    """A new run's config (what its checkpoints keep), said in one line; history: label.py's log of an
-    own-images folder (None for another dataset)."""
+def run_config(o, data, split, labels, objective, relabeled, procs, device):
+    """A new run's config (what its checkpoints keep), said in one line; relabeled: split_of's."""
     # a folder's schedule left to its default counts steps (FOLDER_STEPS): its epochs are never tiny
     min_epoch_steps = MIN_EPOCH_STEPS if o.dataset == "folder" and o.epochs is None else 1
     steps_per_epoch = epoch_steps(len(split["unlabeled_idx"]), objective["unlabeled_batch"], min_epoch_steps)
     defaults, schedule = schedule_of(o, labels, steps_per_epoch)
     leaked = test_copies(data, procs.echo)
     # in an own-images folder the unlabeled ones are unlabeled/ and the accepted predictions trained without labels
-    warn_label_conflicts(data, procs.echo, split["unlabeled_idx"] if history else ())
-    relabeled = history.relabeled if history else []
+    warn_label_conflicts(data, procs.echo, split["unlabeled_idx"] if relabeled is not None else ())
     if relabeled:
         procs.echo(f"train_mt: {len(relabeled)} images were relabeled with label.py ({o.data_dir}/{LOG_NAME}): held "
                    f"out (test/, --val), they count as errors in the calibration of --max-error")
@@ -337,7 +337,7 @@ def run_config(o, data, split, labels, objective, history, procs, device):
         labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
         mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, skip_bad_images=o.skip_bad_images,
         accepted_as_labels=o.accepted_as_labels, files=data.files, contents=data.contents, leaked_test=leaked,
-        relabeled=relabeled, seed=o.seed, lr=o.lr,
+        relabeled=relabeled or [], seed=o.seed, lr=o.lr,
         ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
         forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
         eval_every=o.eval_every or defaults["eval_every"], min_epoch_steps=min_epoch_steps, compress=o.compress,
