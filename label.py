@@ -67,6 +67,17 @@ def describe_moves(moves):
                      for what, counts in groups.items())
 
 
+def describe_batch(moves, would=False):
+    """'moved 3 images into labeled/ (cat 2, dog 1); confirmed 2 labels ...': what a batch does."""
+    moved = len(moves) - moves.confirmed
+    said = [f"{'would move' if would else 'moved'} {moved:,} image{'s' * (moved != 1)} "
+            f"{describe_moves(m for m in moves if not m.confirms)}"] if moved else []
+    if moves.confirmed:
+        said.append(f"{'would confirm' if would else 'confirmed'} {moves.confirmed:,} label{'s' * (moves.confirmed != 1)} "
+                    f"label.py --accepted gave (yours from then on: training takes them as labels)")
+    return "; ".join(said)
+
+
 def describe_export(path, export, labeled):
     """'export.json: a Label Studio JSON export, 12 tasks labeled; 3 without annotation and 1 cancelled
     move nothing'."""
@@ -128,7 +139,8 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
             if result is None:
                 click.echo(f"nothing to undo in {shown(data_dir / LOG_NAME)}")
             else:
-                click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were")
+                click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were" + (
+                    f"; {result[2]:,} confirmed labels are label.py --accepted's again" if result[2] else ""))
             return
         rows, export = read_labels(labels_csv, accepted, set_aside)
         if export:
@@ -144,12 +156,13 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
             return
         if dry_run:
             for move in moves:
-                click.echo(f"{shown(move.source)} -> {shown(move.target)}")
-            click.echo(f"would move {len(moves):,} image{'s' * (len(moves) != 1)} {describe_moves(moves)}{done}; nothing moved")
+                click.echo(f"{shown(move.source)}: confirmed {shown(move.label)}" if move.confirms
+                           else f"{shown(move.source)} -> {shown(move.target)}")
+            click.echo(f"{describe_batch(moves, would=True)}{done}; nothing moved")
             return
         batch = apply(data_dir, moves, bar=progress_bar, accepted=accepted)
-        click.echo(f"moved {len(moves):,} image{'s' * (len(moves) != 1)} {describe_moves(moves)}{done}; logged as batch {batch} in "
-                   f"{shown(data_dir / LOG_NAME)}; python label.py --data-dir {shown(data_dir)} --undo puts them back")
+        click.echo(f"{describe_batch(moves)}{done}; logged as batch {batch} in {shown(data_dir / LOG_NAME)}; "
+                   f"python label.py --data-dir {shown(data_dir)} --undo puts them back")
         if accepted:
             click.echo("their labels are the model's: train_mt.py trains on them as unlabeled images (a person's "
                        "labels teach better), and as labels with --accepted-as-labels")

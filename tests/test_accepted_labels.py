@@ -1,6 +1,7 @@
 """Images label.py --accepted labeled are a model's predictions: the log tells them from a person's
 labels (action accept), and train_mt.py trains on them as unlabeled images unless
---accepted-as-labels; a person's relabel since, or a file replaced by hand, makes the label a person's."""
+--accepted-as-labels; a person's relabel or confirmation (a same-label row) since, or a file replaced
+by hand, makes the label a person's."""
 import torch
 
 import label
@@ -9,6 +10,7 @@ from conftest import invoke, write_labels
 from fakedata import write_own_folder
 from mtlc.data.files import file_digest
 from mtlc.data.splits import by_model, own_split
+from mtlc.label import apply as labeling
 from mtlc.label.log import label_history, log_rows
 
 TINY = ["--dataset", "folder", "--backbone", "convlarge", "--width", "0.0625", "--lr", "0.01", "--precision", "fp32",
@@ -109,3 +111,43 @@ def test_a_copy_accepted_under_another_class_is_a_label_conflict_only_where_trai
     assert "copies of one under another class" not in result.output
     result, _ = trained_split(folder, tmp_path / "r2", "--accepted-as-labels")
     assert "1 labeled or test images are copies of one under another class" in result.output
+
+
+def test_a_persons_same_label_confirms_a_models_and_undo_takes_it_back(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")])
+    labels = write_labels(tmp_path / "l.csv", [("labeled/cat/u0000.png", "cat"), ("labeled/cat/0.png", "cat"),
+                                               ("unlabeled/u0003.png", "owl")])
+    dry = invoke(label, ["--data-dir", folder, "--apply", labels, "--dry-run"])
+    assert dry.exit_code == 0 and "labeled/cat/u0000.png: confirmed cat" in dry.output, dry.output
+    assert "would move 1 image into labeled/ (owl 1); would confirm 1 label label.py --accepted gave" in dry.output
+    result = invoke(label, ["--data-dir", folder, "--apply", labels])
+    assert result.exit_code == 0 and "moved 1 image into labeled/ (owl 1); confirmed 1 label" in result.output
+    assert "(1 applied before, skipped)" in result.output  # the person's own label, labeled so already
+    confirms = [r for r in log_rows(folder) if r["action"] == "confirm"]
+    assert [(r["source"], r["target"], r["label"]) for r in confirms] == [("labeled/cat/u0000.png",) * 2 + ("cat",)]
+    assert label_history(folder).accepted.keys() == {"labeled/dog/u0001.png"}
+    _, split = trained_split(folder, tmp_path / "r")
+    assert "labeled/cat/u0000.png" in split["labeled_idx"] and "labeled/dog/u0001.png" in split["unlabeled_idx"]
+    again = invoke(label, ["--data-dir", folder, "--apply", labels])
+    assert again.exit_code == 0 and "were applied before" in again.output  # confirmed once
+    undone = invoke(label, ["--data-dir", folder, "--undo"])
+    assert undone.exit_code == 0 and "put back the 1 images of batch 2 where they were; 1 confirmed labels" in undone.output
+    assert label_history(folder).accepted.keys() == {"labeled/cat/u0000.png", "labeled/dog/u0001.png"}
+    assert (folder / "unlabeled" / "u0003.png").exists()
+
+
+def test_a_batch_refused_midway_leaves_its_confirmations_untaken(tmp_path, monkeypatch):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "cat")])
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(labeling, "rename_no_replace", full_disk)
+    labels = write_labels(tmp_path / "l.csv", [("labeled/cat/u0000.png", "cat"), ("unlabeled/u0003.png", "owl")])
+    result = invoke(label, ["--data-dir", folder, "--apply", labels])
+    assert result.exit_code == 1 and "the 0 images moved before it were put back; nothing was moved" in result.output
+    assert label_history(folder).accepted.keys() == {"labeled/cat/u0000.png"}  # the batch undone, confirmation too
+    assert (folder / "unlabeled" / "u0003.png").exists() and (folder / "labeled" / "cat" / "u0000.png").exists()

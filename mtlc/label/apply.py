@@ -22,7 +22,7 @@ from ..disk.opening import lock_folder, rename_no_replace
 from ..disk.spill import CHUNK, Spill
 from ..errors import MoveFailed, UserError
 from .inputs import linked_folder
-from .log import MOVES, Log, log_rows, next_batch, undone_batches
+from .log import CONFIRM, MOVES, Log, log_rows, next_batch, undone_batches
 from .plan import digest_problem, file_digest_or_error, no_bar
 
 # Changing the folder: one label.py at a time, logged, all or nothing ---------------------------------
@@ -63,23 +63,28 @@ def folder_label(folder):
 def apply(data_dir, moves, echo=click.echo, bar=no_bar, accepted=False):
     """Move each image to its target (a Plan's), each with one rename that never replaces a file; the
     folders it needs are made; accepted: the labels are a model's predictions (label.py --accepted),
-    logged as such (log.MOVES), so that training can tell them from a person's. A chunk of moves at a time, the log's rows for the whole chunk are
-    written and flushed to disk (one fsync) before any of its moves is made, so that a run cut short
-    leaves every file in its old place or its new one, logged. Returns the batch number. If the OS
-    refuses a step, the batch's moves are put back (latest first) and its folders removed before
-    MoveFailed says so."""
+    logged as such (log.MOVES), so that training can tell them from a person's; a confirmation
+    (Move.confirms) is logged and moves nothing. A chunk of moves at a time, the log's rows for the
+    whole chunk are written and flushed to disk (one fsync) before any of its moves is made, so that
+    a run cut short leaves every file in its old place or its new one, logged. Returns the batch
+    number. If the OS refuses a step, the batch's moves are put back (latest first) and its folders
+    removed before MoveFailed says so."""
     data_dir = Path(data_dir)
     batch = next_batch(data_dir)
-    log, done, made, existing, failed = Log(data_dir, echo), 0, [], set(), None
+    log, done, moved, made, existing, failed = Log(data_dir, echo), 0, 0, [], set(), None  # done: moves and confirmations
     progress = bar(len(moves), "moving")
     try:
         for chunk in moves.chunks():
             steps, rows = [], []  # steps: (the folders to make first, the move)
             for move in chunk:
+                if move.confirms:  # logged, nothing moves
+                    rows.append(log.row(batch, CONFIRM, move.source, move.target, move.label, move.digest))
+                    steps.append(((), move))
+                    continue
                 folders = folders_to_make(data_dir, posixpath.dirname(move.target), existing)
                 rows += [log.row(batch, "mkdir", target=folder, label=folder_label(folder)) for folder in folders]
-                rows.append(log.row(batch, "aside" if move.aside else "accept" if accepted else "move", move.source, move.target, move.label,
-                                    move.digest))
+                action = "aside" if move.aside else "accept" if accepted else "move"
+                rows.append(log.row(batch, action, move.source, move.target, move.label, move.digest))
                 steps.append((folders, move))
                 existing.update(folders)
             log.put(rows)
@@ -87,7 +92,9 @@ def apply(data_dir, moves, echo=click.echo, bar=no_bar, accepted=False):
                 for folder in folders:
                     (data_dir / folder).mkdir()
                     made.append(data_dir / folder)
-                rename_no_replace(data_dir / failed.source, data_dir / failed.target)
+                if not failed.confirms:
+                    rename_no_replace(data_dir / failed.source, data_dir / failed.target)
+                    moved += 1
                 done += 1
             failed = None
             progress(len(chunk))
@@ -98,8 +105,8 @@ def apply(data_dir, moves, echo=click.echo, bar=no_bar, accepted=False):
         what = f"moving {failed.source}" if failed else f"writing {log.path}" if exc.filename == str(log.path) \
             else "reading the planned moves"
         raise MoveFailed(f"{what} failed ({exc.strerror or exc}): " + (
-            f"the {done} images moved before it were put back; nothing was moved" if not stuck else
-            f"and {len(stuck)} of the {done} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None
+            f"the {moved} images moved before it were put back; nothing was moved" if not stuck else
+            f"and {len(stuck)} of the {moved} images moved before it could not be put back: {'; '.join(stuck[:5])}")) from None
     finally:
         log.close()
     return batch
@@ -110,6 +117,8 @@ def rename_back(data_dir, renames, made):
     (latest first, if empty); returns '<to> (reason)' for each file that could not be renamed back."""
     stuck = []
     for old, new in renames:
+        if old == new:  # a confirmation: nothing moved
+            continue
         try:
             rename_no_replace(data_dir / new, data_dir / old)
         except OSError as exc:
@@ -124,15 +133,16 @@ def last_batch(data_dir):
     """The number (text) of the last batch of the log with moves that is not undone, or None."""
     undone, last = undone_batches(data_dir, checked=False), None  # every row is checked by the pass below
     for r in log_rows(data_dir):
-        if r["action"] in MOVES and r["batch"] not in undone:
+        if (r["action"] in MOVES or r["action"] == CONFIRM) and r["batch"] not in undone:
             last = r["batch"]
     return last
 
 
 def undo(data_dir, echo=click.echo, bar=no_bar):
     """Put the last batch not yet undone back: each moved file to where it was (never replacing a
-    file), the folders it created removed (if empty). Returns (batch, files put back), or None where
-    there is nothing to undo. Every file is checked first: where one cannot be put back (its old name
+    file), the folders it created removed (if empty), its confirmations taken back (their labels the
+    model's again). Returns (batch, files put back, confirmations taken back), or None where there is
+    nothing to undo. Every file is checked first: where one cannot be put back (its old name
     taken by another file, gone from both places, another image at its new place than the one moved,
     a folder that cannot be written) nothing moves, the batch stays open and exit 2 names the files.
     The batch's moves are read from the log into a temporary file (spill.py), checked a chunk at a
@@ -141,8 +151,9 @@ def undo(data_dir, echo=click.echo, bar=no_bar):
     batch = last_batch(data_dir)
     if batch is None:
         return None
-    mine, made_by_batch = Spill(), []
+    mine, made_by_batch, confirmed = Spill(), [], 0
     for r in log_rows(data_dir):
+        confirmed += r["batch"] == batch and r["action"] == CONFIRM
         if r["batch"] == batch and r["action"] in MOVES:
             mine.append([r["source"], r["target"], r["label"], r.get(DIGEST_COLUMN) or None])
         elif r["batch"] == batch and r["action"] == "mkdir":
@@ -207,4 +218,4 @@ def undo(data_dir, echo=click.echo, bar=no_bar):
             f"{len(stuck)} files are neither here nor there: {'; '.join(stuck[:5])}")) from None
     finally:
         log.close()
-    return int(batch), len(restored)
+    return int(batch), len(restored), confirmed

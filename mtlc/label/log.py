@@ -25,8 +25,10 @@ from .inputs import ASIDE, SOURCES, inside, remembered_realpath, target_part
 # have the first six columns only).
 LOG_HEADER = ("batch", "time", "action", "source", "target", "label", DIGEST_COLUMN)
 # The actions that move a file: a label a person gave (move), a model's prediction taken as the label
-# (accept: label.py --accepted, unlabeled/ to labeled/<class>/), set aside (aside).
+# (accept: label.py --accepted, unlabeled/ to labeled/<class>/), set aside (aside). A person's label
+# given as a model's was (confirm) moves nothing: from then on the label is theirs.
 MOVES = ("move", "accept", "aside")
+CONFIRM = "confirm"
 
 
 def is_batch_number(text):
@@ -54,8 +56,10 @@ def log_problem(data_dir, row, realpath=os.path.realpath):
             or (parts[0] == ASIDE and not label)))
         return None if ok else (f"{target!r} is not a folder label.py makes (labeled/, labeled/<class>, test/<class> or "
                                 f"under {ASIDE}/) inside the folder")
-    if action not in MOVES:
-        return f"its action {action!r} is none of {', '.join(MOVES)}, mkdir, undo"
+    if action not in MOVES + (CONFIRM,):
+        return f"its action {action!r} is none of {', '.join(MOVES)}, {CONFIRM}, mkdir, undo"
+    if action == CONFIRM and (source != target or not source.startswith("labeled/")):
+        return "a confirmation names one labeled/ image as its source and its target"
     if not inside(data_dir, source, ("unlabeled",) if action == "accept" else SOURCES, realpath):
         return (f"{source!r} is not a path under {'unlabeled/' if action == 'accept' else 'unlabeled/, labeled/ or test/'}"
                 f" inside the folder")
@@ -179,10 +183,31 @@ def place_key(path):
     return hashlib.blake2b(path.encode("utf-8", PATH_ERRORS), digest_size=16).digest()
 
 
+class AcceptedPlaces(dict):
+    """{where an image label.py --accepted labeled is now: the hash of its bytes then (None: not
+    logged)}, kept up as the log's rows of batches not undone are seen in order: a person's move or
+    confirmation of one since makes its label theirs."""
+
+    def see(self, row):
+        if row["action"] in MOVES or row["action"] == CONFIRM:
+            self.pop(row["source"], None)
+        if row["action"] == "accept":
+            self[row["target"]] = row.get(DIGEST_COLUMN) or None
+
+
+def accepted_places(data_dir, undone):
+    """The AcceptedPlaces of the log (rows checked by an earlier pass: undone_batches')."""
+    places = AcceptedPlaces()
+    for r in log_rows(data_dir, checked=False):
+        if r["batch"] not in undone:
+            places.see(r)
+    return places
+
+
 class History(NamedTuple):
     """What label-log.csv tells training about the images label.py moved (batches not undone)."""
     relabeled: list  # labeled/ and test/ images moved from one class folder of their part to another, where they are now
-    accepted: dict   # {where an image label.py --accepted labeled is now: the hash of its bytes then (None: not logged)}
+    accepted: dict   # AcceptedPlaces
 
 
 def label_history(data_dir):
@@ -193,11 +218,14 @@ def label_history(data_dir):
     new label (the audit's, say). A file's journey is followed only where it starts in labeled/ or
     test/ (not where an earlier move brought it): the million images moved from unlabeled/ cost a set
     of 16-byte keys. accepted: the files whose last move was an accepted prediction; a person's move
-    of one since (a relabel from the audit) makes its label a person's."""
+    or confirmation of one since (the audit's relabel, a same-label row) makes its label a person's."""
     undone = undone_batches(data_dir, checked=False)  # every row is checked by the pass below
-    arrived, journeys, started, accepted = set(), {}, [], {}
+    arrived, journeys, started, accepted = set(), {}, [], AcceptedPlaces()
     for r in log_rows(data_dir):
-        if r["action"] not in MOVES or r["batch"] in undone:
+        if r["batch"] in undone:
+            continue
+        accepted.see(r)
+        if r["action"] not in MOVES:
             continue
         journey, source = journeys.pop(r["source"], None), place_key(r["source"])
         if journey is None and r["source"].split("/")[0] in ("labeled", "test") and source not in arrived:
@@ -208,9 +236,6 @@ def label_history(data_dir):
             journeys[r["target"]] = journey
         arrived.discard(source)  # the place is free: a file put there later starts a journey of its own
         arrived.add(place_key(r["target"]))
-        accepted.pop(r["source"], None)
-        if r["action"] == "accept":
-            accepted[r["target"]] = r.get(DIGEST_COLUMN) or None
     relabeled = sorted(j.now for j in started if j.now != j.first and j.now.split("/")[0] == j.first.split("/")[0])
     return History(relabeled, accepted)
 

@@ -15,6 +15,7 @@ the planned moves wait in a temporary file (spill.py), files are hashed on a poo
 holds what the checks across rows need (each row's path and file, the names taken in the folders
 moved into): about a few hundred bytes a row.
 """
+import functools
 import heapq
 import os
 import posixpath
@@ -30,7 +31,7 @@ from ..disk.opening import read_regular
 from ..disk.spill import Spill, batched
 from ..errors import UserError
 from .inputs import ASIDE, SOURCES, linked_folder, outside_reason, remembered_realpath, target_part
-from .log import applied_moves, undone_batches
+from .log import accepted_places, applied_moves, undone_batches
 from .names import Names, class_problem, known_classes, label_problem, loose, name_max
 
 PLAN_CHUNK = 4096     # rows checked at a time (their files hashed together on a pool of threads)
@@ -47,6 +48,11 @@ class Move:
     @property
     def aside(self):
         return self.target.startswith(ASIDE + "/")
+
+    @property
+    def confirms(self):
+        """A person's label given as label.py --accepted gave it: nothing moves, the label becomes theirs."""
+        return self.source == self.target
 
 
 class Checks:
@@ -171,10 +177,11 @@ class Plan:
     """The moves of a labels file (plan's): kept in a Spill, read back as Moves in order or in reverse."""
 
     def __init__(self):
-        self.moves, self.skipped, self.rows = Spill(), 0, 0
+        self.moves, self.skipped, self.rows, self.confirmed = Spill(), 0, 0, 0
 
     def add(self, move):
         self.moves.append([move.source, move.target, move.label, move.digest])
+        self.confirmed += move.confirms
 
     def __len__(self):
         return len(self.moves)
@@ -199,8 +206,9 @@ class RowChecks:
     """Each row checked against the folder (Checks) and against the rows before it: its class among the
     class folders (one name each, as a person reads it), its source listed once, its file named once."""
 
-    def __init__(self, data_dir, sources, new_classes):
+    def __init__(self, data_dir, sources, new_classes, accepted=dict):
         self.data_dir, self.new_classes, self.labeled = data_dir, new_classes, data_dir / "labeled"
+        self.accepted = accepted  # () -> the places of label.py --accepted's images (log.accepted_places)
         self.classes = set(known_classes(data_dir))
         self.spelled = {}  # the spellings of each class as loose reads it: one class folder each, or a refusal
         for c in self.classes:
@@ -248,7 +256,8 @@ class RowChecks:
         if problem:
             return problem, None
         if not row.aside and source.split("/")[0] != "unlabeled" and source.split("/")[1] == row.label:
-            return None, None
+            # labeled so already: nothing moves, but a person's label on a model's is logged as theirs
+            return None, (Move(source, source, row.label, row.digest) if source in self.accepted() else None)
         folder = f"{ASIDE}/{posixpath.dirname(source)}" if row.aside else f"{target_part(source)}/{row.label}"
         problem = self.folder.move_problem(source, st, folder)
         if problem:
@@ -276,7 +285,8 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     data_dir = Path(data_dir)
     undone = undone_batches(data_dir)  # the log read (and checked: one that cannot be trusted moves nothing) first
     progress = bar(expected, "checking rows")
-    checks, names = RowChecks(data_dir, sources, new_classes), Names(data_dir)
+    accepted = functools.cache(lambda: accepted_places(data_dir, undone))  # the log read again only where needed
+    checks, names = RowChecks(data_dir, sources, new_classes, accepted), Names(data_dir)
     result, problems, gone = Plan(), Problems(), []
     with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
         for chunk in batched(rows, PLAN_CHUNK):
