@@ -13,7 +13,8 @@ is refused) and action (label, or set-aside: the image goes to set-aside/<its pa
 never looks). A row for a labeled/ or test/ image (a label the audit page corrects, evaluate.py
 --audit) moves it to the class folder of its own part; --accepted takes unlabeled/ rows only, logged
 as a model's predictions (train_mt.py trains on them as unlabeled images unless --accepted-as-labels;
-a person's later relabel makes the label theirs). Every
+a person's later row for one makes the label theirs: a new class moves it, the same class confirms
+it, logged, nothing moved). Every
 row is checked before anything moves: an unknown class (unless --new-classes; a test/ image only
 takes a class labeled/ has), a class differing from another only in case, a missing file, a file two
 rows name, an image replaced since its row was written, a path outside unlabeled/, labeled/ and test/
