@@ -2,8 +2,12 @@
 labels (action accept), and train_mt.py trains on them as unlabeled images unless
 --accepted-as-labels; a person's relabel or confirmation (a same-label row) since, or a file replaced
 by hand, makes the label a person's."""
+import csv
+import io
+
 import torch
 
+import evaluate
 import label
 import train_mt
 from conftest import invoke, write_labels
@@ -151,3 +155,19 @@ def test_a_batch_refused_midway_leaves_its_confirmations_untaken(tmp_path, monke
     assert result.exit_code == 1 and "the 0 images moved before it were put back; nothing was moved" in result.output
     assert label_history(folder).accepted.keys() == {"labeled/cat/u0000.png"}  # the batch undone, confirmation too
     assert (folder / "unlabeled" / "u0003.png").exists() and (folder / "labeled" / "cat" / "u0000.png").exists()
+
+
+def test_the_audit_doubts_an_accepted_label_the_next_teacher_disagrees_with(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=6, n_unlabeled=30)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "owl"), ("unlabeled/a/u0001.png", "dog")])  # u0000 is a cat
+    run = tmp_path / "r"
+    result = invoke(train_mt, [*TINY[:-6], "--data-dir", folder, "--epochs", "20", "--decay-epochs", "0", "--device", "cpu",
+                               "--out", run])
+    assert result.exit_code == 0, result.output
+    audit = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--audit", tmp_path / "a.csv", "--audit-steps", "20"])
+    assert audit.exit_code == 0, audit.output
+    rows = {r["path"]: r for r in csv.DictReader(io.StringIO((tmp_path / "a.csv").read_text())) if r["kind"] == "label"}
+    doubted = rows[str(folder / "labeled" / "owl" / "u0000.png")]
+    assert doubted["suggestion"] == "cat" and "label.py --accepted" in doubted["detail"]
+    assert str(folder / "labeled" / "dog" / "u0001.png") not in rows  # its label is right

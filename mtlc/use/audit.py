@@ -260,10 +260,13 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
         findings += label_findings([paths[i] for i in labeled_idx], labels, probabilities, classes,
                                    f"labeled/, {used}-fold cross-fitted")
     features, all_logits = teacher_outputs(teacher, *teacher_inputs(data, mean, std), work, len(classes))
-    val_idx = state["val_idx"].numpy()
+    val_idx, unlabeled_idx = state["val_idx"].numpy(), state["unlabeled_idx"].numpy()
     test_idx = np.arange(n_train, len(images))
+    accepted_idx = unlabeled_idx[data.train_y.numpy()[unlabeled_idx] >= 0]  # label.py --accepted's, trained unlabeled
     for where, held, labels_held in (("test/, the checkpoint's teacher", test_idx, data.test_y),
-                                     ("labeled/ (--val hold-out), the checkpoint's teacher", val_idx, data.train_y[val_idx])):
+                                     ("labeled/ (--val hold-out), the checkpoint's teacher", val_idx, data.train_y[val_idx]),
+                                     ("labeled/ (label.py --accepted, a model's label), the checkpoint's teacher",
+                                      accepted_idx, data.train_y[accepted_idx])):
         if len(labels_held):
             logits_never_trained = torch.from_numpy(np.array(all_logits[held]))
             warn_teacher_at_chance(where.split(",")[0], logits_never_trained, labels_held.numpy(), echo)
