@@ -23,7 +23,7 @@ import click
 import cloup
 import torch
 
-from mtlc.data.splits import true_classes
+from mtlc.data.splits import measured_pool, true_classes
 from mtlc.disk.command_line import OnceEach, given_options
 from mtlc.disk.console import robust_streams
 from mtlc.disk.outputs import check_outputs
@@ -312,9 +312,10 @@ def evaluate_one(o, path, state, device, figures):
     """The result of one checkpoint, said; with figures, its confusion matrix, t-SNE and distances."""
     data = restore_data(state, o.data_dir, echo=lambda m: click.echo(m, err=o.as_json))  # --json: stdout is JSON only
     student, teacher = restore_models(state, device)
-    pool_y = true_classes(data, o.truth)[state["unlabeled_idx"]] if o.pool_error else None
+    pool = measured_pool(data, state["unlabeled_idx"]) if o.pool_error else None
     result, predicted = evaluate_checkpoint(path, state, data, dict(student=student, teacher=teacher), device,
-                                            pool_y=pool_y, model_name=o.model_name)
+                                            pool=None if pool is None else (pool, true_classes(data, o.truth)[pool]),
+                                            model_name=o.model_name)
     result["alike"] = alike_key(alike_settings(state))  # runs of one key differ in their seeds only
     click.echo(json.dumps(result) if o.as_json else "\n".join(describe_result(result, state)))
     if not figures:

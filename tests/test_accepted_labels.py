@@ -3,6 +3,7 @@ labels (action accept), and train_mt.py trains on them as unlabeled images unles
 --accepted-as-labels; a person's relabel or confirmation (a same-label row) since, or a file replaced
 by hand, makes the label a person's."""
 import csv
+import json
 import io
 
 import torch
@@ -171,3 +172,16 @@ def test_the_audit_doubts_an_accepted_label_the_next_teacher_disagrees_with(tmp_
     doubted = rows[str(folder / "labeled" / "owl" / "u0000.png")]
     assert doubted["suggestion"] == "cat" and "label.py --accepted" in doubted["detail"]
     assert str(folder / "labeled" / "dog" / "u0001.png") not in rows  # its label is right
+
+
+def test_the_pool_error_leaves_out_accepted_images_whose_label_is_a_models(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    truth = tmp_path / "truth.csv"
+    truth.write_text("path,class\n" + "".join(f"{p.relative_to(folder).as_posix()},{('cat', 'dog', 'owl')[int(p.stem[1:]) % 3]}\n"
+                                              for p in sorted((folder / "unlabeled").rglob("*.png"))))
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "owl"), ("unlabeled/a/u0001.png", "dog")])
+    trained_split(folder, tmp_path / "r")
+    result = invoke(evaluate, ["--ckpt", tmp_path / "r" / "mt_final.pt", "--pool-error", "--truth", truth, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.splitlines()[-1])["n_pool"] == 10  # unlabeled/'s; not u0000 (labeled owl: a model's)

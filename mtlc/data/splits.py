@@ -74,6 +74,13 @@ def hold_out(unlabeled, n_val, seed):
     return unlabeled[order[n_val:]].sort().values, unlabeled[order[:n_val]].sort().values
 
 
+def measured_pool(data, unlabeled_idx):
+    """The unlabeled training images (of unlabeled_idx) whose error --pool-error measures: all of them,
+    but in an own-images folder unlabeled/'s only (label.py --accepted's images, trained unlabeled from
+    labeled/, carry a model's label, not their true class)."""
+    return unlabeled_idx[data.train_y[unlabeled_idx] < 0] if data.has_unlabeled_part else unlabeled_idx
+
+
 def true_classes(data, truth_csv=None, option="--truth"):
     """Every training image's true class: the dataset's labels and, for a folder's unlabeled images
     (label -1), those of a CSV with columns path,class (paths as the folder names them, e.g.

@@ -226,11 +226,11 @@ def per_class_errors(y, predicted, classes):
     return result
 
 
-def evaluate_checkpoint(path, state, data, models, device, *, pool_y=None, model_name="teacher"):
+def evaluate_checkpoint(path, state, data, models, device, *, pool=None, model_name="teacher"):
     """The result of one checkpoint (models: {"student": ..., "teacher": ...}): test errors of both
     models, per class, the calibration of one model's confidences, how LC went and, given the true
-    classes of its unlabeled images (pool_y), the error on them. Returns (result, {model name: its
-    predicted class per test image}), the latter for the confusion matrix."""
+    classes of unlabeled images (pool: their indices, their classes), the error on them. Returns
+    (result, {model name: its predicted class per test image}), the latter for the confusion matrix."""
     config = state["config"]
     mean, std = normalization(config, device)
     x, y = data.test_x, data.test_y
@@ -250,10 +250,11 @@ def evaluate_checkpoint(path, state, data, models, device, *, pool_y=None, model
     if len(held.y):
         cal = held_out_calibration(state, held, models[model_name], device)
         result["calibration"] = dict(model=model_name, **cal.summary())
-    if pool_y is not None:
+    if pool is not None:
+        pool_idx, pool_y = pool
         result["n_pool"] = len(pool_y)
         for name, model in models.items():
-            result[f"{name}_pool_error"] = test_error(model, data.train_x, pool_y, mean, std, state["unlabeled_idx"])
+            result[f"{name}_pool_error"] = test_error(model, data.train_x, pool_y, mean, std, pool_idx)
     return dict(result, **lc_diagnostics(state)), predictions
 
 
