@@ -140,15 +140,18 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
             if result is None:
                 click.echo(f"nothing to undo in {shown(data_dir / LOG_NAME)}")
             else:
-                click.echo(f"put back the {result[1]:,} images of batch {result[0]} where they were" + (
-                    f"; {result[2]:,} confirmed labels are label.py --accepted's again" if result[2] else ""))
+                batch, put_back, confirmations = result
+                click.echo("; ".join(
+                    [f"put back the {put_back:,} images of batch {batch} where they were"] * bool(put_back or not confirmations)
+                    + [f"took back the {confirmations:,} confirmations of batch {batch} (label.py --accepted's labels "
+                       f"again)"] * bool(confirmations)))
             return
         rows, export = read_labels(labels_csv, accepted, set_aside)
         if export:
             click.echo(describe_export(labels_csv, export, len(rows)))
         # --accepted turns predictions into labels: only for unlabeled/ images, never over a person's label.
         moves = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES, bar=progress_bar,
-                     expected=len(rows) if export else lines_in(labels_csv) - 1)
+                     expected=len(rows) if export else lines_in(labels_csv) - 1, persons=not accepted)
         done = f" ({moves.skipped:,} applied before, skipped)" if moves.skipped else ""
         if not moves:
             what = "accepted rows" if accepted else "findings of those kinds" if set_aside else "rows"
@@ -157,13 +160,14 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
             return
         if dry_run:
             for move in moves:
-                click.echo(f"{shown(move.source)}: confirmed {shown(move.label)}" if move.confirms
+                click.echo(f"{shown(move.source)}: confirm {shown(move.label)}" if move.confirms
                            else f"{shown(move.source)} -> {shown(move.target)}")
             click.echo(f"{describe_batch(moves, would=True)}{done}; nothing moved")
             return
         batch = apply(data_dir, moves, bar=progress_bar, accepted=accepted)
         click.echo(f"{describe_batch(moves)}{done}; logged as batch {batch} in {shown(data_dir / LOG_NAME)}; "
-                   f"python label.py --data-dir {shown(data_dir)} --undo puts them back")
+                   f"python label.py --data-dir {shown(data_dir)} --undo "
+                   + ("puts them back" if len(moves) > moves.confirmed else "takes it back"))
         if accepted:
             click.echo("their labels are the model's: train_mt.py trains on them as unlabeled images (a person's "
                        "labels teach better), and as labels with --accepted-as-labels")

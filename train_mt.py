@@ -181,7 +181,8 @@ def main(**options):
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
-        split, labels, relabeled = split_of(o, data, own, procs.echo)
+        # the main process's split on every one: label.py may change the log while they start
+        split, labels, relabeled = procs.from_main(split_of(o, data, own, procs.echo) if procs.main else None)
         config = run_config(o, data, split, labels, objective, relabeled, procs, device)
         if o.backbone != CONVLARGE:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
@@ -228,25 +229,11 @@ def check_labels(o, own):
 
 def split_of(o, data, own, echo):
     """(the labeled / unlabeled / validation indices, the number of labels, the images label.py
-    relabeled or None for another dataset than an own-images folder) of a new run. label.py
-    --accepted's images (label_history: about 300 bytes each, let go on return) train as unlabeled
-    ones unless --accepted-as-labels."""
+    relabeled or None for another dataset than an own-images folder) of a new run."""
     relabeled = None
     if own:
-        history = label_history(Path(o.data_dir))
-        relabeled, accepted, model_labeled = history.relabeled, history.accepted, None
-        if accepted:
-            model_labeled = by_model(data.files["train"], data.digests["train"]() if data.digests else None, accepted)
-            say_accepted(o, int(model_labeled.sum()), echo)
-        labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, o.val, o.split_seed,
-                                                        unlabeled_too=None if o.accepted_as_labels else model_labeled)
+        labeled_idx, unlabeled_idx, val_idx, relabeled = own_images_split(o, data, echo)
         labels = len(labeled_idx)
-        if model_labeled is not None and not o.accepted_as_labels:
-            untaught = (torch.bincount(data.train_y[labeled_idx], minlength=data.num_classes) == 0).nonzero().flatten()
-            if len(untaught):  # every image of a class is a model's prediction: no label teaches the class
-                raise UserError(f"{Path(o.data_dir) / 'labeled' / data.classes[untaught[0]]} holds only images label.py "
-                                f"--accepted labeled (a model's predictions): label one of them yourself, or train on "
-                                f"them as labels with --accepted-as-labels")
     else:
         labels = o.labels if o.labels is not None else preset(o.dataset, None)["labels"]
         labeled_idx, unlabeled_idx = balanced_split(data.train_y, labels, data.num_classes, o.split_seed,
@@ -257,6 +244,27 @@ def split_of(o, data, own, echo):
              + (f"; the validation error of the {o.val} held-out labeled images is reported instead" if o.val else
                 "; --val N holds out N labeled images (never trained on) for an error to watch"))
     return dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx), labels, relabeled
+
+
+def own_images_split(o, data, echo):
+    """(labeled, unlabeled and validation indices, the images label.py relabeled) of an own-images
+    folder. label.py --accepted's images (label_history: about 300 bytes each, let go on return)
+    train as unlabeled ones, or as labels with --accepted-as-labels; --val never holds them out
+    (their labels are a model's)."""
+    history, model_labeled = label_history(Path(o.data_dir)), None
+    if history.accepted:
+        model_labeled = by_model(data.files["train"], data.digests["train"]() if data.digests else None, history.accepted)
+        say_accepted(o, int(model_labeled.sum()), echo)
+        taught = torch.bincount(data.train_y[(data.train_y >= 0) & ~model_labeled], minlength=data.num_classes)
+        if not o.accepted_as_labels and (taught == 0).any():  # every image of a class is a model's prediction
+            raise UserError(f"{Path(o.data_dir) / 'labeled' / data.classes[int((taught == 0).nonzero()[0])]} holds only "
+                            f"images label.py --accepted labeled (a model's predictions): label one of them yourself, "
+                            f"or train on them as labels with --accepted-as-labels")
+    labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, o.val, o.split_seed, unlabeled_too=model_labeled)
+    if o.accepted_as_labels and model_labeled is not None:  # trained as labels, never held out
+        labeled_idx = torch.cat([labeled_idx, model_labeled.nonzero().flatten()]).sort().values
+        unlabeled_idx = unlabeled_idx[~model_labeled[unlabeled_idx]]
+    return labeled_idx, unlabeled_idx, val_idx, history.relabeled
 
 
 def schedule_of(o, labels, steps_per_epoch):

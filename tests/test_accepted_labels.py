@@ -45,6 +45,8 @@ def test_accepted_images_train_as_unlabeled_ones_unless_asked(tmp_path):
     write_own_folder(folder, n_labeled=3, n_unlabeled=12)
     said = accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")]).output
     assert "trains on them as unlabeled images" in said
+    again = accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")]).output
+    assert "nothing to move: all 2 rows" in again  # accepting again confirms nothing: no person gave those labels
     assert [r["action"] for r in log_rows(folder) if r["action"] != "mkdir"] == ["accept", "accept"]
     result, split = trained_split(folder, tmp_path / "r")
     assert "2 images in" in result.output and "they train as unlabeled images" in result.output
@@ -125,7 +127,7 @@ def test_a_persons_same_label_confirms_a_models_and_undo_takes_it_back(tmp_path)
     labels = write_labels(tmp_path / "l.csv", [("labeled/cat/u0000.png", "cat"), ("labeled/cat/0.png", "cat"),
                                                ("unlabeled/u0003.png", "owl")])
     dry = invoke(label, ["--data-dir", folder, "--apply", labels, "--dry-run"])
-    assert dry.exit_code == 0 and "labeled/cat/u0000.png: confirmed cat" in dry.output, dry.output
+    assert dry.exit_code == 0 and "labeled/cat/u0000.png: confirm cat" in dry.output, dry.output
     assert "would move 1 image into labeled/ (owl 1); would confirm 1 label label.py --accepted gave" in dry.output
     result = invoke(label, ["--data-dir", folder, "--apply", labels])
     assert result.exit_code == 0 and "moved 1 image into labeled/ (owl 1); confirmed 1 label" in result.output
@@ -138,7 +140,7 @@ def test_a_persons_same_label_confirms_a_models_and_undo_takes_it_back(tmp_path)
     again = invoke(label, ["--data-dir", folder, "--apply", labels])
     assert again.exit_code == 0 and "were applied before" in again.output  # confirmed once
     undone = invoke(label, ["--data-dir", folder, "--undo"])
-    assert undone.exit_code == 0 and "put back the 1 images of batch 2 where they were; 1 confirmed labels" in undone.output
+    assert undone.exit_code == 0 and "put back the 1 images of batch 2 where they were; took back the 1 confirmations" in undone.output
     assert label_history(folder).accepted.keys() == {"labeled/cat/u0000.png", "labeled/dog/u0001.png"}
     assert (folder / "unlabeled" / "u0003.png").exists()
 
@@ -185,3 +187,51 @@ def test_the_pool_error_leaves_out_accepted_images_whose_label_is_a_models(tmp_p
     result = invoke(evaluate, ["--ckpt", tmp_path / "r" / "mt_final.pt", "--pool-error", "--truth", truth, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output.splitlines()[-1])["n_pool"] == 10  # unlabeled/'s; not u0000 (labeled owl: a model's)
+
+
+def test_an_accepted_image_relabeled_counts_as_relabeled_and_never_goes_to_val_as_a_models(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=24)
+    rows = [(f"unlabeled/{'' if i % 3 == 0 else 'a/' if i % 3 == 1 else 'a/b/'}u{i:04d}.png", ("cat", "dog", "owl")[i % 3])
+            for i in range(12)]
+    accept(folder, tmp_path, rows)
+    moved = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", [("labeled/cat/u0000.png", "dog")])])
+    assert moved.exit_code == 0, moved.output
+    assert label_history(folder).relabeled == ["labeled/dog/u0000.png"]  # a model's label relabeled (the audit's, say)
+    for flag in ((), ("--accepted-as-labels",)):
+        result = invoke(train_mt, [*TINY, "--data-dir", folder, "--val", "6", "--out", tmp_path / f"r{len(flag)}", *flag])
+        assert result.exit_code == 0, result.output
+        state = torch.load(tmp_path / f"r{len(flag)}" / "mt_final.pt", weights_only=True)
+        val = {state["config"]["files"]["train"][i] for i in state["val_idx"].tolist()}
+        assert len(val) == 6 and all(name.split("/")[-1][0] != "u" or name == "labeled/dog/u0000.png" for name in val)
+        assert len(state["labeled_idx"]) + len(val) == 9 + 1 + 11 * bool(flag)
+
+
+def test_a_row_naming_an_accepted_images_old_path_confirms_it_or_says_where_it_is(tmp_path):
+    """A review page saved before label.py --accepted ran names unlabeled/ paths: the same class
+    confirms the accepted image where it is now; another class is refused, naming its new path."""
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")])
+    same = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "s.csv", [("unlabeled/u0000.png", "cat")])])
+    assert same.exit_code == 0 and "confirmed 1 label" in same.output and "--undo takes it back" in same.output
+    undone = invoke(label, ["--data-dir", folder, "--undo"])
+    assert undone.exit_code == 0 and undone.output.strip() == ("took back the 1 confirmations of batch 2 (label.py "
+                                                               "--accepted's labels again)")
+    assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "s.csv"]).exit_code == 0
+    assert label_history(folder).accepted.keys() == {"labeled/dog/u0001.png"}
+    other = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "o.csv", [("unlabeled/a/u0001.png", "owl")])])
+    assert other.exit_code == 2 and "a row for its new path relabels it" in other.output
+    assert "labeled/dog/u0001.png" in other.output
+
+
+def test_an_accepted_file_replaced_by_hand_trains_as_a_persons_label(tmp_path):
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    accept(folder, tmp_path, [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")])  # rows without a hash
+    logged = {r["target"]: r["blake2b"] for r in log_rows(folder) if r["action"] == "accept"}
+    assert logged["labeled/cat/u0000.png"] == file_digest((folder / "labeled" / "cat" / "u0000.png").read_bytes())
+    (folder / "labeled" / "cat" / "u0000.png").write_bytes((folder / "labeled" / "cat" / "0.png").read_bytes())
+    result, split = trained_split(folder, tmp_path / "r")
+    assert "1 images in" in result.output and "labeled/cat/u0000.png" in split["labeled_idx"]
+    assert "labeled/dog/u0001.png" in split["unlabeled_idx"]

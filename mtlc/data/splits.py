@@ -77,8 +77,11 @@ def hold_out(unlabeled, n_val, seed):
 def measured_pool(data, unlabeled_idx):
     """The unlabeled training images (of unlabeled_idx) whose error --pool-error measures: all of them,
     but in an own-images folder unlabeled/'s only (label.py --accepted's images, trained unlabeled from
-    labeled/, carry a model's label, not their true class)."""
-    return unlabeled_idx[data.train_y[unlabeled_idx] < 0] if data.has_unlabeled_part else unlabeled_idx
+    labeled/, carry a model's label, not their true class), told by their names."""
+    names = (data.files or {}).get("train") or []
+    if not names or not names[0].startswith("labeled/"):  # not an own-images folder (labeled/ comes first)
+        return unlabeled_idx
+    return unlabeled_idx[torch.tensor([names[i].startswith("unlabeled/") for i in unlabeled_idx.tolist()], dtype=torch.bool)]
 
 
 def true_classes(data, truth_csv=None, option="--truth"):

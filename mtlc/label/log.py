@@ -156,6 +156,7 @@ class Applied(NamedTuple):
     journey: Journey
     label: str             # the class the move gave it ("" for a move aside)
     digest: Optional[str]  # the hash of its bytes when it was moved (None: not known)
+    action: str = "move"   # the move's (MOVES)
 
 
 def applied_moves(data_dir, sources, undone):
@@ -174,7 +175,7 @@ def applied_moves(data_dir, sources, undone):
                 journey.now = r["target"]
                 journeys[r["target"]] = journey
                 if r["source"] in sources:
-                    applied[r["source"]] = Applied(journey, r["label"], r.get(DIGEST_COLUMN) or None)
+                    applied[r["source"]] = Applied(journey, r["label"], r.get(DIGEST_COLUMN) or None, r["action"])
     return applied
 
 
@@ -216,19 +217,20 @@ def label_history(data_dir):
 
     relabeled: held-out images among them are no longer independent of the model that suggested their
     new label (the audit's, say). A file's journey is followed only where it starts in labeled/ or
-    test/ (not where an earlier move brought it): the million images moved from unlabeled/ cost a set
-    of 16-byte keys. accepted: the files whose last move was an accepted prediction; a person's move
+    test/ (not where an earlier move brought it: the million images moved from unlabeled/ cost a set
+    of 16-byte keys), or at an image label.py --accepted labeled (a relabel of a model's label). accepted: the files whose last move was an accepted prediction; a person's move
     or confirmation of one since (the audit's relabel, a same-label row) makes its label a person's."""
     undone = undone_batches(data_dir, checked=False)  # every row is checked by the pass below
     arrived, journeys, started, accepted = set(), {}, [], AcceptedPlaces()
     for r in log_rows(data_dir):
         if r["batch"] in undone:
             continue
+        was_accepted = r["source"] in accepted
         accepted.see(r)
         if r["action"] not in MOVES:
             continue
         journey, source = journeys.pop(r["source"], None), place_key(r["source"])
-        if journey is None and r["source"].split("/")[0] in ("labeled", "test") and source not in arrived:
+        if journey is None and (was_accepted or r["source"].split("/")[0] in ("labeled", "test") and source not in arrived):
             journey = Journey(r["source"])
             started.append(journey)
         if journey is not None:

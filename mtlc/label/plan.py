@@ -251,8 +251,9 @@ class RowChecks:
 
     def move_of(self, row, source, st, actual, names):
         """(why the row's file cannot move or None, its Move or None where it is labeled so already);
-        actual: the digest of the file's bytes (file_digest_or_error) where the row gives one."""
-        problem = digest_problem(actual, row.digest) if row.digest else None
+        actual: the digest of the file's bytes (file_digest_or_error) where the row gives one or the
+        file was hashed anyway (the Move keeps it)."""
+        problem = digest_problem(actual, row.digest) if row.digest or isinstance(actual, OSError) else None
         if problem:
             return problem, None
         if not row.aside and source.split("/")[0] != "unlabeled" and source.split("/")[1] == row.label:
@@ -265,10 +266,10 @@ class RowChecks:
         name = names.free(folder, posixpath.basename(source))
         if len(name.encode(PATH_ENCODING, PATH_ERRORS)) > self.longest:
             return f"the name {name!r} is longer than the file system takes", None
-        return None, Move(source, f"{folder}/{name}", row.label, row.digest)
+        return None, Move(source, f"{folder}/{name}", row.label, row.digest or actual)
 
 
-def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expected=None):
+def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expected=None, persons=True):
     """The Plan of the rows (label_files.LabelRow, a stream read once): the moves they ask for, in
     order (each with the free name it will take), the number of rows applied before (or already so)
     and of rows read; exits 2 naming the rows that cannot be applied (unknown class, missing file, a
@@ -278,14 +279,17 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     folder that cannot be written) before any move. An unlabeled/ image goes to labeled/<label>/; a
     labeled/ or test/ image whose label is wrong (evaluate.py --audit) to <its part>/<label>/; a row
     that sets its image aside to set-aside/<its path>. `sources`: the parts rows may come from
-    (--accepted: unlabeled/ only, never a label a person gave). Linear in the rows: the planned moves
+    (--accepted: unlabeled/ only, never a label a person gave). persons: the rows are a person's, so
+    one that keeps the class label.py --accepted gave an image (by its path now or before) confirms
+    it (Move.confirms). Linear in the rows: the planned moves
     go to a temporary file, the files named are hashed on a pool of threads a chunk of rows at a time,
     and what the checks across rows need (each row's path and file, the names taken) is what memory
     holds. bar(expected rows, what) gives the update function of a progress bar."""
     data_dir = Path(data_dir)
     undone = undone_batches(data_dir)  # the log read (and checked: one that cannot be trusted moves nothing) first
     progress = bar(expected, "checking rows")
-    accepted = functools.cache(lambda: accepted_places(data_dir, undone))  # the log read again only where needed
+    # persons: the rows are a person's labels, which confirm label.py --accepted's (never its own rows again)
+    accepted = functools.cache(lambda: accepted_places(data_dir, undone) if persons else {})  # read where needed
     checks, names = RowChecks(data_dir, sources, new_classes, accepted), Names(data_dir)
     result, problems, gone = Plan(), Problems(), []
     with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
@@ -300,9 +304,12 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
                     gone.append((row, source))  # applied before? the log says, once every row is read
                 else:
                     checked.append((row, source, st))
-            actual = pool.map(file_digest_or_error, [data_dir / source for row, source, _ in checked if row.digest])
-            for row, source, st in checked:
-                problem, move = checks.move_of(row, source, st, next(actual) if row.digest else None, names)
+            # label.py --accepted's files are hashed even without a hash in the row: training tells by it a
+            # file replaced since (a person's)
+            hashed = [bool(row.digest) or not persons for row, _, _ in checked]
+            actual = pool.map(file_digest_or_error, [data_dir / source for (_, source, _), h in zip(checked, hashed) if h])
+            for (row, source, st), h in zip(checked, hashed):
+                problem, move = checks.move_of(row, source, st, next(actual) if h else None, names)
                 if problem:
                     problems.add(row, problem)
                 elif move:
@@ -313,8 +320,11 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     applied = applied_moves(data_dir, [source for _, source in gone], undone) if gone else {}
     for row, source in gone:
         problem = applied_before(data_dir, row, applied.get(source))
+        now = applied[source].journey.now if source in applied else None
         if problem:
             problems.add(row, problem)
+        elif now in accepted():  # label.py --accepted gave it this label, and a person gives it again
+            result.add(Move(now, now, row.label, row.digest))
         else:
             result.skipped += 1
     problems.refuse(result.rows)
@@ -329,7 +339,8 @@ def applied_before(data_dir, row, applied):
     if applied is None:
         return "no such file"
     if applied.label != row.label:
-        what = "set aside" if not applied.label else f"labeled {applied.label!r}"
+        what = ("set aside" if not applied.label else f"labeled {applied.label!r}"
+                + " (label.py --accepted: a model's label; a row for its new path relabels it)" * (applied.action == "accept"))
         return f"no such file: label.py {what} it before (it is now {applied.journey.now})"
     if row.digest and applied.digest and row.digest != applied.digest:
         return "the image label.py moved from this path before is not the one this row was written for"

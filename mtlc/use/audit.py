@@ -224,6 +224,28 @@ def teacher_outputs(teacher, images, mean, std, work, classes):
             work.rows("logits.f32", np.float32, classes))
 
 
+def teacher_findings(state, data, all_logits, paths, echo):
+    """The doubtful labels of the images the checkpoint trained without their labels, by its teacher
+    (calibrated on each set apart): test/, a --val hold-out, and label.py --accepted's images (their
+    labels a model's: its chance warning would say nothing of the teacher)."""
+    classes, n_train = state["config"].classes, len(data.train_y)
+    val_idx, unlabeled_idx = state["val_idx"].numpy(), state["unlabeled_idx"].numpy()
+    accepted_idx = unlabeled_idx[data.train_y.numpy()[unlabeled_idx] >= 0]  # in labeled/, trained unlabeled
+    findings = []
+    for name, held, labels, warn in (("test/", np.arange(n_train, n_train + len(data.test_y)), data.test_y, True),
+                                     ("labeled/ (--val hold-out)", val_idx, data.train_y[val_idx], True),
+                                     ("labeled/ by label.py --accepted", accepted_idx, data.train_y[accepted_idx], False)):
+        if len(labels):
+            logits = torch.from_numpy(np.array(all_logits[held]))
+            if warn:
+                warn_teacher_at_chance(name, logits, labels.numpy(), echo)
+            temperature = fitted_or_one(logits.numpy(), labels.numpy())
+            probabilities = torch.softmax(logits.double() / temperature, 1).numpy()
+            findings += label_findings([paths[i] for i in held], labels.numpy(), probabilities, classes,
+                                       f"{name}, the checkpoint's teacher")
+    return findings
+
+
 def kept(work, name, make):
     """A part's findings: kept in the work folder from before, else made (make()) and kept."""
     if name in work.state:
@@ -260,19 +282,7 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
         findings += label_findings([paths[i] for i in labeled_idx], labels, probabilities, classes,
                                    f"labeled/, {used}-fold cross-fitted")
     features, all_logits = teacher_outputs(teacher, *teacher_inputs(data, mean, std), work, len(classes))
-    val_idx, unlabeled_idx = state["val_idx"].numpy(), state["unlabeled_idx"].numpy()
-    test_idx = np.arange(n_train, len(images))
-    accepted_idx = unlabeled_idx[data.train_y.numpy()[unlabeled_idx] >= 0]  # label.py --accepted's, trained unlabeled
-    for where, held, labels_held in (("test/, the checkpoint's teacher", test_idx, data.test_y),
-                                     ("labeled/ (--val hold-out), the checkpoint's teacher", val_idx, data.train_y[val_idx]),
-                                     ("labeled/ (label.py --accepted, a model's label), the checkpoint's teacher",
-                                      accepted_idx, data.train_y[accepted_idx])):
-        if len(labels_held):
-            logits_never_trained = torch.from_numpy(np.array(all_logits[held]))
-            warn_teacher_at_chance(where.split(",")[0], logits_never_trained, labels_held.numpy(), echo)
-            temperature = fitted_or_one(logits_never_trained.numpy(), labels_held.numpy())
-            held_probabilities = torch.softmax(logits_never_trained.double() / temperature, 1).numpy()
-            findings += label_findings([paths[i] for i in held], labels_held.numpy(), held_probabilities, classes, where)
+    findings += teacher_findings(state, data, all_logits, paths, echo)
     digests = np.concatenate([data.digests["train"](), data.digests["test"]()])
     is_test = np.arange(len(images)) >= n_train
     all_labels = np.concatenate([data.train_y.numpy(), data.test_y.numpy()])
