@@ -138,26 +138,10 @@ def last_batch(data_dir):
     return last
 
 
-def undo(data_dir, echo=click.echo, bar=no_bar):
-    """Put the last batch not yet undone back: each moved file to where it was (never replacing a
-    file), the folders it created removed (if empty), its confirmations taken back (their labels the
-    model's again). Returns (batch, files put back, confirmations taken back), or None where there is
-    nothing to undo. Every file is checked first: where one cannot be put back (its old name
-    taken by another file, gone from both places, another image at its new place than the one moved,
-    a folder that cannot be written) nothing moves, the batch stays open and exit 2 names the files.
-    The batch's moves are read from the log into a temporary file (spill.py), checked a chunk at a
-    time (the moved files hashed on a pool of threads) and put back latest first."""
-    data_dir = Path(data_dir)
-    batch = last_batch(data_dir)
-    if batch is None:
-        return None
-    mine, made_by_batch, confirmed = Spill(), [], 0
-    for r in log_rows(data_dir):
-        confirmed += r["batch"] == batch and r["action"] == CONFIRM
-        if r["batch"] == batch and r["action"] in MOVES:
-            mine.append([r["source"], r["target"], r["label"], r.get(DIGEST_COLUMN) or None])
-        elif r["batch"] == batch and r["action"] == "mkdir":
-            made_by_batch.append(r["target"])
+def undo_checks(data_dir, mine, bar):
+    """(a byte per move of `mine` (a Spill of [source, target, label, digest]): 1 where its file is to
+    be put back, the problems that keep some from it): each file checked where it is, hashed on a pool
+    of threads a chunk at a time."""
     back, problems, writable = bytearray(len(mine)), set(), {}
     progress = bar(len(mine), "checking")
     with ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
@@ -189,6 +173,30 @@ def undo(data_dir, echo=click.echo, bar=no_bar):
                         problems.add(f"{folder.relative_to(data_dir)}/ cannot be written (read-only)")
                 back[i] = 1
             progress(len(chunk))
+    return back, problems
+
+
+def undo(data_dir, echo=click.echo, bar=no_bar):
+    """Put the last batch not yet undone back: each moved file to where it was (never replacing a
+    file), the folders it created removed (if empty), its confirmations taken back (their labels the
+    model's again). Returns (batch, files put back, confirmations taken back), or None where there is
+    nothing to undo. Every file is checked first: where one cannot be put back (its old name
+    taken by another file, gone from both places, another image at its new place than the one moved,
+    a folder that cannot be written) nothing moves, the batch stays open and exit 2 names the files.
+    The batch's moves are read from the log into a temporary file (spill.py), checked a chunk at a
+    time (the moved files hashed on a pool of threads) and put back latest first."""
+    data_dir = Path(data_dir)
+    batch = last_batch(data_dir)
+    if batch is None:
+        return None
+    mine, made_by_batch, confirmed = Spill(), [], 0
+    for r in log_rows(data_dir):
+        confirmed += r["batch"] == batch and r["action"] == CONFIRM
+        if r["batch"] == batch and r["action"] in MOVES:
+            mine.append([r["source"], r["target"], r["label"], r.get(DIGEST_COLUMN) or None])
+        elif r["batch"] == batch and r["action"] == "mkdir":
+            made_by_batch.append(r["target"])
+    back, problems = undo_checks(data_dir, mine, bar)
     if problems:
         raise UserError(f"batch {batch} stays applied, nothing was put back: {len(problems)} of its files cannot "
                         f"be: {'; '.join(sorted(problems)[:5])}" + (" ..." if len(problems) > 5 else ""))
