@@ -17,7 +17,7 @@ import numpy as np
 from bench_scale import CLASSES, MODEL_ALONE, ROOT, last_json, make_folder, measure
 
 LOOP_PARTS = ("loop_folder", "checkpoint", "model_alone", "predict", "suggest", "review", "audit", "audit_small",
-              "apply", "retrain_start", "undo")
+              "apply", "retrain_start", "accepted_start", "undo")
 SMALL_LOOP = 5000  # unlabeled images of the folder whose audit recall the million's is compared with
 
 
@@ -88,6 +88,20 @@ def copy_recall(audit_csv, planted_csv):
                           max(1, sum(r["kind"] == kind for r in planted)), 4) for kind in ("exact", "near")}
     return dict(recall=recall, copies_planted=len(planted), rows=len(found),
                 precision=round(len(hits) / max(1, len(paired)), 4))
+
+
+def logged_as_accepted(folder):
+    """The moves of the log's last batch relabeled `accept`, as label.py --accepted logs its moves (the
+    next start then trains them as unlabeled images); the log rewritten a row at a time (this process
+    stays small: the processes it starts begin as its copy) and replaced whole, atomically."""
+    log = Path(folder) / "label-log.csv"
+    with open(log, newline="") as f:
+        last = str(max(int(r[0]) for r in csv.reader(f) if r[0].isdigit()))
+    with open(log, newline="") as f, open(log.with_suffix(".tmp"), "w", newline="") as out:
+        writer = csv.writer(out)
+        for r in csv.reader(f):
+            writer.writerow(r[:2] + ["accept"] + r[3:] if r[0] == last and r[2] == "move" else r)
+    os.replace(log.with_suffix(".tmp"), log)
 
 
 def labels_from(predictions_csv, labels_csv):
@@ -182,14 +196,18 @@ class LoopRun:
                 self.save()
 
     def labels(self, parts):
-        """label.py --apply of nine predictions in ten, the next training start, label.py --undo."""
+        """label.py --apply of nine predictions in ten, the next training start, the same with those moves
+        logged as label.py --accepted's (accepted_start), label.py --undo."""
         labels = self.root / "labels-loop.csv"
         self.record["label_rows"] = labels_from(self.root / "predict-after.csv", labels)
         for code in self.codes:
             for part, command in (("apply", [self.python, "label.py", "--data-dir", self.folder, "--apply", labels]),
                                   ("retrain_start", self.training(self.folder, "--benchmark", "1")),
+                                  ("accepted_start", self.training(self.folder, "--benchmark", "1")),
                                   ("undo", [self.python, "label.py", "--data-dir", self.folder, "--undo"])):
                 if part in parts:
+                    if part == "accepted_start":
+                        logged_as_accepted(self.folder)
                     self.part(part)[code] = measure(f"{part} ({code})", command, self.env, self.codes[code])
                     self.save()
 
@@ -220,7 +238,7 @@ def run_loop(n, image_size, root, width, out, before, parts, planted, folds, ste
         run.save()
     run.predictions(parts, max_error, suggest)
     run.audits(parts, folds, steps, audit_before)
-    if {"apply", "retrain_start", "undo"} & set(parts):
+    if {"apply", "retrain_start", "accepted_start", "undo"} & set(parts):
         run.labels(parts)
     run.save()
     print(json.dumps(record, indent=1))

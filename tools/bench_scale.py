@@ -211,8 +211,9 @@ def last_json(record):
                    "copy of the folder with --planted CIFAR-10 test photos and their exact and near copies planted, "
                    "train a checkpoint one epoch (--width), then evaluate.py --predict --max-error --csv, --suggest, "
                    "--review, --audit (and on a folder of 5,000 with the same photos planted, for the copies' "
-                   "recall), label.py --apply of nine predictions in ten, the next training start (--benchmark 1) and "
-                   "label.py --undo, each with the code before too where --before is given.")
+                   "recall), label.py --apply of nine predictions in ten, the next training start (--benchmark 1), the "
+                   "same with those moves logged as label.py --accepted logs them (accepted_start) and label.py --undo, "
+                   "each with the code before too where --before is given.")
 @click.option("--before", type=click.Path(file_okay=False, exists=True), default=None,
               help="With --loop: a checkout of the code before (git worktree add DIR COMMIT) measured beside this one.")
 @click.option("--planted", type=click.IntRange(min=1), default=250, help="With --loop: photos planted, each with 2 copies.")
