@@ -231,11 +231,11 @@ class Trainer:
         """Stop the run: the loss of `step` was not finite (parts: its terms' values)."""
         values = " ".join(f"{k}={v:.4g}" for k, v in parts.items())
         # stage 1: seen where a network memorizes a few dozen labels and its weights grow until the loss overflows
-        lc = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
-              f"or eps, or a smaller --lr)" if self.stage.name == "lc" else
-              "; most likely the weights grew until the loss overflowed, as on a folder of a few dozen images in one seed of "
-              "three (another --seed, or more images)")
-        raise TrainingFailed(f"non-finite loss {self.where(step)}: {values}{lc}; the checkpoints of the finished "
+        hint = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
+                f"or eps, or a smaller --lr)" if self.stage.name == "lc" else
+                "; most likely the weights grew until the loss overflowed, as on a folder of a few dozen images in one "
+                "seed of three (another --seed, or more images)")
+        raise TrainingFailed(f"non-finite loss {self.where(step)}: {values}{hint}; the checkpoints of the finished "
                              f"epochs are kept")
 
     def fail_collapse(self, step, spread):
