@@ -314,7 +314,7 @@ def warn_label_conflicts(data, echo, trained_without=()):
 
 
 def say_accepted(o, n, echo):
-    """How the images label.py --accepted labeled train, said; exit 2 where a class has no other label."""
+    """How the n images label.py --accepted labeled train, said."""
     if not n:
         return
     where = f"{Path(o.data_dir) / 'labeled'}"

@@ -6,6 +6,7 @@ import csv
 import json
 import io
 
+import pytest
 import torch
 
 import evaluate
@@ -100,13 +101,17 @@ def test_accepted_as_labels_without_an_own_images_folder_is_refused(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_an_accept_row_from_outside_unlabeled_is_refused(tmp_path):
+@pytest.mark.parametrize("row, message", [
+    ("1,t,accept,labeled/cat/0.png,labeled/dog/0.png,dog,", "under unlabeled/"),
+    ("1,t,confirm,labeled/cat/0.png,labeled/dog/0.png,dog,", "a confirmation names one labeled/ image"),
+    ("1,t,confirm,unlabeled/u0000.png,unlabeled/u0000.png,cat,", "a confirmation names one labeled/ image"),
+])
+def test_a_crafted_accept_or_confirm_row_is_refused(tmp_path, row, message):
     folder = tmp_path / "d"
     write_own_folder(folder, n_labeled=3, n_unlabeled=6)
-    (folder / "label-log.csv").write_text("batch,time,action,source,target,label,blake2b\n"
-                                          "1,t,accept,labeled/cat/0.png,labeled/dog/0.png,dog,\n")
+    (folder / "label-log.csv").write_text(f"batch,time,action,source,target,label,blake2b\n{row}\n")
     result = invoke(train_mt, [*TINY, "--data-dir", folder, "--out", tmp_path / "r"])
-    assert result.exit_code == 2 and "line 2 cannot be trusted" in result.output and "under unlabeled/" in result.output
+    assert result.exit_code == 2 and "line 2 cannot be trusted" in result.output and message in result.output
 
 
 def test_a_copy_accepted_under_another_class_is_a_label_conflict_only_where_trained_as_a_label(tmp_path):
