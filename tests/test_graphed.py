@@ -137,7 +137,7 @@ def test_guards_stop_at_the_step_the_eager_guards_stop_at(digits, monkeypatch):
         failures[mode] = failed.value.message
     for message in failures.values():
         assert "non-finite loss at step 5 (epoch 1 of stage mt)" in message and "cons=" in message
-        assert "another --seed, or more images" in message
+        assert "try a smaller --lr, or another --seed" in message
 
 
 def test_device_guards_read_a_collapse_and_keep_the_reference_spread(digits):

@@ -212,30 +212,33 @@ def test_trainer_divides_the_relative_loss_by_its_unit():
     assert first_step_lc(4.0) == pytest.approx(first_step_lc(1.0) / 4, rel=1e-6)
 
 
-def test_stage_2_clips_the_gradient_norm_and_only_where_it_is_large(monkeypatch):
-    """LC with an absurd lambda2: the step's gradient is clipped to norm 10 (it diverged to NaN within
-    a few steps without); with lambda2 0 it is far below 10 and left exactly as it was."""
+@pytest.mark.parametrize("stage_name", ["mt", "lc"])
+def test_both_stages_clip_the_gradient_norm_and_only_where_it_is_large(monkeypatch, stage_name):
+    """An absurd weight (lambda2 in stage 2, the consistency weight in stage 1): the step's gradient is
+    clipped to norm 10 (stage 2 diverged to NaN within a few steps without, stage 1 on a folder of a
+    few dozen images); with weight 0 it is far below 10 and left exactly as it was."""
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     seen = []
     real_step = torch.optim.SGD.step
     monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: seen.append(torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]])).item()) or real_step(self, *a, **k))
-    norms = {}
-    for lam in (1e6, 0.0):
-        stage = Stage(name="lc", epochs=1, decay_epochs=0, lr=0.05, ema=0.99, cons_weight=10.0, cons_rampup=1,
-                      eval_every=1, first_step=0, lc_eps=1e6, lc_weight=lam, lc_rampup=0)
+
+    def first_step_norm(weight):
+        lc = dict(lc_eps=1e6, lc_weight=weight, lc_rampup=0) if stage_name == "lc" else {}
+        stage = Stage(name=stage_name, epochs=1, decay_epochs=0, lr=0.05, ema=0.99,
+                      cons_weight=10.0 if stage_name == "lc" else weight, cons_rampup=1 if stage_name == "lc" else 0,
+                      eval_every=1, first_step=0, **lc)
         trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), stage)
         seen.clear()
         trainer.train_step(0, *trainer.batches.views(0))
-        norms[lam] = seen[0]
-    assert norms[1e6] == pytest.approx(training.LC_MAX_GRAD_NORM, rel=1e-4)
-    assert norms[0.0] < training.LC_MAX_GRAD_NORM / 2
-    monkeypatch.setattr(training, "LC_MAX_GRAD_NORM", float("inf"))  # unclipped: the same step gives the same norm
-    trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), stage)
-    seen.clear()
-    trainer.train_step(0, *trainer.batches.views(0))
-    assert seen[0] == norms[0.0]
+        return seen[0]
+    huge, none = first_step_norm(1e6), first_step_norm(0.0)
+    assert huge == pytest.approx(training.MAX_GRAD_NORM, rel=1e-4)
+    assert none < training.MAX_GRAD_NORM / 2
+    monkeypatch.setattr(training, "MAX_GRAD_NORM", float("inf"))  # unclipped: the same step gives the same norm
+    assert first_step_norm(0.0) == none
+    assert first_step_norm(1e6) > 100 * huge
 
 
 @pytest.mark.parametrize("pairs", ["all", "same-prediction", "true-class"])

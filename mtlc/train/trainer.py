@@ -51,12 +51,13 @@ BN_IMAGES = 2560
 COLLAPSE_FRACTION = 0.01
 
 
-# Stage 2 clips the gradient's norm at this. With a large lambda2 LC's pull can make SGD overshoot
-# and diverge within a few steps (measured: norms 2 -> 26 -> 172 -> 4e7 -> NaN, eps 50 and lambda2 20
-# on a network at chance level); normal steps stay far below it (at most 1.8 over digits' 500 LC
-# steps, 2.7 over a CIFAR-10 folder's first 200), and a clip that does not act multiplies by exactly
-# 1, so those runs are bitwise unchanged.
-LC_MAX_GRAD_NORM = 10.0
+# Both stages clip the gradient's norm at this. SGD can overshoot and diverge within a few steps:
+# in stage 2 with a large lambda2 (measured: norms 2 -> 26 -> 172 -> 4e7 -> NaN, eps 50 and lambda2 20
+# on a network at chance level), in stage 1 on a folder of a few dozen images whose labels the
+# network has memorized (norms below 2.5 for 160 steps, then 17 -> 85 -> 178 -> 1.7e3 -> 1e10 -> NaN,
+# the weight-norm gains at 2e7). Normal steps stay far below it (the largest measured: docs/reference.md), and a clip
+# that does not act multiplies by exactly 1, so those runs are bitwise unchanged.
+MAX_GRAD_NORM = 10.0
 
 
 def feature_spread(z):
@@ -162,11 +163,10 @@ class Trainer:
                                        (fraction >= 1).float()]), metrics.float()])
 
     def backward(self, loss):
-        """The student's gradients of `loss`, clipped in stage 2 (LC_MAX_GRAD_NORM)."""
+        """The student's gradients of `loss`, their norm clipped at MAX_GRAD_NORM."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.stage.name == "lc":
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), LC_MAX_GRAD_NORM)
+        torch.nn.utils.clip_grad_norm_(self.student.parameters(), MAX_GRAD_NORM)
 
     def train_step(self, step, student_view, teacher_view, labels):
         """One eager step (step_on): the schedule set and the guards read on the host."""
@@ -230,11 +230,9 @@ class Trainer:
     def fail_nonfinite(self, step, parts):
         """Stop the run: the loss of `step` was not finite (parts: its terms' values)."""
         values = " ".join(f"{k}={v:.4g}" for k, v in parts.items())
-        # stage 1: seen where a network memorizes a few dozen labels and its weights grow until the loss overflows
         hint = (f"; LC with eps={self.stage.lc_eps:g} and lambda2={self.stage.lc_weight:g} (try a smaller lambda2 "
                 f"or eps, or a smaller --lr)" if self.stage.name == "lc" else
-                "; most likely the weights grew until the loss overflowed, as on a folder of a few dozen images in one "
-                "seed of three (another --seed, or more images)")
+                f"; the steps overshot at lr {self.stage.lr:g} (try a smaller --lr, or another --seed)")
         raise TrainingFailed(f"non-finite loss {self.where(step)}: {values}{hint}; the checkpoints of the finished "
                              f"epochs are kept")
 
