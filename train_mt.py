@@ -17,7 +17,8 @@ import torch
 
 from mtlc.data.batches import channel_stats, epoch_steps
 from mtlc.data.copies import label_conflicts, leaked_test
-from mtlc.data.datasets import DATASETS, is_own_layout, load_dataset
+from mtlc.data.datasets import DATASETS, load_dataset
+from mtlc.data.layout import check_part_names, is_own_layout
 from mtlc.data.splits import balanced_split, by_model, hold_out, own_split
 from mtlc.disk.command_line import Command, given_options
 from mtlc.disk.console import robust_streams, shown
@@ -163,6 +164,8 @@ def main(**options):
                     (out / name).unlink(missing_ok=True)
                 procs.echo(f"train_mt: removed the stage 2 that continued the unfinished run ({', '.join(stale)})")
             return
+        if o.dataset == "folder":
+            check_part_names(o.data_dir)  # before --labels is asked of a layout read wrong
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
         backbone = o.backbone or BACKBONE[o.dataset]

@@ -186,3 +186,22 @@ def test_options_equal_to_the_runs_own_go_unsaid(tmp_path, monkeypatch):
     assert CliRunner().invoke(command, args).exit_code == 0 and said == []
     assert CliRunner().invoke(command, [*args, "--epochs", "5"]).exit_code == 0
     assert said == ["--resume continues with the run's own settings; ignored: --epochs 5 (the run's: 3)"]
+
+
+@pytest.mark.parametrize("stage, left, stopped", [
+    ("mt", ("mt_metrics.jsonl", "mt_last.pt"), True), ("mt", ("mt.pt", "mt_metrics.jsonl", "mt_last.pt"), True),
+    ("mt", ("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt"), False),
+    ("lc", ("lc_metrics.jsonl", "lc_last.pt"), True), ("lc", ("lc.pt", "lc_metrics.jsonl", "lc_last.pt"), False)])
+def test_an_earlier_run_that_stopped_is_said_to_be_resumable(tmp_path, stage, left, stopped):
+    """Outputs of a run stopped before its end (the state after an epoch, not the stage's last
+    checkpoint): the refusal names --resume first, --overwrite for a finished one."""
+    from mtlc.disk.outputs import STAGE_OUTPUTS
+    from mtlc.disk.runs import existing_outputs
+    from mtlc.errors import UserError
+    for name in left:
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(UserError) as refused:
+        existing_outputs(tmp_path, STAGE_OUTPUTS[stage], overwrite=False)
+    assert ("pass --resume to continue it, --overwrite to start again" in refused.value.message) == stopped
+    assert "--overwrite" in refused.value.message
+    assert existing_outputs(tmp_path, STAGE_OUTPUTS[stage], overwrite=True) == [n for n in STAGE_OUTPUTS[stage] if n in left]

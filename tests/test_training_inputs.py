@@ -4,13 +4,14 @@ import json
 import pytest
 import torch
 
-from mtlc.data.datasets import load_digits
+from mtlc.data.datasets import load_dataset, load_digits
 from mtlc.data.splits import balanced_split, hold_out
 from mtlc.train.epochs import fit
+from mtlc.errors import UserError
 from mtlc.train.settings import Stage
 import train_mt
 from conftest import invoke, run
-from fakedata import lines, tiny_trainer, write_cifar10, write_folder, write_svhn
+from fakedata import lines, tiny_trainer, write_cifar10, write_folder, write_own_folder, write_svhn
 from test_cli import TINY
 
 # Any dataset's smallest run, for the runs that check files, lines and exit codes (test_cli.py's TINY: digits').
@@ -53,6 +54,20 @@ def test_train_mt_bad_input(tmp_path, args, message):
     result = invoke(train_mt, [*args, "--out", tmp_path / "run"])
     assert result.exit_code == 2 and message in result.output
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_parts_named_almost_right_are_named_before_anything_else(tmp_path):
+    """Labeled/ and unlabelled/ are read as no layout at all: a message about them, not about --labels."""
+    write_own_folder(tmp_path / "data", n_unlabeled=6)
+    (tmp_path / "data" / "labeled").rename(tmp_path / "data" / "Labeled")
+    (tmp_path / "data" / "unlabeled").rename(tmp_path / "data" / "unlabelled")
+    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "data", "--out", tmp_path / "run"])
+    assert result.exit_code == 2, result.output
+    assert "Labeled/ (name it labeled/), unlabelled/ (name it unlabeled/)" in result.output
+    assert "--labels" not in result.output and not (tmp_path / "run").exists()
+    (tmp_path / "data" / "unlabelled").rename(tmp_path / "data" / "unlabeled")  # Labeled/ beside unlabeled/: said too
+    with pytest.raises(UserError, match=r"holds Labeled/ \(name it labeled/\): "):
+        load_dataset("folder", tmp_path / "data")
 
 
 def test_svhn_offline_names_the_files(tmp_path, monkeypatch):

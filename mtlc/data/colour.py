@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .datasets import is_own_layout
+from .layout import is_own_layout
 from .files import is_hidden, walk_images
 from .images import BadImage, decode
 

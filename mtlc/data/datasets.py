@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from .layout import check_part_names, is_own_layout
 from .cache import cache_dir, content_fingerprint, load_images
 from .files import (
     count_other,
@@ -264,11 +265,6 @@ def read_files(data_dir, files, group, size, echo):
     return (x, files.labels[good], [names[i] for i in good], content, digests), bad, written
 
 
-def is_own_layout(data_dir):
-    """Whether a folder holds your own images (labeled/, unlabeled/) rather than train/ and test/."""
-    return (Path(data_dir) / "labeled").exists() or (Path(data_dir) / "unlabeled").exists()
-
-
 def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None):
     """A user's images, in one of two layouts:
 
@@ -285,6 +281,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder")
+    check_part_names(data_dir)
     own = is_own_layout(data_dir)
     if not own and not (data_dir / "train").is_dir():
         raise UserError(f"{data_dir} holds neither labeled/ (your own images: labeled/<class>/*, unlabeled/*, "

@@ -20,6 +20,7 @@ from ..errors import UserError
 # What each training stage writes into its --out (the scripts' outputs).
 STAGE_OUTPUTS = dict(mt=("mt.pt", "mt_final.pt", "mt_metrics.jsonl", "mt_last.pt"),
                      lc=("lc.pt", "lc_metrics.jsonl", "lc_last.pt"))
+FINAL_OUTPUT = dict(mt="mt_final.pt", lc="lc.pt")  # what a stage writes at its end only
 LOG_NAME = "label-log.csv"  # label.py's log of moves in an own-images folder
 LOCK_NAME = ".mtlc-run.lock"  # a run's lock in its --out: hidden, so that no image search ever sees it
 # Where a run given --overwrite writes its outputs until they all exist (a hidden folder in --out,

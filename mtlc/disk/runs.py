@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError, WriteFailed
 from .opening import check_folder, open_kept
-from .outputs import LOCK_NAME, STAGING, not_a_file
+from .outputs import FINAL_OUTPUT, LOCK_NAME, STAGING, not_a_file
 
 
 def os_error_in(exc):
@@ -138,8 +138,11 @@ def existing_outputs(out, names, overwrite):
     """The files among `names` that an earlier run left in `out`; exit 2 unless told to overwrite them."""
     existing = [name for name in names if (Path(out) / name).exists()]
     if existing and not overwrite:
-        raise UserError(f"{out} already holds {', '.join(existing)} of an earlier run; "
-                        f"pass --overwrite or choose another --out")
+        # the state after an epoch without the stage's last checkpoint: a run stopped before its end
+        stopped = any(f"{stage}_last.pt" in existing and final not in existing for stage, final in FINAL_OUTPUT.items())
+        raise UserError(f"{out} already holds {', '.join(existing)} of an earlier run"
+                        + ("; it stopped before its end: pass --resume to continue it, --overwrite to start again, "
+                           "or choose another --out" if stopped else "; pass --overwrite or choose another --out"))
     return existing
 
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..data.batches import ImageRows
 from ..data.copies import copy_pairs, thumbnail_vectors
-from ..data.datasets import is_own_layout
+from ..data.layout import is_own_layout
 from ..data.files import DIGEST_COLUMN
 from ..data.mapped import mapped_work_rows
 from ..data.nearest import BLOCK, Vectors, in_memory, nearest

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..data.datasets import is_own_layout
+from ..data.layout import is_own_layout
 from ..data.files import ImageFiles, image_paths
 from ..data.images import decode_batches
 from ..data.views import normalization

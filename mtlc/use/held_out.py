@@ -9,7 +9,8 @@ from typing import NamedTuple
 import click
 import torch
 
-from ..data.datasets import class_images, is_own_layout, listed, read_files
+from ..data.datasets import class_images, listed, read_files
+from ..data.layout import is_own_layout
 from ..data.files import describe_bad
 from ..data.splits import unleaked_test
 from ..errors import UserError

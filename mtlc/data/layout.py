@@ -1,0 +1,29 @@
+"""Which layout an image folder has: your own images (labeled/, unlabeled/, optionally test/) or the
+benchmark's (train/, test/), and the parts a person named almost right (Labeled/, unlabelled/)."""
+from pathlib import Path
+
+from ..errors import UserError
+
+# A part's name as people write it (any case; British spelling) -> the name the folder must use.
+PART_NAMES = {"labeled": "labeled", "labelled": "labeled", "unlabeled": "unlabeled", "unlabelled": "unlabeled",
+              "test": "test", "train": "train"}
+
+
+def is_own_layout(data_dir):
+    """Whether a folder holds your own images (labeled/, unlabeled/) rather than train/ and test/."""
+    return (Path(data_dir) / "labeled").exists() or (Path(data_dir) / "unlabeled").exists()
+
+
+def check_part_names(data_dir):
+    """Exit 2 where a folder directly in data_dir is named almost as a part (Labeled/, unlabelled/,
+    Test/) and no folder has the part's name itself: its images would be missed, or the folder read as
+    another layout, with a message about something else."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        return
+    present = {entry.name for entry in data_dir.iterdir()}
+    misnamed = sorted(f"{name}/ (name it {PART_NAMES[name.lower()]}/)" for name in present
+                      if PART_NAMES.get(name.lower(), name) != name and PART_NAMES[name.lower()] not in present)
+    if misnamed:
+        raise UserError(f"{data_dir} holds {', '.join(misnamed)}: the folders of images are named labeled/, "
+                        f"unlabeled/ and test/ (or train/ and test/), in lower case; rename them")
