@@ -8,6 +8,7 @@ import csv
 import errno
 import io
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import torch
 import evaluate
 import train_mt
 from conftest import ROOT, invoke, overriding, read_rows, run
-from mtlc.use import prediction_rows
+from mtlc.use import predict, prediction_rows
 from mtlc.disk.runs import staging_folder
 from mtlc.use.audit import AUDIT_HEADER
 from mtlc.errors import UserError
@@ -143,12 +144,30 @@ def test_a_predict_run_on_an_output_another_run_is_writing_is_refused(trained, t
     args = ["evaluate.py", "--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "labels.csv"]
     res = run(*args)
     assert res.returncode == 2 and "another run is writing the same output" in res.stderr, res.stderr
+    assert "temperature" not in res.stdout + res.stderr  # refused when it starts, before calibrating
     assert "Traceback" not in res.stderr and not (tmp_path / "labels.csv").exists()
     assert (work_folder(tmp_path / "labels.csv") / "rows.jsonl").read_bytes() == b"the other run's rows\n"
     holder.close()
     res = run(*args)
     assert res.returncode == 0, res.stderr
     assert len(read_rows((tmp_path / "labels.csv").read_text())) == 24
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(trained, tmp_path, monkeypatch):
+    """A read-only folder for --csv (the OS's refusal played: as root every folder is writable) is
+    refused when the run starts, before the checkpoint is calibrated, and leaves nothing."""
+    folder, ckpt = trained
+    real_mkdir = pathlib.Path.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if path.name.endswith(outputs.WORK_SUFFIX):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    monkeypatch.setattr(predict, "calibrated", lambda *args: pytest.fail("calibrated before its output was claimed"))
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--csv", tmp_path / "p.csv"])
+    assert res.exit_code == 1 and "Read-only file system (so nothing of this output was written)" in res.output, res.output
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_rows_read_back_that_are_not_the_images_counted_write_nothing(trained, tmp_path, monkeypatch):

@@ -62,9 +62,9 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     state = load_checkpoint(run / "run" / "lc.pt")
     splits, real = {}, unseen.train_fold
 
-    def recorded(state, data, split, device, name, echo):
+    def recorded(state, data, split, device, name, estimate):
         splits[name] = split
-        return real(state, data, split, device, name, echo)
+        return real(state, data, split, device, name, estimate)
     monkeypatch.setattr(unseen, "train_fold", recorded)
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "p.csv"
@@ -72,6 +72,8 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
                                "--json"])
     assert result.exit_code == 0, result.output
     assert "each image is predicted by one of 4 heads" in result.output
+    assert "training 4 heads as the checkpoint's was" in result.output and "4 heads: " in result.output  # its estimate
+    assert result.output.count(" of 4 trained") == 4 and "s/step" not in result.output.replace("s/step on this", "")
     assert json.loads(result.stdout.splitlines()[-1])["unseen_heads"] == 4
     # head k trained on every label and on the unlabeled images but fold k's, stage 2 included
     unlabeled, folds = state["unlabeled_idx"], unseen.unlabeled_folds(state)
@@ -135,11 +137,11 @@ def test_heads_interrupted_while_one_trains_keep_those_done_and_the_next_run_tra
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
     trained, real = [], unseen.train_fold
 
-    def stopped_in_the_third(state, data, split, device, name, echo):
+    def stopped_in_the_third(state, data, split, device, name, estimate):
         trained.append(name)
         if len(trained) == 3:
             raise KeyboardInterrupt
-        return real(state, data, split, device, name, echo)
+        return real(state, data, split, device, name, estimate)
     monkeypatch.setattr(unseen, "train_fold", stopped_in_the_third)
     args = ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--csv", tmp_path / "p.csv"]
     result = invoke(evaluate, args)
@@ -150,6 +152,7 @@ def test_heads_interrupted_while_one_trains_keep_those_done_and_the_next_run_tra
     result = invoke(evaluate, args)
     assert result.exit_code == 0, result.output
     assert trained == ["head 3 of 4", "head 4 of 4"] and result.output.count("kept from before") == 2
+    assert "training 2 heads" in result.output
     assert len(read_rows((tmp_path / "p.csv").read_text())) == 16
 
 

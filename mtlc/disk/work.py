@@ -60,6 +60,58 @@ def running_hmac():
     return hmac.new(secret()[0], digestmod="sha256")
 
 
+def busy_message(folder):
+    return (f"another run is writing the same output: its work folder {folder} is in use; let it finish, or give "
+            f"this run another output")
+
+
+def hold(folder, busy=None, wait=None):
+    """The work folder made if need be and locked (opening.lock_folder: UserError(busy) where another
+    run holds it; where given, wait() says so and the lock is waited for), checked to be the folder
+    now at its name (another run may have removed it between the two)."""
+    check_folder(folder, "work folder")
+    for _ in range(3):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(folder, exc, "so nothing of this output was written") from None
+        fd = lock_folder(folder, busy or busy_message(folder), wait=wait)
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.fstat(fd), os.lstat(folder)):
+                return fd
+        os.close(fd)
+    raise UserError(f"{folder} keeps being removed by another run: let it finish first")
+
+
+class Claim:
+    """A work folder held before its work begins (claimed)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def hand_over(self):
+        fd, self.fd = self.fd, None
+        return fd
+
+
+@contextlib.contextmanager
+def claimed(folder):
+    """The work folder of an output held from a run's start, so that a second run writing the same
+    output, or an output folder that cannot be written, is refused before any work rather than after
+    it; Work(..., claim=) takes it over. Yields None for no folder. Left empty where no Work took it."""
+    if folder is None:
+        yield None
+        return
+    claim = Claim(hold(Path(folder)))
+    try:
+        yield claim
+    finally:
+        if claim.fd is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only where empty: an earlier run's kept work stays
+            os.close(claim.fd)
+
+
 class Appended:
     """One file of the work, appended to; its HMAC follows every byte written."""
 
@@ -92,15 +144,12 @@ class Work:
     lock on it, from before its work is read until it is removed or the run ends): a second run
     writing the same output is refused in one line instead of sharing its work."""
 
-    def __init__(self, folder, key, echo=lambda line: None, busy=None, wait=None):
+    def __init__(self, folder, key, echo=lambda line: None, busy=None, wait=None, claim=None):
         self.folder, self.key, self.echo = Path(folder), dict(key, version=WORK_VERSION), echo
-        self.busy = busy or (f"another run is writing the same output: its work folder {self.folder} is in use; let "
-                             f"it finish, or give this run another output")
-        self.wait = wait  # where given, a busy folder is waited for (wait() says so) instead of refused
-        check_folder(self.folder, "work folder")
         self.files, self.state, self.last_commit = {}, {}, time.monotonic()
         self.taken_up = {}  # {name: (length, its HMAC so far)} of the files earlier work left
-        self.lock = self.hold()
+        # claim: a Claim of the folder held since before the key was known (claimed), handed over
+        self.lock = claim.hand_over() if claim is not None else hold(self.folder, busy, wait)
         manifest = self.manifest()
         self.resumed = manifest is not None
         if manifest:
@@ -112,21 +161,6 @@ class Work:
             except BaseException:
                 self.close()
                 raise
-
-    def hold(self):
-        """The folder made if need be and locked (nofollow.lock_folder), checked to be the folder now
-        at its name (another run may have removed it between the two)."""
-        for _ in range(3):
-            try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise WriteFailed(self.folder, exc) from None
-            fd = lock_folder(self.folder, self.busy, wait=self.wait)
-            with contextlib.suppress(OSError):
-                if os.path.samestat(os.fstat(fd), os.lstat(self.folder)):
-                    return fd
-            os.close(fd)
-        raise UserError(f"{self.folder} keeps being removed by another run: let it finish first")
 
     def manifest(self):
         """The folder's manifest where it is this machine's, for this key, and every file it names

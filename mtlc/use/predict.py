@@ -23,7 +23,7 @@ from ..data.files import ImageFiles, describe_hidden, describe_others
 from ..disk.console import path_text, shown, stdout_rows
 from ..disk.opening import identity
 from ..disk.runs import atomic_write
-from ..disk.work import Work, work_folder
+from ..disk.work import Work, claimed, work_folder
 from ..errors import UserError
 from ..train.checkpoints import restore_data
 from ..train.pretrained import CONVLARGE
@@ -100,11 +100,19 @@ def predict(path, state, targets, device, options):
         say(describe_others(files.left_out, where))
     # before any work: the images must lie where Label Studio can serve them
     studio = label_studio.local_storage(files, o.label_studio_root) if o.label_studio else None
+    output = o.csv_path or o.review or o.label_studio
+    with claimed(work_folder(output) if output else None) as claim:  # a busy or unwritable output: refused now
+        return predicted(path, state, device, o, (files, count, listing, targets), output, studio, claim)
+
+
+def predicted(path, state, device, o, listed, output, studio, claim):
+    """predict's work once its inputs are checked (listed: the ImageFiles, their count, listing and
+    targets) and its output's work folder claimed."""
+    files, count, listing, targets = listed
     classifier, cal, found, threshold = calibrated(path, state, device, o)
     summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)),
                    unseen_heads=FOLDS if classifier.unseen else 0)
     bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
-    output = o.csv_path or o.review or o.label_studio
     if not (output or o.suggest_n):  # rows straight to stdout as they come
         tally = Tally(threshold, bar)
         write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold)
@@ -113,7 +121,7 @@ def predict(path, state, targets, device, options):
     key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
                temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n),
                unseen=classifier.unseen is not None)
-    with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None) as kept:
+    with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None, claim) as kept:
         if kept.done:
             say(f"going on from {kept.work.folder}: {kept.done:,} of {count:,} images were predicted before")
             bar.update(kept.done)
@@ -228,13 +236,13 @@ def write_stdout(rows, threshold, extra=None):
 
 
 @contextlib.contextmanager
-def kept_predictions(output, key, feature_dim):
-    """The PredictionStore of a run: in the work folder beside its first output file, where an
-    interrupted run's predictions are taken up again; without one (--suggest to stdout), in a
-    temporary folder."""
+def kept_predictions(output, key, feature_dim, claim=None):
+    """The PredictionStore of a run: in the work folder beside its first output file (claim: that
+    folder, held since the run began), where an interrupted run's predictions are taken up again;
+    without one (--suggest to stdout), in a temporary folder."""
     with contextlib.ExitStack() as stack:
         folder = work_folder(output) if output else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "work"
-        work = Work(folder, key, echo=say)
+        work = Work(folder, key, echo=say, claim=claim)
         with work.kept_if_interrupted("the predictions made so far"):
             yield PredictionStore(work, feature_dim)
 

@@ -10,6 +10,7 @@ images as the rest, and the calibration fitted on them holds for the unlabeled i
 exchangeable. The heads are kept (a sealed work folder beside the decode cache) for the next run.
 """
 import hashlib
+import sys
 
 import numpy as np
 import torch
@@ -53,25 +54,25 @@ def fold_settings(config, n_checkpoint, n_fold, first_steps):
                                       lc_rampup=lc.lc_rampup * per_epoch, eval_every=NEVER, mt_step=first_steps))
 
 
-def train_fold(state, data, split, device, name, echo):
+def train_fold(state, data, split, device, name, estimate):
     """(student, teacher) of a head trained as the checkpoint's was on `split`: stage 1, then the
-    checkpoint's stage 2 where it had one, as many steps each."""
+    checkpoint's stage 2 where it had one, as many steps each (estimate: the heads' TimeEstimate)."""
     first, second = stage_steps(state)
     config = fold_settings(state["config"], len(state["unlabeled_idx"]), len(split["unlabeled_idx"]), first)
-    estimate = TimeEstimate(name, first + second, device, echo)
     trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
                            device, Processes())
-    train_steps(trainer, range(first), name, echo, estimate)
+    train_steps(trainer, range(first), name, estimate)
     if second:
         pairs = true_classes(data, config.lc.truth) if config.lc.pairs == "true-class" else None
         trainer = make_trainer("lc", config, data, split, (trainer.student, trainer.teacher, trainer.optimizer), device,
                                Processes(), true_classes=pairs, objective_state=trainer.objective.state_dict())
-        train_steps(trainer, range(first, first + second), name, echo, estimate)
+        train_steps(trainer, range(first, first + second), name, estimate)
     return trainer.student, trainer.teacher
 
 
-def train_steps(trainer, steps, name, echo, estimate):
-    for step in epoch_progress(steps, f"{name}, stage {trainer.stage.name}", True, echo):
+def train_steps(trainer, steps, name, estimate):
+    """The steps, a bar on a terminal; in a log, the estimate's line and each head's end only."""
+    for step in epoch_progress(steps, f"{name}, stage {trainer.stage.name}", sys.stderr.isatty(), estimate.echo):
         trainer.train_step(step, *trainer.batches.views(step))
         estimate.tick()
     trainer.recompute_bn_means()
@@ -118,8 +119,14 @@ class UnseenHeads:
         work = Work(folder, dict(step="unseen heads", checkpoint=checkpoint_key, folds=FOLDS, contents=data.contents),
                     echo, wait=lambda: echo(f"waiting for another run that trains or reads the heads in {folder}"))
         try:
+            todo = FOLDS - len(work.state.get("folds", []))
+            if todo:
+                echo(f"training {todo} heads as the checkpoint's was, each without a quarter of the unlabeled images, "
+                     f"so that every image is predicted by one that never saw it (once: a later --predict of this "
+                     f"checkpoint takes them up)")
+            estimate = TimeEstimate(f"{todo} heads", todo * sum(stage_steps(state)), device, echo)
             with work.kept_if_interrupted("the heads trained so far"):
-                heads = [train_or_kept(state, data, work, k, model_name, device, echo) for k in range(FOLDS)]
+                heads = [train_or_kept(state, data, work, k, model_name, estimate) for k in range(FOLDS)]
         finally:
             work.close()
         return cls(state, data, heads, model, device)
@@ -189,22 +196,23 @@ def unlabeled_folds(state):
     return np.random.default_rng(state["config"].seed).permutation(n) % FOLDS
 
 
-def train_or_kept(state, data, work, k, model_name, device, echo):
+def train_or_kept(state, data, work, k, model_name, estimate):
     """Fold k's head (the teacher or the student), from the work where it was kept, else trained
     on every labeled image and the unlabeled ones of the other folds, then kept."""
-    student, teacher = build_models(ModelConfig(**state["model_args"]), device)
+    student, teacher = build_models(ModelConfig(**state["model_args"]), estimate.device)
     name = f"fold{k + 1}.f32"
     done = work.state.setdefault("folds", [])
     if k not in done:
         unlabeled = state["unlabeled_idx"]
         split = dict(labeled_idx=state["labeled_idx"], val_idx=torch.zeros(0, dtype=torch.long),
                      unlabeled_idx=unlabeled[torch.from_numpy(unlabeled_folds(state) != k)])
-        student, teacher = train_fold(state, data, split, device, f"head {k + 1} of {FOLDS}", echo)
+        student, teacher = train_fold(state, data, split, estimate.device, f"head {k + 1} of {FOLDS}", estimate)
         work.appended(name).write(np.concatenate([flat(student), flat(teacher)]).tobytes())
         done.append(k)
         work.commit(force=True)
+        estimate.echo(f"head {k + 1} of {FOLDS} trained")
     else:
-        echo(f"head {k + 1} of {FOLDS} that never saw an image: kept from before")
+        estimate.echo(f"head {k + 1} of {FOLDS} that never saw an image: kept from before")
     width = len(flat(student))
     row = work.rows(name, np.float32, 2 * width)[0]
     model = student if model_name == "student" else teacher
