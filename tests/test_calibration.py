@@ -210,3 +210,18 @@ def test_held_out_images_relabeled_from_the_models_suggestion_keep_the_promise()
     kept, left_out, counted = broken / trials
     assert kept > 0.9 and left_out > 0.9
     assert counted <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
+
+
+def test_too_few_held_out_images_to_cross_fit_leave_the_ece_after_unmeasured():
+    """28 held-out images: a temperature is fitted on them all, but halves of 14 have none, so the ECE
+    after it is not measured (before: the raw softmax's ECE was reported under both names)."""
+    from mtlc.use.report import describe_calibration
+    logits, labels = calibrated_logits(28, seed=4)
+    assert 2 * MIN_CALIBRATION_IMAGES > 28 >= MIN_CALIBRATION_IMAGES
+    before, after = cross_fitted_ece(logits * 2, labels)
+    assert after is None and before == cross_fitted_ece(logits * 2, labels)[0]
+    summary = Calibration.fit(logits * 2, labels, "test").summary()
+    assert summary["temperature"] is not None and summary["ece_after"] is None
+    line = describe_calibration(dict(model="teacher", **summary))
+    assert "before it (after it not measured: 28 images are too few" in line and "->" not in line
+    assert cross_fitted_ece(*calibrated_logits(2 * MIN_CALIBRATION_IMAGES, seed=4))[1] is not None

@@ -104,15 +104,20 @@ def expected_calibration_error(confidence, correct, bins=ECE_BINS):
 
 def cross_fitted_ece(logits, labels, seed=0):
     """ECE (%) before and after temperature scaling, each half of the held-out images scored with the
-    T fitted on the other half (a fixed random split): the calibration a new image can expect."""
+    T fitted on the other half (a fixed random split): the calibration a new image can expect. After
+    is None where a half has no temperature (too few images: below 2 x MIN_CALIBRATION_IMAGES), never
+    the raw softmax's ECE again under its name."""
     logits, labels = np.asarray(logits, np.float64), np.asarray(labels)
     order = np.random.default_rng(seed).permutation(len(labels))
     halves = order[: len(order) // 2], order[len(order) // 2:]
     predicted, before = confidences(logits)
+    correct = predicted == labels
     after = np.empty_like(before)
     for fit, score in (halves, halves[::-1]):
-        after[score] = confidences(logits[score], fitted_or_one(logits[fit], labels[fit]))[1]
-    correct = predicted == labels
+        try:
+            after[score] = confidences(logits[score], fit_temperature(logits[fit], labels[fit]))[1]
+        except NoTemperature:
+            return expected_calibration_error(before, correct), None
     return expected_calibration_error(before, correct), expected_calibration_error(after, correct)
 
 

@@ -289,9 +289,12 @@ def describe_calibration(summary):
     if summary["uncalibrated"]:
         return (f"confidences of the {summary['model']} are uncalibrated (the raw softmax): {summary['uncalibrated']}; "
                 f"on the {summary['n_held_out']:,} held-out {summary['held_out']} images the {coverage}")
+    ece = (f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted)" if summary["ece_after"] is not None
+           else f"{summary['ece_before']:.2f}% before it (after it not measured: {summary['n_held_out']:,} images are too "
+                f"few to fit on one half and score the other)")
     return (f"confidences of the {summary['model']} calibrated on {summary['n_held_out']:,} held-out "
             f"{summary['held_out']} images: temperature {summary['temperature']:.3f}, expected calibration error "
-            f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted); {coverage}")
+            f"{ece}; {coverage}")
 
 
 def describe_acceptance(n_accepted, n, max_error, found, cal, unseen=False):
