@@ -13,19 +13,18 @@ import os
 from pathlib import Path
 
 import click
-import torch
 
 from mtlc.data.batches import channel_stats, epoch_steps
 from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, load_dataset
 from mtlc.data.layout import check_part_names, is_own_layout
-from mtlc.data.splits import balanced_split, by_model, hold_out, own_split
+from mtlc.data.splits import balanced_split, hold_out
 from mtlc.disk.command_line import Command, given_options
 from mtlc.disk.console import robust_streams, shown
 from mtlc.disk.outputs import LOG_NAME, STAGE_OUTPUTS, check_output_folder
 from mtlc.disk.runs import check_resume_flags, existing_outputs, run_folder
 from mtlc.errors import UserError
-from mtlc.label.log import label_history
+from mtlc.label.training_split import own_images_split
 from mtlc.train.benchmark import report_benchmark
 from mtlc.train.checkpoints import checkpoint_split, restore_data, restore_training, resume_checkpoint
 from mtlc.train.curves import check_folder
@@ -235,7 +234,8 @@ def split_of(o, data, own, echo):
     relabeled or None for another dataset than an own-images folder) of a new run."""
     relabeled = None
     if own:
-        labeled_idx, unlabeled_idx, val_idx, relabeled = own_images_split(o, data, echo)
+        labeled_idx, unlabeled_idx, val_idx, relabeled = own_images_split(
+            data, o.data_dir, val=o.val, split_seed=o.split_seed, accepted_as_labels=o.accepted_as_labels, echo=echo)
         labels = len(labeled_idx)
     else:
         labels = o.labels if o.labels is not None else preset(o.dataset, None)["labels"]
@@ -247,27 +247,6 @@ def split_of(o, data, own, echo):
              + (f"; the validation error of the {o.val} held-out labeled images is reported instead" if o.val else
                 "; --val N holds out N labeled images (never trained on) for an error to watch"))
     return dict(labeled_idx=labeled_idx, unlabeled_idx=unlabeled_idx, val_idx=val_idx), labels, relabeled
-
-
-def own_images_split(o, data, echo):
-    """(labeled, unlabeled and validation indices, the images label.py relabeled) of an own-images
-    folder. label.py --accepted's images (label_history: about 300 bytes each, let go on return)
-    train as unlabeled ones, or as labels with --accepted-as-labels; --val never holds them out
-    (their labels are a model's)."""
-    history, model_labeled = label_history(Path(o.data_dir)), None
-    if history.accepted:
-        model_labeled = by_model(data.files["train"], data.digests["train"]() if data.digests else None, history.accepted)
-        say_accepted(o, int(model_labeled.sum()), echo)
-        taught = torch.bincount(data.train_y[(data.train_y >= 0) & ~model_labeled], minlength=data.num_classes)
-        if not o.accepted_as_labels and (taught == 0).any():  # every image of a class is a model's prediction
-            raise UserError(f"{Path(o.data_dir) / 'labeled' / data.classes[int((taught == 0).nonzero()[0])]} holds only "
-                            f"images label.py --accepted labeled (a model's predictions): label one of them yourself, "
-                            f"or train on them as labels with --accepted-as-labels")
-    labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, o.val, o.split_seed, unlabeled_too=model_labeled)
-    if o.accepted_as_labels and model_labeled is not None:  # trained as labels, never held out
-        labeled_idx = torch.cat([labeled_idx, model_labeled.nonzero().flatten()]).sort().values
-        unlabeled_idx = unlabeled_idx[~model_labeled[unlabeled_idx]]
-    return labeled_idx, unlabeled_idx, val_idx, history.relabeled
 
 
 def schedule_of(o, labels, steps_per_epoch):
@@ -314,19 +293,6 @@ def warn_label_conflicts(data, echo, trained_without=()):
         echo(f"train_mt: warning: {len(conflicts)} labeled or test images are copies of one under another class (the "
              f"same image or a near copy): {named}{'; ...' if len(conflicts) > 3 else ''}; one of each is wrong: "
              f"evaluate.py --audit lists them as conflicts, and label.py moves the wrong one to its class")
-
-
-def say_accepted(o, n, echo):
-    """How the n images label.py --accepted labeled train, said."""
-    if not n:
-        return
-    where = f"{Path(o.data_dir) / 'labeled'}"
-    if o.accepted_as_labels:
-        echo(f"train_mt: --accepted-as-labels: {n:,} images in {where} are a model's predictions that label.py "
-             f"--accepted moved there ({LOG_NAME}); they train as labels")
-        return
-    echo(f"train_mt: {n:,} images in {where} are a model's predictions that label.py --accepted moved there "
-         f"({LOG_NAME}): they train as unlabeled images (--accepted-as-labels takes their labels)")
 
 
 def run_config(o, data, split, labels, objective, relabeled, procs, device):

@@ -11,7 +11,7 @@ from mtlc.errors import UserError
 from mtlc.train.settings import Stage
 import train_mt
 from conftest import invoke, run
-from fakedata import lines, tiny_trainer, write_cifar10, write_folder, write_own_folder, write_svhn
+from fakedata import SMALL, lines, tiny_trainer, write_cifar10, write_folder, write_own_folder, write_svhn
 from test_cli import TINY
 
 # Any dataset's smallest run, for the runs that check files, lines and exit codes (test_cli.py's TINY: digits').
@@ -68,6 +68,20 @@ def test_parts_named_almost_right_are_named_before_anything_else(tmp_path):
     (tmp_path / "data" / "unlabelled").rename(tmp_path / "data" / "unlabeled")  # Labeled/ beside unlabeled/: said too
     with pytest.raises(UserError, match=r"holds Labeled/ \(name it labeled/\): "):
         load_dataset("folder", tmp_path / "data")
+
+
+def test_a_class_of_one_labeled_image_is_warned_of_and_named_where_val_cannot_hold_it_out(tmp_path):
+    write_own_folder(tmp_path / "data", n_unlabeled=6)
+    for image in sorted((tmp_path / "data" / "labeled" / "owl").iterdir())[1:]:
+        image.unlink()
+    args = ["--dataset", "folder", "--data-dir", tmp_path / "data", "--backbone", "convlarge", *SMALL[:6],
+            "--epochs", "1", "--decay-epochs", "0", "--device", "cpu"]
+    result = invoke(train_mt, [*args, "--val", "3", "--out", tmp_path / "refused"])
+    assert result.exit_code == 2 and "1 in the smallest class, owl)" in result.output, result.output
+    result = invoke(train_mt, [*args, "--out", tmp_path / "run"])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {tmp_path / 'data' / 'labeled' / 'owl'} (1): a class with fewer than 2" in result.output
+    assert "labeled/cat" not in result.output.split("warning:")[1].split("\n")[0]  # 6 of them: not thin
 
 
 def test_svhn_offline_names_the_files(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from ..disk.csv_text import read_mapping
 from ..errors import UserError
 
 
-def own_split(labels, n_val, seed, *, unlabeled_too=None):
+def own_split(labels, n_val, seed, *, unlabeled_too=None, class_names=None):
     """A folder of your own images: every labeled image is labeled, every unlabeled one unlabeled, and
     so are the labeled ones unlabeled_too marks (bool per image: a model's predictions, by_model);
     n_val labeled images (stratified by class) are held out as a validation set, never trained on."""
@@ -20,8 +20,10 @@ def own_split(labels, n_val, seed, *, unlabeled_too=None):
         return pool, unlabeled, torch.zeros(0, dtype=torch.long)
     counts = torch.bincount(labels[pool])
     if n_val < len(counts) or len(pool) - n_val < len(counts) or counts.min() < 2:
+        smallest = int(counts.argmin())
         raise UserError(f"--val {n_val}: a hold-out stratified by class needs at least one image per class in it and "
-                        f"one left to train on ({len(pool)} labeled images, {counts.min().item()} in the smallest class)")
+                        f"one left to train on ({len(pool)} labeled images, {counts.min().item()} in the smallest class"
+                        + (f", {class_names[smallest]}" if class_names else "") + ")")
     train, val = train_test_split(pool.numpy(), test_size=n_val, random_state=seed, stratify=labels[pool].numpy())
     return torch.from_numpy(np.sort(train)), unlabeled, torch.from_numpy(np.sort(val))
 
