@@ -76,12 +76,14 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     hidden = add_mac_and_notebook_leftovers(data)
     for name in ("unlabeled/IMG_0001.HEIC", "unlabeled/a/IMG_0002.heic", "unlabeled/clip.MOV", "labeled/notes"):
         (data / name).write_bytes(b"a phone's or a person's file")
+    Image.new("RGB", (8, 8)).save(data / "cover.jpg")  # beside the parts: read by nothing, said
     out = tmp_path / "run"
     res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, *SMALL, "--out", out)
     assert res.returncode == 0, res.stderr
     assert f"left out {hidden} hidden files and folders in {data}" in res.stdout
     assert (f"left out 4 files in {data} that are not images of the formats read (JPEG, PNG, BMP, GIF, TIFF, WebP, "
             f"PPM/PGM/PBM): 2 .heic, 1 without extension, 1 .mov; HEIC/HEIF photos") in res.stdout
+    assert f"left out 1 image lying in {data} itself (cover.jpg): only labeled/, unlabeled/ and test/ are read" in res.stdout
     assert "18 labeled / 30 unlabeled / 0 validation / 9 test" in res.stdout
     state = torch.load(out / "mt.pt", weights_only=True)
     assert state["config"]["classes"] == ["cat", "dog", "owl"]  # .ipynb_checkpoints is no class
@@ -90,6 +92,8 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     assert pred.returncode == 0, pred.stderr
     assert len(rows(pred.stdout)) == 30 and "left out 32 hidden files and folders" in pred.stderr  # 30 ._ + .DS_Store + __MACOSX
     assert f"left out 3 files in {data / 'unlabeled'} that are not images" in pred.stderr
+    # what training said of the folder it read is not said again by a tool that reads it back
+    assert "cover.jpg" not in pred.stderr and pred.stderr.count("hidden files and folders") == 1
 
 
 def test_a_hidden_folder_alone_is_no_class(tmp_path):

@@ -110,7 +110,7 @@ def spoil(folder, names):
     (lambda d: spoil(d / "unlabeled", [f"u{i:04d}.png" for i in range(0, 24, 3)] + ["a/u0001.png"]),
      "9 image files cannot be read"),
     (lambda d: (d / "unlabeled" / "u0002.png").write_bytes(b""), "u0002.png (an empty file (0 bytes))"),
-    (lambda d: [p.unlink() for p in (d / "labeled" / "dog").iterdir()], "labeled/dog holds no images"),
+    (lambda d: [p.unlink() for p in (d / "labeled" / "dog").iterdir()], "labeled/dog holds no images; put images of the class in it, or remove the folder"),
     (lambda d: [p.rename(p.with_suffix(".HEIC")) for p in (d / "labeled" / "dog").iterdir()],
      "labeled/dog holds no images: left out 6 files in"),
     (lambda d: [p.rename(p.with_suffix(".HEIC")) for c in ("dog", "owl") for p in (d / "labeled" / c).iterdir()],

@@ -65,6 +65,9 @@ def test_bad_input(folder, tmp_path):
     predictions = invoke(label, ["--data-dir", folder, "--apply", write_labels(
         tmp_path / "p.csv", [("unlabeled/u0000.png", "cat")], ("path", "prediction"))])
     assert predictions.exit_code == 2 and "these are evaluate.py's predictions; --accepted applies" in predictions.output
+    findings = invoke(label, ["--data-dir", folder, "--apply", write_labels(
+        tmp_path / "a.csv", [("label", "labeled/cat/0.png", "dog")], ("kind", "path", "suggestion"))])
+    assert findings.exit_code == 2 and "these are evaluate.py --audit's findings; --set-aside KINDS" in findings.output
     assert invoke(label, ["--data-dir", folder]).exit_code == 2
     assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "missing.csv"]).exit_code == 2
     assert invoke(label, ["--data-dir", tmp_path / "nowhere", "--undo"]).exit_code == 2

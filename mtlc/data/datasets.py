@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from .layout import check_part_names, is_own_layout
+from .layout import check_part_names, describe_loose, is_own_layout
 from .cache import cache_dir, content_fingerprint, load_images
 from .files import (
     count_other,
@@ -230,7 +230,8 @@ def class_images(root, required=True):
     if empty:
         others = describe_others(in_empty, root / empty[0] if len(empty) == 1 else root)
         raise UserError(f"{root / empty[0]} holds no images" + (f" (nor do {len(empty) - 1} other class folders)"
-                                                                 if len(empty) > 1 else "") + f": {others}" * bool(others))
+                                                                 if len(empty) > 1 else "") + f": {others}" * bool(others)
+                        + "; put images of the class in it, or remove the folder (a class folder is a class)")
     return groups, left_out
 
 
@@ -265,7 +266,7 @@ def read_files(data_dir, files, group, size, echo):
     return (x, files.labels[good], [names[i] for i in good], content, digests), bad, written
 
 
-def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None):
+def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None, restored=False):
     """A user's images, in one of two layouts:
 
     - your own images: data_dir/labeled/<class>/** (every image labeled), data_dir/unlabeled/**
@@ -301,8 +302,9 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
         (train_groups, left_out), unlabeled = class_images(data_dir / "train"), []
         test_groups, counts = class_images(data_dir / "test")
     left_out.update(counts)
-    for line in (describe_hidden(left_out["hidden"], data_dir), describe_others(left_out, data_dir)):
-        if line:
+    for line in (describe_hidden(left_out["hidden"], data_dir), describe_others(left_out, data_dir),
+                 describe_loose(data_dir, own)):
+        if line and not restored:
             echo(line)
     classes = sorted(train_groups)
     where = data_dir / ("labeled" if own else "train")
@@ -338,7 +340,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
     if bad and not skip_bad:
         raise UserError(describe_bad(bad, data_dir) + "; replace or remove them, or pass --skip-bad-images to "
                         "train without them (the decoded images are cached: a rerun with --skip-bad-images decodes nothing)")
-    if bad:
+    if bad and not restored:
         echo(f"skipped (--skip-bad-images) {describe_bad(bad, data_dir, shown=3)}")
     missing = [c for i, c in enumerate(classes) if not (train_y == i).any()]
     if missing:
@@ -352,10 +354,12 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
 DATASETS = ("svhn", "cifar10", "digits", "folder")
 
 
-def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo, download=True, check_listing=None):
+def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo, download=True, check_listing=None,
+                 restored=False):
     """A dataset by name; image_size and skip_bad (leave unreadable files out) apply to image folders,
     image_size to digits too (SVHN and CIFAR-10 are 32 x 32). download: fetch SVHN or CIFAR-10 where
-    their files are missing (train_mt.py only); check_listing: load_folder's."""
+    their files are missing (train_mt.py only); check_listing: load_folder's; restored: a checkpoint's
+    folder, whose files left out and skipped the run that trained it said (not said again)."""
     data_dir = Path(data_dir)
     if name in ("svhn", "cifar10") and image_size != 32:
         raise UserError(f"--image-size {image_size}: {name} is the paper's 32 x 32 (--image-size is for folder and digits)")
@@ -366,5 +370,5 @@ def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo,
     if name == "digits":
         return load_digits(image_size)
     if name == "folder":
-        return load_folder(data_dir, image_size, skip_bad, echo, check_listing)
+        return load_folder(data_dir, image_size, skip_bad, echo, check_listing, restored)
     raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

@@ -2,7 +2,9 @@
 benchmark's (train/, test/), and the parts a person named almost right (Labeled/, unlabelled/)."""
 from pathlib import Path
 
+from ..disk.console import shown
 from ..errors import UserError
+from .files import is_hidden, is_image_name
 
 # A part's name as people write it (any case; British spelling) -> the name the folder must use.
 PART_NAMES = {"labeled": "labeled", "labelled": "labeled", "unlabeled": "unlabeled", "unlabelled": "unlabeled",
@@ -27,3 +29,15 @@ def check_part_names(data_dir):
     if misnamed:
         raise UserError(f"{data_dir} holds {', '.join(misnamed)}: the folders of images are named labeled/, "
                         f"unlabeled/ and test/ (or train/ and test/), in lower case; rename them")
+
+
+def describe_loose(data_dir, own):
+    """The line that says which images lie directly in data_dir, beside its parts (read by nothing),
+    or None."""
+    loose = sorted(p.name for p in Path(data_dir).iterdir()
+                   if not is_hidden(p.name) and is_image_name(p.name) and p.is_file())
+    if not loose:
+        return None
+    parts = "labeled/, unlabeled/ and test/" if own else "train/ and test/"
+    return (f"left out {len(loose)} image{'s' * (len(loose) > 1)} lying in {shown(str(data_dir))} itself "
+            f"({', '.join(map(shown, loose[:3]))}{', ...' * (len(loose) > 3)}): only {parts} are read")

@@ -62,12 +62,15 @@ def read_labels(csv_path, accepted=False, set_aside=()):
     needed = (("kind", "path") if set_aside else ("path", "prediction", "accepted") if accepted else ("path", "label"))
     if not set(needed) <= set(columns):
         text.close()
-        predictions = {"path", "prediction"} <= set(columns)
+        predictions, findings = {"path", "prediction"} <= set(columns), {"kind", "path", "suggestion"} <= set(columns)
         hint = (" (evaluate.py --predict writes `accepted` only with --max-error)" if accepted and predictions
                 else " (evaluate.py --audit writes it)" if set_aside
                 else ": these are evaluate.py's predictions; --accepted applies the rows --max-error accepted, and "
                      "the review page's Save labels.csv (or a `label` column of your own) gives each its class"
-                if predictions else "")
+                if predictions else
+                ": these are evaluate.py --audit's findings; --set-aside KINDS (say duplicate,leak,outlier) moves "
+                "the images of those kinds out of training, and the audit page's Save labels.csv gives relabeled "
+                "images their class" if findings else "")
         raise UserError(f"{csv_path} must have the columns {','.join(needed)} (it has {', '.join(columns)}){hint}")
     return label_rows(csv_path, text, records, accepted, set_aside), None
 

@@ -217,7 +217,7 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
     where = data_dir or config.data_dir
     listing = None if config.files is None else (lambda now: check_names_held(config.files, now, where))
     data = load_dataset(config.dataset, where, config.decode_size, config.skip_bad_images, echo,
-                        download=False, check_listing=listing)
+                        download=False, check_listing=listing, restored=True)
     if config.files is not None:
         check_same_files(config.files, data.files, where, config.contents, data.contents)
     n_train = len(data.train_y)
