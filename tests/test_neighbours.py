@@ -8,13 +8,13 @@ import torch
 
 from mtlc.data.datasets import load_digits
 from mtlc.data.splits import balanced_split
-from fakedata import tiny_trainer
+from fakedata import run_settings, tiny_trainer
 from kernels import lc_loss
 from mtlc.train.model import Dropout, WeightNormMeanOnlyBN
 from mtlc.train.lc import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
 from mtlc.train import trainer as training
 from mtlc.train.epochs import fit
-from mtlc.train.settings import Stage
+from mtlc.train.settings import MAX_GRAD_NORM, LCSettings, Stage
 
 
 def digits_config(**changes):
@@ -213,10 +213,11 @@ def test_trainer_divides_the_relative_loss_by_its_unit():
 
 
 @pytest.mark.parametrize("stage_name", ["mt", "lc"])
-def test_both_stages_clip_the_gradient_norm_and_only_where_it_is_large(monkeypatch, stage_name):
+def test_a_clipping_stage_clips_the_gradient_norm_and_only_where_it_is_large(monkeypatch, stage_name):
     """An absurd weight (lambda2 in stage 2, the consistency weight in stage 1): the step's gradient is
-    clipped to norm 10 (stage 2 diverged to NaN within a few steps without, stage 1 on a folder of a
-    few dozen images); with weight 0 it is far below 10 and left exactly as it was."""
+    clipped to norm 10 (stage 2 diverged to NaN within a few steps without, a folder's stage 1 of a
+    few dozen images too); with weight 0 it is far below 10 and left exactly as it was; a stage that
+    does not clip (the paper's stage 1) takes the whole gradient."""
     data = load_digits(image_size=16)
     labeled, unlabeled = balanced_split(data.train_y, 100, 10, seed=0)
     seen = []
@@ -224,21 +225,30 @@ def test_both_stages_clip_the_gradient_norm_and_only_where_it_is_large(monkeypat
     monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: seen.append(torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]])).item()) or real_step(self, *a, **k))
 
-    def first_step_norm(weight):
+    def first_step_norm(weight, clip=MAX_GRAD_NORM):
         lc = dict(lc_eps=1e6, lc_weight=weight, lc_rampup=0) if stage_name == "lc" else {}
         stage = Stage(name=stage_name, epochs=1, decay_epochs=0, lr=0.05, ema=0.99,
                       cons_weight=10.0 if stage_name == "lc" else weight, cons_rampup=1 if stage_name == "lc" else 0,
-                      eval_every=1, first_step=0, **lc)
+                      eval_every=1, first_step=0, max_grad_norm=clip, **lc)
         trainer = tiny_trainer(data, labeled, unlabeled, digits_config(), stage)
         seen.clear()
         trainer.train_step(0, *trainer.batches.views(0))
         return seen[0]
     huge, none = first_step_norm(1e6), first_step_norm(0.0)
-    assert huge == pytest.approx(training.MAX_GRAD_NORM, rel=1e-4)
-    assert none < training.MAX_GRAD_NORM / 2
-    monkeypatch.setattr(training, "MAX_GRAD_NORM", float("inf"))  # unclipped: the same step gives the same norm
-    assert first_step_norm(0.0) == none
-    assert first_step_norm(1e6) > 100 * huge
+    assert huge == pytest.approx(MAX_GRAD_NORM, rel=1e-4)
+    assert none < MAX_GRAD_NORM / 2
+    assert first_step_norm(0.0, clip=None) == none  # unclipped: the same step gives the same norm
+    assert first_step_norm(1e6, clip=None) > 100 * huge
+
+
+def test_stage_2_and_a_folders_stage_1_clip_the_paper_datasets_stage_1_does_not():
+    for dataset, stage_1 in (("folder", MAX_GRAD_NORM), ("digits", None), ("cifar10", None), ("svhn", None)):
+        config = run_settings(**digits_config(dataset=dataset))
+        assert config.stage("mt").max_grad_norm == stage_1
+        lc = LCSettings(eps=50.0, eps_auto=False, eps_scale="fixed", eps_ratio=None, start={}, loss_unit=1.0, pairs="all",
+                        truth=None, lam=20.0, lc_rampup=1, epochs=1, decay_epochs=0, lr=0.05, eval_every=1,
+                        scope="local", mt_checkpoint="mt.pt", mt_epoch=None, mt_step=10)
+        assert config.replace(lc=lc).stage("lc").max_grad_norm == MAX_GRAD_NORM
 
 
 @pytest.mark.parametrize("pairs", ["all", "same-prediction", "true-class"])

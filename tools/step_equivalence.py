@@ -26,7 +26,7 @@ from mtlc.train.devices import Processes, pick_device  # noqa: E402
 from mtlc.train.model import ModelConfig  # noqa: E402
 from mtlc.train.networks import build_models  # noqa: E402
 from mtlc.data.splits import balanced_split  # noqa: E402
-from mtlc.train.settings import RunSettings, Stage  # noqa: E402
+from mtlc.train.settings import MAX_GRAD_NORM, RunSettings, Stage  # noqa: E402
 from mtlc.train.trainer import Trainer, make_optimizer  # noqa: E402
 
 # torch.testing's defaults for the dtypes the steps compute in (bf16: two of its ulps).
@@ -45,7 +45,7 @@ def stage_named(name):
     common = dict(epochs=2, decay_epochs=1, lr=0.05, ema=0.99, cons_weight=100.0, cons_rampup=5, eval_every=1)
     if name == "mt":
         return Stage(name="mt", first_step=0, **common)
-    return Stage(name="lc", first_step=40, lc_eps=50.0, lc_weight=10.0, lc_rampup=1, **common)
+    return Stage(name="lc", first_step=40, lc_eps=50.0, lc_weight=10.0, lc_rampup=1, max_grad_norm=MAX_GRAD_NORM, **common)
 
 
 def trainer_pair(stage, device, width, precision, labeled_batch, unlabeled_batch, objective=None):

@@ -30,6 +30,15 @@ LC_PAIRS = ("all", "same-prediction", "true-class")
 LC_SCOPES = ("local", "global")
 FORWARDS = ("joint", "split")
 NEVER = object()  # a setting every run has written
+# Stage 2 and a folder's stage 1 clip the gradient's norm at this (RunSettings.stage); the paper's
+# datasets train stage 1 unclipped, as the paper does (at width 1 their early steps reach about 20).
+# SGD can overshoot and diverge within a few steps: in stage 2 with a large lambda2 (measured: norms
+# 2 -> 26 -> 172 -> 4e7 -> NaN, eps 50 and lambda2 20 on a network at chance level), in stage 1 on a
+# folder of a few dozen images whose labels the network has memorized (norms below 2.5 for 160 steps,
+# then 17 -> 85 -> 178 -> 1.7e3 -> 1e10 -> NaN, the weight-norm gains at 2e7). A folder's normal steps
+# stay far below it (the largest measured: docs/reference.md), and a clip that does not act
+# multiplies by exactly 1, so those runs are bitwise unchanged.
+MAX_GRAD_NORM = 10.0
 
 
 def is_int(value, low=None):
@@ -216,14 +225,15 @@ class RunSettings(Settings):
     def stage(self, name):
         """Stage 1 ("mt") or stage 2 ("lc") of this run."""
         common = dict(ema=self.ema, cons_weight=self.cons_weight, cons_rampup=self.cons_rampup)
-        if name == "mt":
+        if name == "mt":  # stage 1 of the paper's datasets as the paper trains it; a folder's clipped
             return Stage(name="mt", epochs=self.epochs, decay_epochs=self.decay_epochs, lr=self.lr,
-                         eval_every=self.eval_every, first_step=0, **common)
+                         eval_every=self.eval_every, first_step=0,
+                         max_grad_norm=MAX_GRAD_NORM if self.dataset == "folder" else None, **common)
         lc = self.lc
         return Stage(name="lc", epochs=lc.epochs, decay_epochs=lc.decay_epochs, lr=lc.lr, eval_every=lc.eval_every,
                      first_step=lc.mt_step, lc_eps=lc.eps, lc_weight=lc.lam, lc_rampup=lc.lc_rampup,
                      lc_eps_scale=lc.eps_scale, lc_eps_ratio=lc.eps_ratio, lc_loss_unit=lc.loss_unit,
-                     lc_pairs=lc.pairs, lc_scope=lc.scope, **common)
+                     lc_pairs=lc.pairs, lc_scope=lc.scope, max_grad_norm=MAX_GRAD_NORM, **common)
 
 
 def sigmoid_rampup(progress, length):
@@ -263,3 +273,4 @@ class Stage:
     lc_loss_unit: float = 1.0   # relative: the LC loss is divided by this (the features' mean d2 when LC started)
     lc_pairs: str = "all"       # all (the paper's), same-prediction (labels, the teacher's classes) or true-class
     lc_scope: str = "local"     # under torchrun: neighbours in each process's share of the batch, or global
+    max_grad_norm: float = None  # the gradient's norm clipped at this (None: not clipped; RunSettings.stage)

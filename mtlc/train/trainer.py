@@ -51,15 +51,6 @@ BN_IMAGES = 2560
 COLLAPSE_FRACTION = 0.01
 
 
-# Both stages clip the gradient's norm at this. SGD can overshoot and diverge within a few steps:
-# in stage 2 with a large lambda2 (measured: norms 2 -> 26 -> 172 -> 4e7 -> NaN, eps 50 and lambda2 20
-# on a network at chance level), in stage 1 on a folder of a few dozen images whose labels the
-# network has memorized (norms below 2.5 for 160 steps, then 17 -> 85 -> 178 -> 1.7e3 -> 1e10 -> NaN,
-# the weight-norm gains at 2e7). Normal steps stay far below it (the largest measured: docs/reference.md), and a clip
-# that does not act multiplies by exactly 1, so those runs are bitwise unchanged.
-MAX_GRAD_NORM = 10.0
-
-
 def feature_spread(z):
     return z.detach().float().std(0).mean()
 
@@ -163,10 +154,11 @@ class Trainer:
                                        (fraction >= 1).float()]), metrics.float()])
 
     def backward(self, loss):
-        """The student's gradients of `loss`, their norm clipped at MAX_GRAD_NORM."""
+        """The student's gradients of `loss`, their norm clipped where the stage says (Stage.max_grad_norm)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.student.parameters(), MAX_GRAD_NORM)
+        if self.stage.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.stage.max_grad_norm)
 
     def train_step(self, step, student_view, teacher_view, labels):
         """One eager step (step_on): the schedule set and the guards read on the host."""
