@@ -12,7 +12,6 @@ from fakedata import run_settings, tiny_trainer
 from kernels import lc_loss
 from mtlc.train.model import Dropout, WeightNormMeanOnlyBN
 from mtlc.train.lc import PairDistances, batch_pair_d2, lc_term, mean_pair_d2, normalized_lc_loss, relative_lc_loss
-from mtlc.train import trainer as training
 from mtlc.train.epochs import fit
 from mtlc.train.settings import MAX_GRAD_NORM, LCSettings, Stage
 
