@@ -90,6 +90,7 @@ def test_names_and_places_the_file_system_refuses_are_refused_before_any_move(fo
     rows = [("unlabeled/u0001.png", "cat")] + rows  # a good row first: it must not move either
     res = run("label.py", "--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", rows), "--new-classes")
     assert res.returncode == 2 and message in res.stderr and "nothing was moved" in res.stderr, res.stderr
+    assert "or take them out of the CSV, and apply it again (a batch moves all its rows or none)" in res.stderr
     assert "Traceback" not in res.stderr and snapshot(folder) == before and not (folder / label_log.LOG_NAME).exists()
 
 

@@ -151,7 +151,9 @@ class Problems:
         if self.count:
             shown = [text for _, text in sorted(self.first, reverse=True)]
             raise UserError(f"nothing was moved: {self.count} of {rows} rows cannot be applied: {'; '.join(shown)}"
-                            + (f"; and {self.count - len(shown)} more" if self.count > len(shown) else ""))
+                            + (f"; and {self.count - len(shown)} more" if self.count > len(shown) else "")
+                            + ": mend those rows, or take them out of the CSV, and apply it again (a batch moves "
+                              "all its rows or none)")
 
 
 def file_digest_or_error(path):
