@@ -32,10 +32,10 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
         Image.new("RGB", (60, 30), (30 * i, 0, 0)).save(path)
         rows.append(Prediction(path, "ab"[i % 2], round(0.5 + i / 20, 4), "ba"[i % 2], digest=f"{i:032x}"))
     rows.append(Prediction(tmp_path / "broken.png", None, None, None, reason="OSError: truncated"))
-    shown, failed = write_review(tmp_path / "r.html", rows, ["a", "b"], per_class=2, threshold=0.7, max_error=5)
+    shown, apart = write_review(tmp_path / "r.html", rows, ["a", "b"], per_class=2, threshold=0.7, max_error=5)
     page = (tmp_path / "r.html").read_text()
     data = page_data(page)
-    assert shown == 4 and failed == 0 and data["shown"] == {"a": [2, 4], "b": [2, 3]}
+    assert shown == 4 and apart == 1 and data["shown"] == {"a": [2, 4], "b": [2, 3]}
     assert [(d["label"], d["confidence"]) for d in data["items"]] == [("a", 0.5), ("a", 0.6), ("b", 0.55), ("b", 0.65)]
     assert all(d["thumb"].startswith("data:image/jpeg;base64,") for d in data["items"])
     # each image known by its hash too: a decision kept in the browser never passes to another picture
@@ -88,6 +88,8 @@ def test_review_correct_save_and_apply_in_a_real_browser(trained, browser, tmp_p
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     rows = {r["path"]: r for r in read_rows((tmp_path / "p.csv").read_text(errors="surrogateescape"), ["accepted"])}
     assert len(rows) == 24 and str(folder / "unlabeled" / "bad\udcff.png") in rows  # the CSV keeps the name's bytes
+    assert "1 names are not UTF-8 text and are written as their own bytes" in res.stderr
+    assert "23 images shown; 1 listed apart on the page" in res.stderr
     driver.get((tmp_path / "review.html").as_uri())
     cards = driver.find_elements(By.CSS_SELECTOR, ".card")
     assert len(cards) == 23 and all(c.find_element(By.TAG_NAME, "img").get_property("naturalWidth") > 0 for c in cards)

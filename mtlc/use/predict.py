@@ -20,7 +20,7 @@ import click
 from tqdm import tqdm
 
 from ..data.files import ImageFiles, describe_hidden, describe_others
-from ..disk.console import path_text, shown, stdout_rows
+from ..disk.console import is_text, path_text, shown, stdout_rows
 from ..disk.opening import identity
 from ..disk.runs import atomic_write
 from ..disk.work import Work, claimed, work_folder
@@ -58,15 +58,17 @@ class PredictOptions:
 
 class Tally:
     """The predictions that pass through it, counted: rows, unreadable files (each reported as it
-    passes, above the progress bar where there is one) and, with a threshold, accepted ones."""
+    passes, above the progress bar where there is one), names that are not UTF-8 text and, with a
+    threshold, accepted ones."""
 
     def __init__(self, threshold, bar=None):
         self.threshold, self.bar = threshold, bar
-        self.rows = self.failed = self.accepted = 0
+        self.rows = self.failed = self.accepted = self.not_text = 0
 
     def count(self, predictions):
         for p in predictions:
             self.rows += 1
+            self.not_text += not is_text(str(p.path))
             if self.bar is not None:
                 self.bar.update()
             if p.label is None:
@@ -204,12 +206,15 @@ def write_outputs(kept, r, o, studio):
 
     if o.csv_path:
         atomic_write(o.csv_path, write_csv)
+        if r.tally.not_text:
+            say(f"{o.csv_path}: {r.tally.not_text:,} names are not UTF-8 text and are written as their own bytes "
+                f"(label.py reads them back; elsewhere read the CSV with errors='surrogateescape', or rename them)")
     elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
         write_stdout(rows(), r.threshold, extra)
     predicted, cal = r.tally.rows - r.tally.failed, r.cal
     if o.review:
         # Every output holds what the run chose: with --suggest, the images to label next, not every one.
-        shown, _ = write_review(o.review, rows(), config.classes, per_class=o.review_per_class,
+        shown, apart = write_review(o.review, rows(), config.classes, per_class=o.review_per_class,
                                 most=o.review_max, threshold=r.found.confidence if r.found else None,
                                 max_error=o.max_error, title=f"Review: {', '.join(map(str, r.targets))}",
                                 summary=(f"the {len(chosen):,} to label next of " if chosen is not None else "")
@@ -217,7 +222,8 @@ def write_outputs(kept, r, o, studio):
                                         + (f"; {cal.source} images calibrated its confidences (temperature "
                                            f"{cal.temperature:.2f})" if cal and not cal.uncalibrated
                                            else "; confidences uncalibrated"))
-        say(f"wrote {o.review}: {shown:,} images shown")
+        say(f"wrote {o.review}: {shown:,} images shown" + (f"; {apart:,} listed apart on the page (unreadable, no "
+                                                            f"thumbnail, or a name that is not UTF-8 text)" if apart else ""))
     if o.label_studio:
         studio_root, studio_storage = studio
         tasks = label_studio.write_project(o.label_studio, rows(), config.classes, studio_root,

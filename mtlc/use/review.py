@@ -134,7 +134,7 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, most
     predicted class and `most` in all, the least confident (least_confident); unreadable files, and
     files whose names are not text (not valid UTF-8: the page could not give them back to label.py),
     are listed apart. threshold: the --max-error threshold, None where no confidence reaches it
-    (nothing accepted) or max_error is None. Returns (images shown, images whose thumbnail failed)."""
+    (nothing accepted) or max_error is None. Returns (images shown, images listed apart)."""
     unshown, key = Unshown(), StorageKey()
 
     def readable():
@@ -164,7 +164,7 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, most
                         threshold is not None and p.confidence >= threshold), thumb=t, digest=p.digest)
                for p, t in zip(items, thumbnails) if t is not None])
     write_page(out, title, data)
-    return len(data["items"]), sum(t is None for t in thumbnails)
+    return len(data["items"]), unshown.count
 
 
 def write_audit_review(out, findings, classes, *, most=DEFAULT_MOST, title="Is the folder right?", summary=""):
