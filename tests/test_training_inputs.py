@@ -84,6 +84,24 @@ def test_a_class_of_one_labeled_image_is_warned_of_and_named_where_val_cannot_ho
     assert "labeled/cat" not in result.output.split("warning:")[1].split("\n")[0]  # 6 of them: not thin
 
 
+def test_the_validation_hold_out_holds_no_copy_of_a_training_image(tmp_path):
+    """Images 0-3 of each class have a copy beside them (another name, another format): --val 3 is
+    drawn from images 4 and 5 only, and the run says why."""
+    from PIL import Image
+    write_own_folder(tmp_path / "data", n_unlabeled=6)
+    for c in ("cat", "dog", "owl"):
+        for i in range(4):
+            Image.open(tmp_path / "data" / "labeled" / c / f"{i}.png").save(tmp_path / "data" / "labeled" / c / f"{i}_x.bmp")
+    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "data", "--backbone", "convlarge",
+                               *SMALL[:6], "--epochs", "1", "--decay-epochs", "0", "--device", "cpu", "--val", "3",
+                               "--out", tmp_path / "run"])
+    assert result.exit_code == 0, result.output
+    assert "--val holds out none of the" in result.output and "labeled images that copy a training image" in result.output
+    state = torch.load(tmp_path / "run" / "mt.pt", weights_only=True)
+    held = sorted(state["config"]["files"]["train"][i].split("/")[-1] for i in state["val_idx"].tolist())
+    assert len(held) == 3 and set(held) <= {"4.png", "5.png"}, held
+
+
 def test_svhn_offline_names_the_files(tmp_path, monkeypatch):
     import torchvision
 

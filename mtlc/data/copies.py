@@ -162,6 +162,17 @@ def leaked_test(data):
     return sorted(data.files["test"][i] for i in leaked)
 
 
+def copied_images(train_x, held):
+    """The training images among `held` (indices: a --val hold-out) that are a copy or a near copy of
+    another training image (copies_in), as a sorted array of indices."""
+    held = np.asarray(held, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(len(train_x)), held)
+    if not len(held) or not len(rest):
+        return np.zeros(0, dtype=np.int64)
+    found = copies_in(train_x[torch.from_numpy(held)], ImageRows(train_x).subset(rest))
+    return np.unique(held[[i for i, _, _ in found]]).astype(np.int64)
+
+
 def copy_pairs(digests, images, progress=lambda n: None):
     """{(i, j): (score, detail)} with i < j: the images (ImageRows or a tensor) that are copies of each
     other, exact (the same bytes, by the digest of each: score 1) before near (near_pairs: 1 - their

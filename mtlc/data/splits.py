@@ -9,15 +9,18 @@ from ..disk.csv_text import read_mapping
 from ..errors import UserError
 
 
-def own_split(labels, n_val, seed, *, unlabeled_too=None, class_names=None):
+def own_split(labels, n_val, seed, *, unlabeled_too=None, class_names=None, never_held=()):
     """A folder of your own images: every labeled image is labeled, every unlabeled one unlabeled, and
     so are the labeled ones unlabeled_too marks (bool per image: a model's predictions, by_model);
-    n_val labeled images (stratified by class) are held out as a validation set, never trained on."""
+    n_val labeled images (stratified by class) are held out as a validation set, never trained on,
+    none of them among never_held (indices: images with a copy in training)."""
     from sklearn.model_selection import train_test_split
     is_labeled = (labels >= 0) if unlabeled_too is None else (labels >= 0) & ~unlabeled_too
     pool, unlabeled = is_labeled.nonzero().flatten(), (~is_labeled).nonzero().flatten()
     if n_val == 0:
         return pool, unlabeled, torch.zeros(0, dtype=torch.long)
+    kept_in = pool[torch.isin(pool, torch.as_tensor(np.asarray(never_held, dtype=np.int64)))]
+    pool = pool[~torch.isin(pool, kept_in)]  # drawn from the rest; trained on in any case
     counts = torch.bincount(labels[pool])
     if n_val < len(counts) or len(pool) - n_val < len(counts) or counts.min() < 2:
         smallest = int(counts.argmin())
@@ -25,7 +28,7 @@ def own_split(labels, n_val, seed, *, unlabeled_too=None, class_names=None):
                         f"one left to train on ({len(pool)} labeled images, {counts.min().item()} in the smallest class"
                         + (f", {class_names[smallest]}" if class_names else "") + ")")
     train, val = train_test_split(pool.numpy(), test_size=n_val, random_state=seed, stratify=labels[pool].numpy())
-    return torch.from_numpy(np.sort(train)), unlabeled, torch.from_numpy(np.sort(val))
+    return torch.from_numpy(np.sort(np.concatenate([train, kept_in.numpy()]))), unlabeled, torch.from_numpy(np.sort(val))
 
 
 def by_model(names, digests, accepted):

@@ -4,8 +4,10 @@ asked otherwise; the validation hold-out is drawn from a person's labels only; c
 learn or to check are said."""
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from ..data.copies import copied_images
 from ..data.splits import by_model, own_split
 from ..disk.outputs import LOG_NAME
 from ..errors import UserError
@@ -29,13 +31,28 @@ def own_images_split(data, data_dir, *, val, split_seed, accepted_as_labels, ech
             raise UserError(f"{Path(data_dir) / 'labeled' / data.classes[int((taught == 0).nonzero()[0])]} holds only "
                             f"images label.py --accepted labeled (a model's predictions): label one of them yourself, "
                             f"or train on them as labels with --accepted-as-labels")
-    labeled_idx, unlabeled_idx, val_idx = own_split(data.train_y, val, split_seed, unlabeled_too=model_labeled,
-                                                    class_names=data.classes)
+    labeled_idx, unlabeled_idx, val_idx = held_out_without_copies(data, val, split_seed, model_labeled, echo)
     if accepted_as_labels and model_labeled is not None:  # trained as labels, never held out
         labeled_idx = torch.cat([labeled_idx, model_labeled.nonzero().flatten()]).sort().values
         unlabeled_idx = unlabeled_idx[~model_labeled[unlabeled_idx]]
     warn_thin_classes(data, data_dir, labeled_idx, echo)
     return labeled_idx, unlabeled_idx, val_idx, history.relabeled
+
+
+def held_out_without_copies(data, val, split_seed, model_labeled, echo):
+    """own_split's, drawn again while the --val hold-out holds a copy (or near copy) of a training
+    image: its error would count images trained on, and calibration would trust them."""
+    copied = np.zeros(0, dtype=np.int64)
+    while True:
+        split = own_split(data.train_y, val, split_seed, unlabeled_too=model_labeled, class_names=data.classes,
+                          never_held=copied)
+        found = copied_images(data.train_x, split[2]) if len(split[2]) and data.files else []
+        if not len(found):
+            if len(copied):
+                echo(f"train_mt: --val holds out none of the {len(copied):,} labeled images that copy a training image "
+                     f"(the same image or a near copy: evaluate.py --audit lists them); they train")
+            return split
+        copied = np.union1d(copied, found)
 
 
 def say_accepted(data_dir, n, accepted_as_labels, echo):
