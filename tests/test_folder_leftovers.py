@@ -103,3 +103,21 @@ def test_a_hidden_folder_alone_is_no_class(tmp_path):
     Image.new("RGB", (8, 8)).save(data / "labeled" / ".ipynb_checkpoints" / "x.png")
     res = run("train_mt.py", "--dataset", "folder", "--backbone", "convlarge", "--data-dir", data, *SMALL, "--out", tmp_path / "run")
     assert res.returncode == 2 and "holds one class folder (cat)" in res.stderr
+
+
+def test_links_that_lead_out_of_the_folder_are_followed_and_said(tmp_path):
+    """A link in unlabeled/ to a folder elsewhere, one to a file elsewhere, and one inside: the
+    images are read, and the two that lead out are said (label.py moves nothing through them)."""
+    from mtlc.data.datasets import load_folder
+    data = tmp_path / "d"
+    write_own_folder(data, n_unlabeled=6)
+    (tmp_path / "elsewhere").mkdir()
+    for name in ("e1.png", "e2.png"):
+        Image.new("RGB", (8, 8), (200, 0, 0)).save(tmp_path / "elsewhere" / name)
+    (data / "unlabeled" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (data / "unlabeled" / "one.png").symlink_to(tmp_path / "elsewhere" / "e1.png")
+    (data / "unlabeled" / "alias.png").symlink_to(data / "unlabeled" / "u0000.png")  # inside: not said
+    said = []
+    loaded = load_folder(data, echo=said.append)
+    assert sum(name.startswith("unlabeled/") for name in loaded.files["train"]) == 6 + 2 + 2  # linked/ 2, one, alias
+    assert f"followed 2 links in {data} that lead out of it: the images there are read, but label.py" in "\n".join(said)

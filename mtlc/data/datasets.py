@@ -18,9 +18,11 @@ from ..errors import UserError
 from .layout import check_part_names, describe_loose, is_own_layout
 from .cache import cache_dir, content_fingerprint, load_images
 from .files import (
+    OUTSIDE,
     count_other,
     describe_bad,
     describe_hidden,
+    describe_links_out,
     describe_others,
     is_hidden,
     is_image_name,
@@ -303,7 +305,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
         test_groups, counts = class_images(data_dir / "test")
     left_out.update(counts)
     for line in (describe_hidden(left_out["hidden"], data_dir), describe_others(left_out, data_dir),
-                 describe_loose(data_dir, own)):
+                 describe_loose(data_dir, own), describe_links_out(left_out[OUTSIDE], data_dir)):
         if line and not restored:
             echo(line)
     classes = sorted(train_groups)

@@ -24,6 +24,7 @@ READ_AS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WebP", "PPM/PGM/PBM")  # FORMAT
 # walk_images counts the other files it leaves out in "others", and by kind under (OTHER, kind): the
 # name's other_kind, or NOT_REGULAR; MOST_KINDS kinds at most.
 OTHER, NOT_REGULAR = "other", "pipes, sockets or devices"
+OUTSIDE = "links leading out"  # walk_images's count of the links it followed out of its root
 MOST_KINDS = 100
 
 
@@ -70,12 +71,13 @@ def walk_images(root, counts=None):
     Hidden files and folders (is_hidden) are left out and counted in counts["hidden"]; other files
     (other extensions; a pipe, a socket, a device named like an image) in counts["others"], and by
     kind (extension) in counts[OTHER, kind] (describe_others);
-    symbolic links are followed, a folder reached twice (a link loop) is walked once, under its first
-    name in that order; a file that cannot be stat-ed (a broken link) gets -1 for size and times. One
+    symbolic links are followed (those that lead out of root counted in counts[OUTSIDE]), a folder
+    reached twice (a link loop) is walked once, under its first name in that order; a file that
+    cannot be stat-ed (a broken link) gets -1 for size and times. One
     os.scandir per folder and one stat per file, no Path objects: a second start-up on 60,000 files
     costs a fraction of a second."""
     counts = counts if counts is not None else collections.Counter()
-    seen = set()
+    seen, inside = set(), os.path.realpath(root) + os.sep
     # Depth first, each folder's files and subfolders merged by name: the order of sorted paths
     # (a subfolder "b" comes before a file "b.png"), with no sort of the whole list.
     stack = [(os.fspath(root), "", None)]
@@ -98,7 +100,10 @@ def walk_images(root, counts=None):
             name = entry.name
             if is_hidden(name):
                 counts["hidden"] += 1
-            elif is_folder(entry):
+                continue
+            if entry.is_symlink() and not os.path.realpath(entry.path).startswith(inside):
+                counts[OUTSIDE] += 1
+            if is_folder(entry):
                 children.append((name, (entry.path, f"{rel}{name}/", None)))
             elif not is_image_name(name):
                 count_other(counts, other_kind(name))
@@ -190,6 +195,14 @@ def kind_shown(kind):
     if not kind:
         return "without extension"
     return f"'{escaped(kind)}'" if telling(kind) and kind not in (".heic", ".heif") else escaped(kind)
+
+
+def describe_links_out(count, where):
+    """The line that says how many links under where lead out of it (walk_images followed them), or ''."""
+    if not count:
+        return ""
+    return (f"followed {count:,} link{'s' * (count != 1)} in {escaped(where)} that lead{'s' * (count == 1)} out of "
+            f"it: the images there are read, but label.py moves no file through a link to outside the folder")
 
 
 def describe_hidden(count, where):
