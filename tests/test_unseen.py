@@ -72,6 +72,7 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
                                "--json"])
     assert result.exit_code == 0, result.output
     assert "each image is predicted by one of 4 heads" in result.output
+    assert "confidences of the 4 heads' teachers calibrated on" in result.output  # their temperature, not the checkpoint's
     assert "training 4 heads as the checkpoint's was" in result.output and "4 heads: " in result.output  # its estimate
     assert result.output.count(" of 4 trained") == 4 and "s/step" not in result.output.replace("s/step on this", "")
     assert json.loads(result.stdout.splitlines()[-1])["unseen_heads"] == 4

@@ -147,7 +147,9 @@ def calibrated(path, state, device, o):
     threshold found or None, the confidence a row needs to be accepted or None); --coverage drawn."""
     classifier = Classifier(state, model=o.model_name, device=device)
     cal = unseen_calibration(classifier, path, o) or classifier.calibrate(o.data_dir, echo=say)
-    say(describe_calibration(dict(model=o.model_name, **cal.summary())) if cal else
+    # the heads' own temperature: not the checkpoint's (evaluate.py --json), whose head saw the images
+    model = f"{FOLDS} heads' {o.model_name}s" if classifier.unseen else o.model_name
+    say(describe_calibration(dict(model=model, **cal.summary())) if cal else
         f"confidences are uncalibrated (the raw softmax): {classifier.uncalibrated}")
     if cal is None and (o.max_error is not None or o.coverage):
         raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: "
