@@ -68,6 +68,9 @@ def test_parts_named_almost_right_are_named_before_anything_else(tmp_path):
     (tmp_path / "data" / "unlabelled").rename(tmp_path / "data" / "unlabeled")  # Labeled/ beside unlabeled/: said too
     with pytest.raises(UserError, match=r"holds Labeled/ \(name it labeled/\): "):
         load_dataset("folder", tmp_path / "data")
+    (tmp_path / "data" / "Labeled").rename(tmp_path / "data" / "labeled")
+    (tmp_path / "data" / "Test").write_text("a file, not a part")  # only folders are parts
+    assert len(load_dataset("folder", tmp_path / "data").classes) == 3
 
 
 def test_a_class_of_one_labeled_image_is_warned_of_and_named_where_val_cannot_hold_it_out(tmp_path):
@@ -96,7 +99,7 @@ def test_the_validation_hold_out_holds_no_copy_of_a_training_image(tmp_path):
                                *SMALL[:6], "--epochs", "1", "--decay-epochs", "0", "--device", "cpu", "--val", "3",
                                "--out", tmp_path / "run"])
     assert result.exit_code == 0, result.output
-    assert "--val holds out none of the" in result.output and "labeled images that copy a training image" in result.output
+    assert "--val was drawn again without the" in result.output and "that copy a training image" in result.output
     state = torch.load(tmp_path / "run" / "mt.pt", weights_only=True)
     held = sorted(state["config"]["files"]["train"][i].split("/")[-1] for i in state["val_idx"].tolist())
     assert len(held) == 3 and set(held) <= {"4.png", "5.png"}, held

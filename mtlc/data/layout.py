@@ -23,9 +23,10 @@ def check_part_names(data_dir):
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         return
-    present = {entry.name for entry in data_dir.iterdir()}
-    misnamed = sorted(f"{name}/ (name it {PART_NAMES[name.lower()]}/)" for name in present
-                      if PART_NAMES.get(name.lower(), name) != name and PART_NAMES[name.lower()] not in present)
+    # a part's own name where it exists (on a file system blind to case, Labeled/ is labeled/ too)
+    misnamed = sorted(f"{p.name}/ (name it {PART_NAMES[p.name.lower()]}/)" for p in data_dir.iterdir()
+                      if PART_NAMES.get(p.name.lower(), p.name) != p.name and p.is_dir()
+                      and not (data_dir / PART_NAMES[p.name.lower()]).exists())
     if misnamed:
         raise UserError(f"{data_dir} holds {', '.join(misnamed)}: the folders of images are named labeled/, "
                         f"unlabeled/ and test/ (or train/ and test/), in lower case; rename them")

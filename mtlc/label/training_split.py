@@ -49,8 +49,8 @@ def held_out_without_copies(data, val, split_seed, model_labeled, echo):
         found = copied_images(data.train_x, split[2]) if len(split[2]) and data.files else []
         if not len(found):
             if len(copied):
-                echo(f"train_mt: --val holds out none of the {len(copied):,} labeled images that copy a training image "
-                     f"(the same image or a near copy: evaluate.py --audit lists them); they train")
+                echo(f"train_mt: --val was drawn again without the {len(copied):,} labeled images it had drawn that "
+                     f"copy a training image (the same image or a near copy: evaluate.py --audit lists them); they train")
             return split
         copied = np.union1d(copied, found)
 
