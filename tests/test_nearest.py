@@ -1,6 +1,9 @@
 """nearest.py against scikit-learn's brute-force neighbours on fresh random vectors: the exact search
 (block after block of the base) gives the same neighbours and distances; the inverted-file index
 finds nearly all of them."""
+import sys
+from functools import partial
+
 import numpy as np
 import pytest
 from sklearn.neighbors import NearestNeighbors
@@ -14,9 +17,18 @@ def reference(base, queries, k):
     return distances ** 2, indices
 
 
+@pytest.fixture(params=["faiss", "torch"])
+def engine(request, monkeypatch):
+    """The exact search with faiss, and in torch where faiss cannot be imported (the GPU hosts)."""
+    if request.param == "torch":
+        monkeypatch.setitem(sys.modules, "faiss", None)
+    return request.param
+
+
 @pytest.mark.parametrize("n_base,block", [(300, 65_536), (1027, 128)])  # one block; many, the last smaller than k
-def test_the_exact_search_is_brute_force(monkeypatch, n_base, block):
+def test_the_exact_search_is_brute_force(monkeypatch, engine, n_base, block):
     monkeypatch.setattr(nearest, "BLOCK", block)
+    monkeypatch.setattr(nearest, "torch_exact_search", partial(nearest.torch_exact_search, rows=100))
     rng = np.random.default_rng(n_base)
     base, queries = rng.normal(size=(n_base, 16)), rng.normal(size=(257, 16))
     distances, indices = nearest.nearest(in_memory(base), in_memory(queries), 5)
@@ -25,7 +37,7 @@ def test_the_exact_search_is_brute_force(monkeypatch, n_base, block):
     np.testing.assert_allclose(distances, expected_d, rtol=1e-4, atol=1e-4)
 
 
-def test_fewer_base_vectors_than_asked_are_padded():
+def test_fewer_base_vectors_than_asked_are_padded(engine):
     rng = np.random.default_rng(1)
     base, queries = rng.normal(size=(3, 4)), rng.normal(size=(6, 4))
     distances, indices = nearest.nearest(in_memory(base), in_memory(queries), 5)

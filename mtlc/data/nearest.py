@@ -72,8 +72,12 @@ def nearest(base, queries, k, seed=0, progress=lambda n: None):
 
 def exact_search(base, k):
     """A search that compares a batch of queries with every base vector (faiss.knn block by block,
-    merged in a faiss.ResultHeap); a base of one block is made once."""
-    import faiss  # here, not above: training on a dataset without files never searches (GPU hosts lack faiss)
+    merged in a faiss.ResultHeap); a base of one block is made once. Where faiss is missing (the GPU
+    hosts lack it), the same search in torch."""
+    try:
+        import faiss  # here, not above: training on a dataset without files never searches
+    except ImportError:
+        return torch_exact_search(base, k)
     held = list(base.batches()) if base.n <= BLOCK else None
 
     def search(batch):
@@ -88,6 +92,30 @@ def exact_search(base, k):
             start += len(block)
         heap.finalize()
         return heap.D, heap.I
+    return search
+
+
+def torch_exact_search(base, k, rows=1024):
+    """exact_search's answers from torch, `rows` queries at a time: each base block's squared distances
+    (by matrix products, as faiss.knn computes them), merged with the best so far by topk."""
+    held = list(base.batches()) if base.n <= BLOCK else None
+
+    def search_rows(queries):
+        best_d, best_i = torch.empty(len(queries), 0), torch.empty(len(queries), 0, dtype=torch.long)
+        start = 0
+        for block in held if held is not None else base.batches():
+            block = torch.from_numpy(np.ascontiguousarray(block, np.float32))
+            d = torch.cdist(queries, block).square()
+            best_d, order = torch.cat([best_d, d], 1).topk(min(k, best_d.shape[1] + len(block)), largest=False)
+            index = torch.arange(start, start + len(block)).expand(len(queries), -1)
+            best_i = torch.cat([best_i, index], 1).gather(1, order)
+            start += len(block)
+        return best_d.numpy(), best_i.numpy()
+
+    def search(batch):
+        queries = torch.from_numpy(np.ascontiguousarray(batch, np.float32))
+        found = [search_rows(queries[i:i + rows]) for i in range(0, len(queries), rows)]
+        return np.concatenate([d for d, _ in found]), np.concatenate([i for _, i in found])
     return search
 
 

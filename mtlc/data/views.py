@@ -116,7 +116,9 @@ class StrongAugment:
         """The variant each of n images gets: an op uniformly, negated where torchvision's rand() <= 0.5."""
         op = torch.randint(len(self.choices), (n,), device=device)
         negative = (torch.rand(n, device=device) <= 0.5).long()
-        return self.choices.to(device)[op, negative]
+        if self.choices.device != op.device:  # moved once, before a CUDA graph's capture (no copies in one)
+            self.choices = self.choices.to(op.device)
+        return self.choices[op, negative]
 
     def randaugment(self, images, variants, sync_free):
         """Each image with its own variant applied."""
