@@ -52,6 +52,15 @@ def test_near_copies_are_found_and_unrelated_images_left_alone(tmp_path):
     assert [(i, j) for i, j, _ in found] == [(0, 7), (1, 7)]
 
 
+def test_flat_images_copy_only_flat_images_of_their_own_colour():
+    """A white page and a black one standardize alike (nothing varies): they are no copies of each
+    other; two white pages (one a shade off) are; a flat image is no copy of a photo."""
+    flat = [Image.new("RGB", (40, 40), colour) for colour in ((255, 255, 255), (0, 0, 0), (250, 250, 250), (200, 30, 30))]
+    images = torch.stack([torch.from_numpy(np.asarray(im.resize((32, 32)))).permute(2, 0, 1) for im in flat]
+                         + [torch.from_numpy(np.asarray(photo(i).resize((32, 32)))).permute(2, 0, 1) for i in range(20)])
+    assert [(i, j) for i, j, _ in near_pairs(images)] == [(0, 2)]
+
+
 def test_an_image_like_no_class_is_an_outlier():
     """Three classes of smooth images in three colours; one image far from them in features, one in
     pixels only (the network's features say nothing of it): both found, no other image."""

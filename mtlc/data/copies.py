@@ -4,7 +4,10 @@ JPEG, a burst), within and across a folder's labeled/, unlabeled/ and test/.
 Two images are compared at the cache's size, each standardized (mean 0, standard deviation 1: a
 brightness or contrast change cancels), by the mean squared difference d of their values (0 for
 equal pixels, about 2 for unrelated ones). A pair is a copy when d is at most NEAR_DISTANCE and at
-most NEAR_RATIO times the median distance of the two images to their other candidates. The ratio
+most NEAR_RATIO times the median distance of the two images to their other candidates. A flat
+image (a blank page, a one-pixel file scaled up) has nothing to standardize: where either image of a
+pair is flat, d is their plain mean squared difference in units of FLAT_SCALE grey levels, so that a
+white page copies a white page and never a black one. The ratio
 matters more than the bound: in a folder of simple images (digits) two different images of a class
 are often as close as a photo and its re-saved copy (measured, docs/audit.md: one bound of 0.08 paired
 1,616 different digits; the ratio, none). Candidates are each image's CANDIDATES nearest neighbours by
@@ -25,6 +28,8 @@ CANDIDATES = 8         # nearest thumbnails compared with each image at the cach
 THUMBNAIL = 8
 VERIFY_BATCH = 1024    # candidate pairs compared at a time
 POOL_BATCH = 4096      # images made into thumbnails at a time
+FLAT_STD = 2.0         # an image whose values vary less than this (grey levels, standard deviation) is flat
+FLAT_SCALE = 32.0      # a flat pair's difference in these units: 8 levels apart is d 0.0625, black and white 64
 
 
 def standardized(x):
@@ -76,9 +81,16 @@ def distances(images_a, images_b, pairs):
     found = np.zeros(len(pairs), np.float32)
     for start in range(0, len(pairs), VERIFY_BATCH):
         chunk = pairs[start:start + VERIFY_BATCH]
-        found[start:start + len(chunk)] = (standardized(a.gather(chunk[:, 0])) - standardized(b.gather(chunk[:, 1]))
-                                           ).square().mean(1).numpy()
+        found[start:start + len(chunk)] = pair_distances(a.gather(chunk[:, 0]), b.gather(chunk[:, 1])).numpy()
     return found
+
+
+def pair_distances(x, y):
+    """d of each pair (x[i], y[i]) of uint8 images: standardized, or plain where either is flat."""
+    plain_x, plain_y = x.reshape(len(x), -1).float(), y.reshape(len(y), -1).float()
+    flat = (plain_x.std(1) < FLAT_STD) | (plain_y.std(1) < FLAT_STD)
+    plain = ((plain_x - plain_y) / FLAT_SCALE).square().mean(1)
+    return torch.where(flat, plain, (standardized(x) - standardized(y)).square().mean(1))
 
 
 def is_copy(d, others):
