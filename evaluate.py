@@ -16,6 +16,7 @@ which to label next), the paper's results table, error curves and t-SNE pictures
     python evaluate.py --ckpt lc.pt --predict unlabeled/ --label-studio tasks.json   # pre-annotated Label Studio tasks
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import click
 import cloup
 import torch
 
+from mtlc.data.files import is_image_name
 from mtlc.data.splits import measured_pool, true_classes
 from mtlc.disk.command_line import OnceEach, given_options
 from mtlc.disk.console import robust_streams
@@ -115,6 +117,19 @@ def check_outputs_of(o, states):
               for path, state in zip(o.ckpts, states) for files in [state["config"].files] if files]
     # Once the checkpoints are read: after their images, so that an image under an output's name is refused as one.
     check_outputs(outputs, inputs=inputs, read_from=images, kinds=OWN_KINDS if states else None)
+    folders = [(folder, what) for folder, _, what in images] + [(p, f"--predict {p}") for p in o.predict_paths
+                                                                  if Path(p).is_dir()]
+    check_images_outside(outputs, folders)
+
+
+def check_images_outside(outputs, folders):
+    """Exit 2 where an output that is an image (a figure) would lie in a folder whose images are read
+    [(folder, what it is)]: the next run would take the figure for one of them."""
+    for option, out in ((option, out) for option, out in outputs.items() if out and is_image_name(Path(out).name)):
+        for folder, what in folders:
+            if Path(os.path.realpath(out)).is_relative_to(os.path.realpath(folder)):
+                raise UserError(f"{option} {out} lies in {what}: a figure written there would be read as one of its "
+                                f"images next time; write it elsewhere")
 
 
 @cloup.command(cls=EvaluateCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

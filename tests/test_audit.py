@@ -16,7 +16,7 @@ import evaluate
 import label
 from conftest import invoke, run, save_labels, snapshot, write_labels
 from fakedata import run_settings, write_own_folder
-from mtlc.use.audit import AUDIT_HEADER, KINDS, outlier_findings
+from mtlc.use.audit import AUDIT_HEADER, KINDS, outlier_findings, outlier_scores
 from mtlc.use import audit as audit_module
 from mtlc.data import nearest
 from mtlc.data.copies import copies_in, leaked_test, near_pairs
@@ -81,6 +81,22 @@ def test_an_image_like_no_class_is_an_outlier():
     found = outlier_findings([f"i{k}" for k in range(len(features))], features, images, mask)
     assert sorted(f.path for f in found) == [f"i{len(features) - 2}", f"i{len(features) - 1}"]
     assert all(f.score > 1 for f in found)
+
+
+def test_a_trunks_features_count_at_their_own_margin():
+    """An unlabeled image about 1.07 times as far from the labeled ones as they are from each other:
+    no outlier at the network's margin (1.25), one at a pretrained trunk's (1.05); features given as
+    nearest.Vectors (the trunk's kept features, read a batch at a time)."""
+    rng = np.random.default_rng(0)
+    angles = np.concatenate([rng.uniform(0, 0.5, 20), [0.52]])  # on a circle: unit features
+    features = np.stack([np.cos(angles), np.sin(angles)], 1).astype(np.float32)
+    images = torch.from_numpy(np.stack([np.asarray(photo(0, (32, 32)))] * len(angles))).permute(0, 3, 1, 2)
+    labeled = np.arange(len(angles)) < 20
+    scores = outlier_scores(nearest.in_memory(features), images, labeled)
+    assert 1.05 < scores[-1] < 1.25
+    assert outlier_findings(list(map(str, range(21))), nearest.in_memory(features), images, labeled) == []
+    found = outlier_findings(list(map(str, range(21))), nearest.in_memory(features), images, labeled, feature_margin=1.05)
+    assert [f.path for f in found] == ["20"]
 
 
 @pytest.mark.parametrize("right, said", [(0.25, "no better than"), (0.45, "cannot be told"), (0.6, None),

@@ -336,3 +336,20 @@ def test_an_output_never_replaces_an_image_of_the_checkpoints_folder(trained, tm
         res = invoke(evaluate, ["--ckpt", ckpt, *args])
         assert res.exit_code == 2 and "one of the images of" in res.output, res.output
     assert image.read_bytes() == before
+
+
+def test_a_figure_is_never_written_among_the_images_a_run_reads(trained, tmp_path):
+    """A figure (an image file) named inside the checkpoint's folder or a folder --predict reads would
+    be taken for one of its images next time: refused, nothing written; a CSV there is no image."""
+    data, ckpt = trained
+    new_photos = tmp_path / "new"
+    new_photos.mkdir()
+    shutil.copy(data / "unlabeled" / "u0000.png", new_photos)
+    for figure, args, where in ((data / "unlabeled" / "confusion.png", ["--confusion"], f"the images of {ckpt}'s folder"),
+                                (new_photos / "coverage.png", ["--predict", new_photos, "--max-error", "5", "--coverage"],
+                                 f"--predict {new_photos}")):
+        res = invoke(evaluate, ["--ckpt", ckpt, *args, figure])
+        assert res.exit_code == 2 and f"lies in {where}: a figure written there" in res.output, res.output
+        assert not figure.exists()
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", new_photos, "--csv", new_photos / "predictions.csv"])
+    assert res.exit_code == 0, res.output

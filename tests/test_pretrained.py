@@ -21,6 +21,7 @@ from mtlc.data.datasets import load_dataset
 from mtlc.errors import UserError
 from mtlc.train import embeddings, pretrained
 from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models
+from mtlc.use import audit
 
 BACKBONE = "efficientnet-lite0"
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
@@ -189,11 +190,19 @@ def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     assert len(read_rows((tmp_path / "next.csv").read_text(), more=("cluster",))) == 3
     assert (tmp_path / "page.html").stat().st_size and len(json.loads((tmp_path / "tasks.json").read_text())) == 3
+    measured = []  # the outliers are measured in the trunk's kept features, at the trunk's margin
+
+    def outliers(paths, space, images, labeled, margin):
+        measured.append((space.n, space.dim, margin))
+        return []
     with monkeypatch.context() as patched:
         patched.setattr(pretrained.PretrainedNet, "features", lambda *a: pytest.fail("the trunk ran in the audit"))
+        patched.setattr(audit, "outlier_findings", outliers)
         result = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--audit", tmp_path / "audit.csv", "--audit-steps",
                                    "20", "--audit-folds", "2"])
     assert result.exit_code == 0, result.output
+    data = restore_data(load_checkpoint(run / "mt_final.pt"), echo=lambda line: None)
+    assert measured == [(len(data.train_y) + len(data.test_y), data.features.train.shape[-1], audit.TRUNK_OUTLIER_MARGIN)]
     assert (tmp_path / "audit.csv").read_text().startswith("kind,path")
     classifier = mtlc.load(run / "mt_final.pt", device="cpu")
     predictions = classifier.predict([folder / "d" / "test"])

@@ -8,7 +8,8 @@ before a wrong label, a copy or a stray image misleads a run:
 - leak: a test/ image that is also in labeled/ or unlabeled/, with its copy: it makes the test
   error optimistic;
 - outlier: an image least like any class, farther from its nearest labeled images (in the
-  network's features or in its pixels) than any labeled image is from the others.
+  network's features, a pretrained trunk's where there is one, or in its pixels) than any labeled
+  image is from the others.
 
 Each is a Finding: one row of the audit CSV (kind,path,score,suggestion, then given, detail and the
 hash of the image's bytes), which label.py applies: a doubtful label relabeled from the audit page's
@@ -50,6 +51,11 @@ OUTLIER_NEIGHBOURS = 5  # labeled images an image's distance to the classes is m
 # none wrongly; on a CIFAR-10 folder with digits among the photos, none found, none wrongly (1.0
 # flagged 84 photos there).
 OUTLIER_MARGIN = 1.25
+# The same for a pretrained trunk's features (ImageNet's: a blank page, noise or a chart lies far from
+# every labeled photo there, where a head fitted to the folder's classes maps it near one of them).
+# Measured on three CIFAR-10 folders with ten junk images and foreign photos in unlabeled/
+# (docs/audit.md, "Junk among photos"): every junk image above it, no ordinary image.
+TRUNK_OUTLIER_MARGIN = 1.05
 OUTPUTS_BATCH = 500  # images through the teacher at a time
 
 
@@ -170,27 +176,39 @@ def distance_ratios(vectors, labeled):
     return mean / max(mean[labeled].max(), 1e-12)
 
 
-def outlier_scores(features, images, labeled):
-    """Each image's outlier score: distance_ratios in the network's features (L2-normalized) and in
-    the images' 8 x 8 thumbnails (copies.thumbnail_vectors), the larger of the two. None where fewer
-    than 2 images are labeled."""
-    normalized = in_memory(features)
+def outlier_scores(features, images, labeled, feature_margin=OUTLIER_MARGIN):
+    """Each image's outlier score: distance_ratios in the features (L2-normalized; scaled so that
+    feature_margin there counts as OUTLIER_MARGIN) and in the images' 8 x 8 thumbnails
+    (copies.thumbnail_vectors), the larger of the two. features: (n, D), an array, a memory map, or
+    nearest.Vectors. None where fewer than 2 images are labeled."""
+    normalized = features if isinstance(features, Vectors) else in_memory(features)
     unit = Vectors(normalized.n, normalized.dim, lambda: (unit_rows(b) for b in normalized.batches()),
                    lambda idx: unit_rows(normalized.rows(idx)))
     ratios = [distance_ratios(space, labeled) for space in (unit, thumbnail_vectors(images))]
-    return None if ratios[0] is None else np.maximum(*ratios)
+    return None if ratios[0] is None else np.maximum(ratios[0] * (OUTLIER_MARGIN / feature_margin), ratios[1])
 
 
-def outlier_findings(paths, features, images, labeled):
+def outlier_findings(paths, features, images, labeled, feature_margin=OUTLIER_MARGIN):
     """The images that are not labeled whose outlier score is above OUTLIER_MARGIN: farther from the
-    labeled images, in features or in pixels, than any labeled image is from the others. features:
-    (n, D), an array or a memory map; images: ImageRows or a tensor; labeled: a bool mask."""
-    score = outlier_scores(features, images, labeled)
+    labeled images, in features or in pixels, than any labeled image is from the others (by
+    feature_margin in features). images: ImageRows or a tensor; labeled: a bool mask."""
+    score = outlier_scores(features, images, labeled, feature_margin)
     if score is None:
         return []
     return [Finding("outlier", paths[i], float(score[i]), "", detail="distance to the nearest labeled images, over "
                     "the largest of a labeled image (features or thumbnails)")
             for i in np.flatnonzero(~labeled & (score > OUTLIER_MARGIN))]
+
+
+def trunk_vectors(data):
+    """The kept features of a pretrained trunk for every image (training, then test; their plain
+    view) as nearest.Vectors, read a batch at a time."""
+    rows = ImageRows(data.features.train[:, 0], data.features.test[:, 0])
+
+    def array(t):
+        return np.ascontiguousarray(t.numpy(), dtype=np.float32)
+    return Vectors(len(rows), rows.parts[0].shape[-1], lambda: (array(b) for b in rows.batches()),
+                   lambda idx: array(rows.gather(idx)))
 
 
 def teacher_inputs(data, mean, std):
@@ -291,7 +309,8 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
                                                                bar.update))
     labeled = np.zeros(len(images), bool)
     labeled[labeled_idx.numpy()] = True
-    findings += kept(work, "outliers", lambda: outlier_findings(paths, features, images, labeled))
+    space, margin = (features, OUTLIER_MARGIN) if data.features is None else (trunk_vectors(data), TRUNK_OUTLIER_MARGIN)
+    findings += kept(work, "outliers", lambda: outlier_findings(paths, space, images, labeled, margin))
     wanted = {f.path for f in findings}
     digest_of = {p: digests[i].decode() for i, p in enumerate(paths[i] for i in range(len(paths))) if p in wanted}
     for finding in findings:
