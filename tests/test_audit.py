@@ -16,7 +16,9 @@ import evaluate
 import label
 from conftest import invoke, run, save_labels, snapshot, write_labels
 from fakedata import run_settings, write_own_folder
-from mtlc.use.audit import AUDIT_HEADER, KINDS, outlier_findings, outlier_scores
+from mtlc.use.audit import AUDIT_HEADER, KINDS, outlier_findings
+from mtlc.use.outliers import LabeledSpread, distance_ratios, outlier_scores
+from mtlc.use.selection import unit_rows
 from mtlc.use import audit as audit_module
 from mtlc.data import nearest
 from mtlc.data.copies import copies_in, leaked_test, near_pairs
@@ -56,8 +58,8 @@ def test_flat_images_copy_only_flat_images_of_their_own_colour():
     """A white page and a black one standardize alike (nothing varies): they are no copies of each
     other; two white pages (one a shade off) are; a flat image is no copy of a photo."""
     flat = [Image.new("RGB", (40, 40), colour) for colour in ((255, 255, 255), (0, 0, 0), (250, 250, 250), (200, 30, 30))]
-    images = torch.stack([torch.from_numpy(np.asarray(im.resize((32, 32)))).permute(2, 0, 1) for im in flat]
-                         + [torch.from_numpy(np.asarray(photo(i).resize((32, 32)))).permute(2, 0, 1) for i in range(20)])
+    images = torch.stack([torch.from_numpy(np.array(im.resize((32, 32)))).permute(2, 0, 1) for im in flat]
+                         + [torch.from_numpy(np.array(photo(i).resize((32, 32)))).permute(2, 0, 1) for i in range(20)])
     assert [(i, j) for i, j, _ in near_pairs(images)] == [(0, 2)]
 
 
@@ -97,6 +99,16 @@ def test_a_trunks_features_count_at_their_own_margin():
     assert outlier_findings(list(map(str, range(21))), nearest.in_memory(features), images, labeled) == []
     found = outlier_findings(list(map(str, range(21))), nearest.in_memory(features), images, labeled, feature_margin=1.05)
     assert [f.path for f in found] == ["20"]
+
+
+def test_predict_measures_a_new_image_as_the_audit_measures_the_folders_own():
+    """LabeledSpread (--predict's) gives an image outside the labeled set the ratio the audit's
+    distance_ratios gives it among the folder's images: the same neighbours, the same unit."""
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(60, 8)).astype(np.float32)
+    labeled = np.arange(60) < 25
+    expected = distance_ratios(nearest.in_memory(unit_rows(features)), labeled)[~labeled]
+    np.testing.assert_allclose(LabeledSpread(features[labeled]).ratios(features[~labeled]), expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("right, said", [(0.25, "no better than"), (0.45, "cannot be told"), (0.6, None),

@@ -19,7 +19,7 @@ from fakedata import write_own_folder
 from mtlc.train import pretrained
 from mtlc.train.checkpoints import load_checkpoint, restore_data
 from mtlc.train.settings import learning_rate
-from mtlc.use import unseen
+from mtlc.use import classifier, unseen
 
 BACKBONE = "efficientnet-lite0"
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
@@ -85,7 +85,7 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     # each unlabeled image's row: the head that left it out, on the image's kept features
     data = restore_data(state, echo=lambda line: None)
     heads = unseen.UnseenHeads.trained(state, data, run / "d", evaluate_key(run), "teacher", None, "cpu", print)
-    by_name = {r["path"]: r for r in read_rows(out.read_text())}
+    by_name = {r["path"]: r for r in read_rows(out.read_text(), more=("like_no_class",))}
     assert len(by_name) == 16
     for position, row in enumerate(unlabeled.tolist()):
         head = heads.heads[folds[position]]
@@ -100,6 +100,32 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     assert result.exit_code == 0, result.output
     assert result.output.count("kept from before") == 4
     assert "each image was predicted by a head that never saw it" in result.output
+
+
+@pytest.mark.parametrize("margin", [0.0, 1e9])
+def test_an_image_farther_from_the_labeled_ones_than_they_are_apart_is_never_accepted(run, tmp_path, monkeypatch,
+                                                                                      margin):
+    """Each row says whether the image is like no class (its distance to the labeled images in the
+    trunk's features over theirs to each other, above the margin): such a row is never accepted, and
+    the run counts them. Margin 0: every image is, and none is accepted; a margin no image reaches: none
+    is, and --max-error 99 accepts those its threshold clears."""
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(classifier, "TRUNK_OUTLIER_MARGIN", margin)
+    out = tmp_path / "p.csv"
+    result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--max-error",
+                               "99", "--csv", out, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out.read_text(), more=("accepted", "like_no_class"))
+    strays = margin == 0.0
+    assert len(rows) == 16 and {r["like_no_class"] for r in rows} == {str(int(strays))}
+    summary = json.loads(result.stdout.splitlines()[-1])
+    accepted = [r["accepted"] for r in rows]
+    if strays:
+        assert set(accepted) == {"0"} and summary["accepted"] == 0
+    else:
+        assert accepted == [str(int(float(r["confidence"]) >= summary["threshold"])) for r in rows] and "1" in accepted
+    assert summary["like_no_class"] == (16 if strays else 0)
+    assert ("16 of them lie farther from every labeled image" in result.output) == strays
 
 
 def evaluate_key(run):
@@ -154,7 +180,7 @@ def test_heads_interrupted_while_one_trains_keep_those_done_and_the_next_run_tra
     assert result.exit_code == 0, result.output
     assert trained == ["head 3 of 4", "head 4 of 4"] and result.output.count("kept from before") == 2
     assert "training 2 heads" in result.output
-    assert len(read_rows((tmp_path / "p.csv").read_text())) == 16
+    assert len(read_rows((tmp_path / "p.csv").read_text(), more=("like_no_class",))) == 16
 
 
 def test_a_link_in_place_of_the_heads_folder_is_refused_in_one_line_and_left_alone(run, monkeypatch, tmp_path):

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's root
-from mtlc.use.audit import copy_findings, outlier_findings, outlier_scores  # noqa: E402
+from mtlc.use.audit import copy_findings, outlier_findings  # noqa: E402
+from mtlc.use.outliers import outlier_scores  # noqa: E402
 from mtlc.data.views import normalization  # noqa: E402
 from mtlc.use.calibration import fitted_or_one  # noqa: E402
 from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models  # noqa: E402

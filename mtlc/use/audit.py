@@ -28,11 +28,10 @@ import torch
 from tqdm import tqdm
 
 from ..data.batches import ImageRows
-from ..data.copies import copy_pairs, thumbnail_vectors
+from ..data.copies import copy_pairs
 from ..data.layout import is_own_layout
 from ..data.files import DIGEST_COLUMN
 from ..data.mapped import mapped_work_rows
-from ..data.nearest import BLOCK, Vectors, in_memory, nearest
 from ..data.views import normalization
 from ..disk.console import csv_writer, path_text
 from ..disk.runs import atomic_write
@@ -41,21 +40,10 @@ from ..train.checkpoints import restore_models
 from ..train.inference import chance_verdict, chance_words, model_outputs
 from .calibration import fitted_or_one
 from .crossfit import DEFAULT_FOLDS, DEFAULT_STEPS, crossfit_logits, out_of_sample_probabilities
-from .selection import unit_rows
+from .outliers import OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN, outlier_scores, trunk_vectors
 
 AUDIT_HEADER = ("kind", "path", "score", "suggestion", "given", "detail", DIGEST_COLUMN)
 KINDS = ("label", "conflict", "duplicate", "leak", "outlier")
-OUTLIER_NEIGHBOURS = 5  # labeled images an image's distance to the classes is measured to
-# How much farther than the farthest labeled image an outlier must be, set on the two 5% folders of
-# docs/audit.md and checked on the 10% ones: on digits with photos among them, 15 of 18 found and
-# none wrongly; on a CIFAR-10 folder with digits among the photos, none found, none wrongly (1.0
-# flagged 84 photos there).
-OUTLIER_MARGIN = 1.25
-# The same for a pretrained trunk's features (ImageNet's: a blank page, noise or a chart lies far from
-# every labeled photo there, where a head fitted to the folder's classes maps it near one of them).
-# Measured on three CIFAR-10 folders with ten junk images and foreign photos in unlabeled/
-# (docs/audit.md, "Junk among photos"): every junk image above it, no ordinary image.
-TRUNK_OUTLIER_MARGIN = 1.05
 OUTPUTS_BATCH = 500  # images through the teacher at a time
 
 
@@ -157,37 +145,6 @@ def copy_findings(paths, images, is_test, digests, labels, classes, progress=lam
     return findings
 
 
-def distance_ratios(vectors, labeled):
-    """Each image's mean (Euclidean) distance to its OUTLIER_NEIGHBOURS nearest labeled images (a
-    labeled image's to the others), over the largest such distance of a labeled image; None where
-    fewer than 2 images are labeled. vectors: nearest.Vectors of every image; labeled: a bool mask."""
-    positions = np.flatnonzero(labeled)
-    k = min(OUTLIER_NEIGHBOURS, len(positions) - 1)
-    if k < 1:
-        return None
-
-    def labeled_batches():
-        for start in range(0, len(positions), BLOCK):
-            yield vectors.rows(positions[start:start + BLOCK])
-    base = Vectors(len(positions), vectors.dim, labeled_batches, lambda idx: vectors.rows(positions[idx]))
-    squared, _ = nearest(base, vectors, k + 1)
-    distance = np.sqrt(np.maximum(squared, 0))
-    mean = np.where(labeled, distance[:, 1:].mean(1), distance[:, :k].mean(1))  # a labeled image is its own nearest
-    return mean / max(mean[labeled].max(), 1e-12)
-
-
-def outlier_scores(features, images, labeled, feature_margin=OUTLIER_MARGIN):
-    """Each image's outlier score: distance_ratios in the features (L2-normalized; scaled so that
-    feature_margin there counts as OUTLIER_MARGIN) and in the images' 8 x 8 thumbnails
-    (copies.thumbnail_vectors), the larger of the two. features: (n, D), an array, a memory map, or
-    nearest.Vectors. None where fewer than 2 images are labeled."""
-    normalized = features if isinstance(features, Vectors) else in_memory(features)
-    unit = Vectors(normalized.n, normalized.dim, lambda: (unit_rows(b) for b in normalized.batches()),
-                   lambda idx: unit_rows(normalized.rows(idx)))
-    ratios = [distance_ratios(space, labeled) for space in (unit, thumbnail_vectors(images))]
-    return None if ratios[0] is None else np.maximum(ratios[0] * (OUTLIER_MARGIN / feature_margin), ratios[1])
-
-
 def outlier_findings(paths, features, images, labeled, feature_margin=OUTLIER_MARGIN):
     """The images that are not labeled whose outlier score is above OUTLIER_MARGIN: farther from the
     labeled images, in features or in pixels, than any labeled image is from the others (by
@@ -198,17 +155,6 @@ def outlier_findings(paths, features, images, labeled, feature_margin=OUTLIER_MA
     return [Finding("outlier", paths[i], float(score[i]), "", detail="distance to the nearest labeled images, over "
                     "the largest of a labeled image (features or thumbnails)")
             for i in np.flatnonzero(~labeled & (score > OUTLIER_MARGIN))]
-
-
-def trunk_vectors(data):
-    """The kept features of a pretrained trunk for every image (training, then test; their plain
-    view) as nearest.Vectors, read a batch at a time."""
-    rows = ImageRows(data.features.train[:, 0], data.features.test[:, 0])
-
-    def array(t):
-        return np.ascontiguousarray(t.numpy(), dtype=np.float32)
-    return Vectors(len(rows), rows.parts[0].shape[-1], lambda: (array(b) for b in rows.batches()),
-                   lambda idx: array(rows.gather(idx)))
 
 
 def teacher_inputs(data, mean, std):

@@ -30,6 +30,7 @@ from ..train.inference import model_outputs, outputs
 from ..train.pretrained import CONVLARGE
 from .calibration import Calibration, confidences
 from .held_out import held_out, restore_held_out
+from .outliers import TRUNK_OUTLIER_MARGIN
 
 
 MODELS = ("teacher", "student")
@@ -89,6 +90,11 @@ class Classifier:
         self.calibration: Optional[Calibration] = None
         self.uncalibrated: Optional[str] = "not calibrated yet"
         self.unseen = None  # UnseenHeads: where set, each image is predicted by a head that never saw it
+
+    @property
+    def strays(self):
+        """Whether its predictions say which images are like no class (Prediction.like_no_class)."""
+        return self.unseen is not None and self.unseen.spread is not None
 
     @property
     def temperature(self):
@@ -189,6 +195,13 @@ class Prediction(NamedTuple):
     features: Optional[torch.Tensor] = None  # the pooled features (the vectors LC acts on)
     reason: Optional[str] = None  # why the file could not be read
     digest: Optional[str] = None  # the hash of the file's bytes (files.file_digest): which image the row is for
+    # its distance to the nearest labeled images over theirs to each other, in a pretrained trunk's
+    # features (outliers.py; None: not measured): over TRUNK_OUTLIER_MARGIN it is like no class
+    outlier_ratio: Optional[float] = None
+
+    @property
+    def like_no_class(self):
+        return self.outlier_ratio is not None and self.outlier_ratio > TRUNK_OUTLIER_MARGIN
 
 
 def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, unseen=None):
@@ -198,8 +211,9 @@ def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=25
     are those of the head that never saw the image."""
     device = next(model.parameters()).device
     for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size):
+        ratios = None
         if unseen is not None:
-            features, logits = unseen.outputs(x, [d or "0" * 32 for d in digests])
+            features, logits, ratios = unseen.outputs(x, [d or "0" * 32 for d in digests])
         else:
             features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
         predicted, confidence = confidences(logits, temperature)
@@ -209,7 +223,7 @@ def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=25
                 yield Prediction(path, None, None, None, reason=failed[i], digest=digests[i])
             else:
                 yield Prediction(path, classes[predicted[i]], float(confidence[i]), classes[runner_up[i]], features[i],
-                                 digest=digests[i])
+                                 digest=digests[i], outlier_ratio=None if ratios is None else round(float(ratios[i]), 4))
 
 
 def held_out_calibration(state, held, model, device):

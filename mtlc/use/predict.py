@@ -63,7 +63,7 @@ class Tally:
 
     def __init__(self, threshold, bar=None):
         self.threshold, self.bar = threshold, bar
-        self.rows = self.failed = self.accepted = self.not_text = 0
+        self.rows = self.failed = self.accepted = self.not_text = self.strays = 0
 
     def count(self, predictions):
         for p in predictions:
@@ -75,8 +75,9 @@ class Tally:
                 self.failed += 1
                 message = f"cannot read {shown(p.path)}: {p.reason}"
                 self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
-            elif self.threshold is not None:
-                self.accepted += is_accepted(p, self.threshold)
+            else:
+                self.strays += p.like_no_class
+                self.accepted += self.threshold is not None and is_accepted(p, self.threshold)
             yield p
 
 
@@ -113,16 +114,16 @@ def predicted(path, state, device, o, listed, output, studio, claim):
     files, count, listing, targets = listed
     classifier, cal, found, threshold = calibrated(path, state, device, o)
     summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)),
-                   unseen_heads=FOLDS if classifier.unseen else 0)
+                   unseen_heads=FOLDS if classifier.unseen else 0, like_no_class=0 if classifier.strays else None)
     bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
     if not (output or o.suggest_n):  # rows straight to stdout as they come
         tally = Tally(threshold, bar)
-        write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold)
+        write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold, strays=classifier.strays)
         bar.close()
         return report(path, o, tally, files.others, summary, found, cal)
     key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
                temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n),
-               unseen=classifier.unseen is not None)
+               unseen=classifier.unseen is not None, strays=classifier.strays)
     with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None, claim) as kept:
         if kept.done:
             say(f"going on from {kept.work.folder}: {kept.done:,} of {count:,} images were predicted before")
@@ -202,7 +203,7 @@ def write_outputs(kept, r, o, studio):
 
     def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
         text = path_text(binary_file)
-        write_rows(text, rows(), r.threshold, extra)
+        write_rows(text, rows(), r.threshold, extra, strays=r.classifier.strays)
         text.flush()
         text.detach()  # leave the file to atomic_write
 
@@ -212,7 +213,7 @@ def write_outputs(kept, r, o, studio):
             say(f"{o.csv_path}: {r.tally.not_text:,} names are not UTF-8 text and are written as their own bytes "
                 f"(label.py reads them back; elsewhere read the CSV with errors='surrogateescape', or rename them)")
     elif not (o.review or o.label_studio):  # with --review or --label-studio and no --csv, those are the output
-        write_stdout(rows(), r.threshold, extra)
+        write_stdout(rows(), r.threshold, extra, strays=r.classifier.strays)
     predicted, cal = r.tally.rows - r.tally.failed, r.cal
     if o.review:
         # Every output holds what the run chose: with --suggest, the images to label next, not every one.
@@ -236,11 +237,11 @@ def write_outputs(kept, r, o, studio):
     return chosen
 
 
-def write_stdout(rows, threshold, extra=None):
+def write_stdout(rows, threshold, extra=None, strays=False):
     """The CSV to stdout, UTF-8 whatever the console's encoding: the names label.py reads back; a
     stdout that refuses a write ends the run in one line (console.stdout_rows)."""
     with stdout_rows() as text:
-        write_rows(text, rows, threshold, extra)
+        write_rows(text, rows, threshold, extra, strays)
 
 
 @contextlib.contextmanager
@@ -269,6 +270,12 @@ def report(path, o, tally, others, summary, found, cal, suggested=None):
         + (f"; {failed} could not be read (empty prediction)" if failed else "")
         + (f"; the {len(suggested):,} to label next, best first" if suggested is not None else "")
         + (f"; wrote {o.csv_path}" if o.csv_path else ""))
+    if summary.get("like_no_class") is not None:
+        summary["like_no_class"] = tally.strays
+    if tally.strays:
+        say(f"{tally.strays:,} of them lie farther from every labeled image than the labeled images lie from each "
+            f"other (a blank page, noise, another kind of image?): like_no_class 1, never accepted; evaluate.py "
+            f"--audit lists them, label.py --set-aside outlier moves them out")
     if o.max_error is not None:
         say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal, bool(summary['unseen_heads'])))
         summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,

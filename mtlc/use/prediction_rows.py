@@ -1,6 +1,7 @@
 """The rows of an `evaluate.py --predict` run. While it runs they are kept on disk (work.py), not in
 memory: one JSON line per image (its path, class, confidence, runner-up, hash, or why it could not be
-read) and, where the images to label next are to be chosen, the pooled features of the readable ones
+read, and how far it lies from the labeled images where that is measured) and, where the images
+to label next are to be chosen, the pooled features of the readable ones
 as float32 rows; a run interrupted and started again goes on after the last batch it kept. At the end
 its outputs are made from them a row at a time: the CSV (write_rows), the review page, the images to
 label next.
@@ -22,7 +23,8 @@ ROWS, FEATURES = "rows.jsonl", "features.f32"
 def row_line(p):
     """One prediction as a JSON line (names that are not UTF-8 kept as their escapes: json writes a
     lone surrogate as \\udcxx and reads it back as itself)."""
-    return json.dumps([str(p.path), p.label, p.confidence, p.runner_up, p.digest, p.reason]).encode() + b"\n"
+    return json.dumps([str(p.path), p.label, p.confidence, p.runner_up, p.digest, p.reason, p.outlier_ratio]).encode() \
+        + b"\n"
 
 
 class PredictionStore:
@@ -62,8 +64,8 @@ class PredictionStore:
                 left -= len(line)
                 if left < 0:
                     break
-                path, label, confidence, runner_up, digest, reason = json.loads(line)
-                yield Prediction(Path(path), label, confidence, runner_up, None, reason, digest)
+                path, label, confidence, runner_up, digest, reason, outlier_ratio = json.loads(line)
+                yield Prediction(Path(path), label, confidence, runner_up, None, reason, digest, outlier_ratio)
 
     def features(self):
         """The features of the readable predictions, in order: (n, feature_dim) float32, memory-mapped
@@ -75,17 +77,19 @@ class PredictionStore:
 CSV_HEADER = ("path", "prediction", "confidence", "runner_up")
 
 
-def write_rows(text_file, rows, threshold=None, extra=None):
+def write_rows(text_file, rows, threshold=None, extra=None, strays=False):
     """Write the CSV header and one row per prediction; a file that could not be read gets an empty
     prediction. With a threshold, a column `accepted`: 1 where the confidence is at least the
-    threshold. extra: (column name, value per row) columns after those; last, blake2b: the hash of the
+    threshold and the image is not like_no_class. With strays (the distances to the labeled images
+    measured), a column `like_no_class`: 1 where the image lies farther from them than they lie from
+    each other, by TRUNK_OUTLIER_MARGIN (a blank page, noise, another kind of image). extra: (column name, value per row) columns after those; last, blake2b: the hash of the
     bytes of the image the row was written for (label.py refuses the row where the file holds another
     image by then). Paths are written as str (a text file opened with console.path_text keeps
     undecodable bytes); every name reads back as itself (console.csv_writer)."""
     writer = csv_writer(text_file)
     extra = extra or ()
-    writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + tuple(name for name, _ in extra)
-                    + (DIGEST_COLUMN,))
+    writer.writerow(CSV_HEADER + (("accepted",) if threshold is not None else ()) + (("like_no_class",) if strays else ())
+                    + tuple(name for name, _ in extra) + (DIGEST_COLUMN,))
     for i, row in enumerate(rows):
         if row.label is None:
             cells = [str(row.path), "", "", ""]
@@ -93,8 +97,10 @@ def write_rows(text_file, rows, threshold=None, extra=None):
             cells = [str(row.path), row.label, f"{row.confidence:.4f}", row.runner_up]
         if threshold is not None:
             cells.append(int(is_accepted(row, threshold)))
+        if strays:
+            cells.append("" if row.label is None else int(row.like_no_class))
         writer.writerow(cells + [values[i] for _, values in extra] + [row.digest or ""])
 
 
 def is_accepted(row, threshold):
-    return row.label is not None and row.confidence >= threshold
+    return row.label is not None and row.confidence >= threshold and not row.like_no_class

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..data.images import thumbnail_jpeg
 from ..disk.console import is_text
 from ..disk.runs import atomic_write
+from .prediction_rows import is_accepted
 
 ASSETS = Path(__file__).resolve().parent / "review_page"
 THUMBNAIL_SIZE = 96  # pixels, the longer side; about 2-4 kB each as JPEG
@@ -161,7 +162,7 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, most
         storage_key=key.value(), findings=[], audit=False,
         items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
                     runner_up=p.runner_up, accepted=None if max_error is None else (
-                        threshold is not None and p.confidence >= threshold), thumb=t, digest=p.digest)
+                        threshold is not None and is_accepted(p, threshold)), thumb=t, digest=p.digest)
                for p, t in zip(items, thumbnails) if t is not None])
     write_page(out, title, data)
     return len(data["items"]), unshown.count

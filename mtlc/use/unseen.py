@@ -29,6 +29,7 @@ from ..train.progress import TimeEstimate, epoch_progress
 from ..train.trainer import fresh_training, make_trainer
 from .calibration import Calibration
 from .held_out import held_out
+from .outliers import LabeledSpread
 
 FOLDS = 4
 NEVER = 10 ** 9  # an epoch count no fold reaches: a fold's head is never evaluated while it trains
@@ -101,6 +102,7 @@ class UnseenHeads:
 
     def __init__(self, state, data, heads, model, device):
         self.state, self.data, self.heads, self.model, self.device = state, data, heads, model, device
+        self.spread = LabeledSpread.of_checkpoint(state, data)  # how far an image lies from every labeled one
         self.unlabeled_fold = unlabeled_folds(state)
         n_train = len(data.train_y)
         # the fold of each training image that trained without a label (-1: labeled, or held out)
@@ -146,9 +148,10 @@ class UnseenHeads:
         return folds, rows
 
     def outputs(self, x, digests):
-        """(the checkpoint's pooled features, the logits of each image's head) of uint8 images x whose
-        files have these digests: the trunk's features of the checkpoint's own images (training and
-        test) taken from the kept ones, any other image's computed."""
+        """(the checkpoint's pooled features, the logits of each image's head, how far each lies from
+        the labeled images in the trunk's features (outliers.LabeledSpread; None where it has fewer than 2))
+        of uint8 images x whose files have these digests: the trunk's features of the checkpoint's own
+        images (training and test) taken from the kept ones, any other image's computed."""
         folds, rows = self.folds_of(digests)
         features = torch.empty(len(x), self.data.features.train.shape[-1])
         n_train, kept = len(self.fold_of_row), rows >= 0
@@ -162,7 +165,7 @@ class UnseenHeads:
             images = normalize(x[torch.from_numpy(~kept)].to(self.device), *normalization(self.state["config"], self.device))
             with torch.no_grad():
                 features[~kept] = self.model.features(images).float().cpu()
-        return self.logits(features, folds)
+        return *self.logits(features, folds), None if self.spread is None else self.spread.ratios(features.numpy())
 
     def logits(self, features, folds):
         """(the checkpoint's pooled features, each row's head's logits) of trunk features (n, D)."""
