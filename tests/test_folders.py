@@ -15,6 +15,7 @@ import train_mt
 from mtlc.data.datasets import load_dataset
 from mtlc.data.files import find_images
 from mtlc.errors import UserError
+from mtlc.train.checkpoints import check_same_files
 from conftest import invoke, run
 from fakedata import SMALL, no_decoding, quiet, rows, write_own_folder
 
@@ -329,3 +330,16 @@ def test_a_resumed_true_class_stage_two_reads_the_truth_where_it_now_is(tmp_path
     assert res.exit_code == 0 and "ignored" not in res.output, res.output
     config = torch.load(out / "lc" / "lc.pt", weights_only=True)["config"]
     assert config["lc"]["truth"] == str((tmp_path / "moved.csv").resolve())
+
+
+def test_files_label_py_moved_are_said_to_have_moved():
+    """A checkpoint's folder after label.py: the files that moved to another folder under their own
+    name are said as moved (with how to go on), apart from those missing and those new."""
+    then = dict(train=["labeled/cat/a.png", "unlabeled/u1.png", "unlabeled/u2.png", "unlabeled/x/u3.png"], test=[])
+    now = dict(train=["labeled/cat/a.png", "labeled/cat/u2.png", "labeled/dog/u1.png", "unlabeled/new.png"], test=[])
+    with pytest.raises(UserError) as raised:
+        check_same_files(then, now, "d")
+    message = raised.value.message
+    assert "2 moved to another folder (labeled/cat/u2.png, labeled/dog/u1.png)" in message
+    assert "1 missing (unlabeled/x/u3.png)" in message and "1 new (unlabeled/new.png)" in message
+    assert "train again from stage 1 to learn from the labels given since" in message and "--undo" in message

@@ -252,7 +252,27 @@ def check_same_files(then, now, where, contents_then=None, contents_now=None, pa
                                 f"stage 1")
             continue
         gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]))
+        moved, gone, new = moved_files(gone, new)
         listing = "; ".join(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                            for what, names in (("missing", gone), ("new", new)) if names)
+                            for what, names in (("moved to another folder", moved), ("missing", gone), ("new", new))
+                            if names)
         raise UserError(f"the images in {where} changed since the checkpoint was trained: {listing or 'another order'}; "
-                        f"restore them, or train again from stage 1")
+                        + ("train again from stage 1 to learn from the labels given since (label.py moves files: "
+                           "--undo puts them back)" if moved else "restore them, or train again from stage 1"))
+
+
+def moved_files(gone, new):
+    """(the new names of the files that only moved, under the same name, to another folder, as
+    label.py moves them; the other names gone; the other new ones). Names are '/'-separated."""
+    waiting = {}
+    for name in new:
+        waiting.setdefault(name.rsplit("/", 1)[-1], []).append(name)
+    moved, left_gone = [], []
+    for name in gone:
+        candidates = waiting.get(name.rsplit("/", 1)[-1])
+        if candidates:
+            moved.append(candidates.pop())
+        else:
+            left_gone.append(name)
+    taken = set(moved)
+    return sorted(moved), left_gone, [name for name in new if name not in taken]
