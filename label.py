@@ -56,16 +56,20 @@ def aside_kinds(ctx, param, value):
 
 
 def describe_moves(moves):
-    """'into labeled/ (cat 2, dog 1), into other classes of test/ (cat 1), into set-aside/ (3)': where a
-    batch's images go."""
-    groups = {}
+    """'into labeled/ (cat 2, dog 1), into other classes of test/ (cat 1), into set-aside/ (3; 1 of them
+    from test/, ...)': where a batch's images go (a test/ image set aside leaves the test error one image fewer)."""
+    groups, from_test = {}, 0
     for move in moves:
         part = move.source.split("/")[0]
         what = (f"into {ASIDE}/" if move.aside else "into labeled/" if part == "unlabeled"
                 else f"into other classes of {part}/")
         groups.setdefault(what, collections.Counter())[shown(move.label)] += 1
-    return ", ".join(f"{what} ({', '.join(f'{label} {n}' if label else str(n) for label, n in sorted(counts.items()))})"
-                     for what, counts in groups.items())
+        from_test += move.aside and part == "test"
+    said = {what: ", ".join(f"{label} {n}" if label else str(n) for label, n in sorted(counts.items()))
+            for what, counts in groups.items()}
+    if from_test:
+        said[f"into {ASIDE}/"] += f"; {from_test:,} of them from test/, whose error then counts {from_test:,} image{'s' * (from_test != 1)} fewer"
+    return ", ".join(f"{what} ({counts})" for what, counts in said.items())
 
 
 def describe_batch(moves, would=False):
