@@ -1,8 +1,7 @@
 """The GPU check in one command: the device and its versions, the LC-loss tests with real Triton, the
 kernel benchmark and its targets, the training step's speed against its FLOP floor (eager, compiled,
 graphed, at the paper's batch and at 4x) and the graphed step checked against the eager one, and
-CIFAR-10 with 4,000 labels end to end (MT, then from its state MT+LC and LC's control for the same
-stage 2) on the paper's schedule compressed to the time given.
+CIFAR-10 with 4,000 labels end to end (MT, then from its state MT+LC and its control) compressed to the time given.
 
     python tools/gpu_check.py --out gpu_check                     # a CUDA machine: all of it, about 10 min on an H200
     python tools/gpu_check.py --out gpu_check --part step         # one part again; the others' results are kept
@@ -34,6 +33,8 @@ from mtlc.errors import UserError  # noqa: E402
 from mtlc.use.figures import plot_curves, training_seconds  # noqa: E402
 from mtlc.train.presets import preset  # noqa: E402
 from mtlc.disk.runs import atomic_write, read_metrics  # noqa: E402
+from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models  # noqa: E402
+from mtlc.use.report import evaluate_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the project's root: the scripts run there
 PARTS = ("env", "kernel-tests", "kernel-bench", "step", "cifar10-data", "cifar10")
@@ -51,7 +52,7 @@ DEFAULT_STEP_RUNS = tuple(name for name in STEP_RUNS if name != "fp32")
 # Per setting: the kernel tests and benchmark sizes, the step benchmark (its images' side: the protocol's
 # 32, or a quarter of the pixels in miniature) and the equivalence check's arguments, and the CIFAR-10
 # runs (4,000 labels; without --cifar-seconds the paper's schedule compressed `compress` times; compiled
-# unless this call's step part measured otherwise: on an H200 the graphed step took 3.5 ms compiled, 8.6 without).
+# unless the step part measured otherwise: on an H200 the graphed step took 3.5 ms so, 8.6 without).
 SETTINGS = {
     "full": dict(test_args=[], bench_args=[], step_width=1.0, step_size=32, step_steps=20, step_compile=True,
                  rate_batch=160,
@@ -313,8 +314,8 @@ def cifar10(check):
     check.run_together("cifar10.log", {name: [*stage2, *options, "--out", runs[folder]]
                                        for name, (folder, options) in STAGE2_RUNS.items()})
     stage2_runs = [runs[folder] for folder, _ in STAGE2_RUNS.values()]
-    result.update(zip(("MT", *STAGE2_RUNS), final_results(check, [runs["mt"] / "mt_final.pt",
-                                                                  *(run / "lc.pt" for run in stage2_runs)])))
+    result.update(zip(("MT", *STAGE2_RUNS), (final_result(check, path) for path in [runs["mt"] / "mt_final.pt",
+                                                                                   *(run / "lc.pt" for run in stage2_runs)])))
     result["schedule"] = {"compress": compress, "MT": f"{mt_config['epochs']}+{mt_config['decay_epochs']} epochs, "
                           f"consistency ramp-up {mt_config['cons_rampup']:.2f}, mt.pt after epoch "
                           f"{mt_config['lc_start_epoch']}",
@@ -334,21 +335,15 @@ def cifar10(check):
     return result
 
 
-def final_results(check, checkpoints):
-    """evaluate.py --json's result of each checkpoint (the final weights' test errors, LC's diagnostics)
-    from the same library call, in this process: evaluate.py's command line needs cloup, which the
-    lent GPU hosts lack. Each result is also written to the part's log."""
-    from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models
-    from mtlc.use.report import evaluate_checkpoint
-    results = []
-    for path in checkpoints:
-        state = load_checkpoint(path)
-        models = dict(zip(("student", "teacher"), restore_models(state, check.device)))
-        result, _ = evaluate_checkpoint(path, state, restore_data(state, echo=lambda m: None), models, check.device)
-        results.append(result)
-        with open(check.out / "cifar10.log", "a") as f:
-            f.write(f"evaluated: {json.dumps(result)}\n")
-    return results
+def final_result(check, path):
+    """evaluate.py --json's result of a checkpoint, from its library call in this process (its command
+    line needs cloup, which the lent GPU hosts lack); also written to the part's log."""
+    state = load_checkpoint(path)
+    models = dict(zip(("student", "teacher"), restore_models(state, check.device)))
+    result, _ = evaluate_checkpoint(path, state, restore_data(state, echo=lambda m: None), models, check.device)
+    with open(check.out / "cifar10.log", "a") as f:
+        f.write(f"evaluated: {json.dumps(result)}\n")
+    return result
 
 
 PART_FUNCTIONS = {"env": env, "kernel-tests": kernel_tests, "kernel-bench": kernel_bench, "step": step,
