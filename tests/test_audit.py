@@ -56,10 +56,13 @@ def test_near_copies_are_found_and_unrelated_images_left_alone(tmp_path):
 
 def test_flat_images_copy_only_flat_images_of_their_own_colour():
     """A white page and a black one standardize alike (nothing varies): they are no copies of each
-    other; two white pages (one a shade off) are; a flat image is no copy of a photo."""
+    other; two white pages (one a shade off) are; a flat image is no copy of a photo, a dark one
+    beside the black page included."""
     flat = [Image.new("RGB", (40, 40), colour) for colour in ((255, 255, 255), (0, 0, 0), (250, 250, 250), (200, 30, 30))]
+    photos = [np.array(photo(i).resize((32, 32))) for i in range(20)]
+    photos[0] //= 16  # dark: values 0-15
     images = torch.stack([torch.from_numpy(np.array(im.resize((32, 32)))).permute(2, 0, 1) for im in flat]
-                         + [torch.from_numpy(np.array(photo(i).resize((32, 32)))).permute(2, 0, 1) for i in range(20)])
+                         + [torch.from_numpy(p).permute(2, 0, 1) for p in photos])
     assert [(i, j) for i, j, _ in near_pairs(images)] == [(0, 2)]
 
 
@@ -364,3 +367,11 @@ def test_the_teachers_features_are_read_a_batch_at_a_time_their_pages_let_go(tmp
     assert np.array_equal(np.concatenate(list(vectors.batches())), rows)
     assert np.array_equal(vectors.rows(np.array([3, 19_999])), rows[[3, 19_999]])
     assert resident_bytes(tmp_path / "audit" / "features.f32") < 2 * 2 ** 20
+
+
+def test_labeled_images_that_are_all_copies_give_no_spread_to_measure_in():
+    """Two labeled images that are one image: every new image would be infinitely far in their units;
+    none is measured instead."""
+    same = np.ones((2, 8), np.float32)
+    assert LabeledSpread(same).largest is None
+    assert LabeledSpread(np.eye(3, 8, dtype=np.float32)).largest > 0

@@ -340,6 +340,6 @@ def test_files_label_py_moved_are_said_to_have_moved():
     with pytest.raises(UserError) as raised:
         check_same_files(then, now, "d")
     message = raised.value.message
-    assert "2 moved to another folder (labeled/cat/u2.png, labeled/dog/u1.png)" in message
+    assert "2 moved to another folder under their names (labeled/cat/u2.png, labeled/dog/u1.png)" in message
     assert "1 missing (unlabeled/x/u3.png)" in message and "1 new (unlabeled/new.png)" in message
-    assert "train again from stage 1 to learn from the labels given since" in message and "--undo" in message
+    assert "train again from stage 1 to learn from the labels given since" in message and "label.py --undo" in message

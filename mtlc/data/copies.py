@@ -5,8 +5,8 @@ Two images are compared at the cache's size, each standardized (mean 0, standard
 brightness or contrast change cancels), by the mean squared difference d of their values (0 for
 equal pixels, about 2 for unrelated ones). A pair is a copy when d is at most NEAR_DISTANCE and at
 most NEAR_RATIO times the median distance of the two images to their other candidates. A flat
-image (a blank page, a one-pixel file scaled up) has nothing to standardize: where either image of a
-pair is flat, d is their plain mean squared difference in units of FLAT_SCALE grey levels, so that a
+image (a blank page, a one-pixel file scaled up) has nothing to standardize: where both images of a
+pair are flat, d is their plain mean squared difference in units of FLAT_SCALE grey levels, so that a
 white page copies a white page and never a black one. The ratio
 matters more than the bound: in a folder of simple images (digits) two different images of a class
 are often as close as a photo and its re-saved copy (measured, docs/audit.md: one bound of 0.08 paired
@@ -86,9 +86,10 @@ def distances(images_a, images_b, pairs):
 
 
 def pair_distances(x, y):
-    """d of each pair (x[i], y[i]) of uint8 images: standardized, or plain where either is flat."""
+    """d of each pair (x[i], y[i]) of uint8 images: standardized, or plain where both are flat (a flat
+    image against one that is not stays about 1 apart, standardized: never a copy)."""
     plain_x, plain_y = x.reshape(len(x), -1).float(), y.reshape(len(y), -1).float()
-    flat = (plain_x.std(1) < FLAT_STD) | (plain_y.std(1) < FLAT_STD)
+    flat = (plain_x.std(1) < FLAT_STD) & (plain_y.std(1) < FLAT_STD)
     plain = ((plain_x - plain_y) / FLAT_SCALE).square().mean(1)
     return torch.where(flat, plain, (standardized(x) - standardized(y)).square().mean(1))
 

@@ -96,8 +96,8 @@ def exact_search(base, k):
 
 
 def torch_exact_search(base, k, rows=1024):
-    """exact_search's answers from torch, `rows` queries at a time: each base block's squared distances
-    (by matrix products, as faiss.knn computes them), merged with the best so far by topk."""
+    """exact_search's answers from torch, `rows` queries at a time: each base block's k nearest by squared
+    distance (matrix products, as faiss.knn computes them), merged with the best so far."""
     held = list(base.batches()) if base.n <= BLOCK else None
 
     def search_rows(queries):
@@ -105,10 +105,9 @@ def torch_exact_search(base, k, rows=1024):
         start = 0
         for block in held if held is not None else base.batches():
             block = torch.from_numpy(np.ascontiguousarray(block, np.float32))
-            d = torch.cdist(queries, block).square()
-            best_d, order = torch.cat([best_d, d], 1).topk(min(k, best_d.shape[1] + len(block)), largest=False)
-            index = torch.arange(start, start + len(block)).expand(len(queries), -1)
-            best_i = torch.cat([best_i, index], 1).gather(1, order)
+            d, i = torch.cdist(queries, block).square().topk(min(k, len(block)), largest=False)  # the block's best
+            best_d, order = torch.cat([best_d, d], 1).topk(min(k, best_d.shape[1] + d.shape[1]), largest=False)
+            best_i = torch.cat([best_i, i + start], 1).gather(1, order)
             start += len(block)
         return best_d.numpy(), best_i.numpy()
 

@@ -254,16 +254,16 @@ def check_same_files(then, now, where, contents_then=None, contents_now=None, pa
         gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]))
         moved, gone, new = moved_files(gone, new)
         listing = "; ".join(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                            for what, names in (("moved to another folder", moved), ("missing", gone), ("new", new))
-                            if names)
+                            for what, names in (("moved to another folder under their names", moved),
+                                                ("missing", gone), ("new", new)) if names)
         raise UserError(f"the images in {where} changed since the checkpoint was trained: {listing or 'another order'}; "
-                        + ("train again from stage 1 to learn from the labels given since (label.py moves files: "
-                           "--undo puts them back)" if moved else "restore them, or train again from stage 1"))
+                        + ("train again from stage 1 to learn from the labels given since (where label.py moved "
+                           "them, label.py --undo puts them back)" if moved else "restore them, or train again from stage 1"))
 
 
 def moved_files(gone, new):
-    """(the new names of the files that only moved, under the same name, to another folder, as
-    label.py moves them; the other names gone; the other new ones). Names are '/'-separated."""
+    """(the new names of the files that seem to have moved, under the same name, to another folder, as
+    label.py moves them (by name only); the other names gone; the other new ones). Names are '/'-separated."""
     waiting = {}
     for name in new:
         waiting.setdefault(name.rsplit("/", 1)[-1], []).append(name)

@@ -23,6 +23,7 @@ OUTLIER_MARGIN = 1.25
 # Measured on three CIFAR-10 folders with ten junk images and foreign photos in unlabeled/
 # (docs/audit.md, "Junk among photos"): every junk image above it, no ordinary image.
 TRUNK_OUTLIER_MARGIN = 1.05
+SPREAD_FLOOR = 1e-6  # labeled images closer than this (unit features) to their nearest others are all copies
 
 
 def distance_ratios(vectors, labeled):
@@ -75,17 +76,19 @@ class LabeledSpread:
     def __init__(self, labeled_features):
         self.labeled = in_memory(unit_rows(labeled_features))
         self.k = min(OUTLIER_NEIGHBOURS, self.labeled.n - 1)
+        self.largest = None  # None: no spread to measure in (fewer than 2 images, or each among copies of itself)
         if self.k >= 1:
             squared, _ = nearest(self.labeled, self.labeled, self.k + 1)
-            self.largest = max(float(np.sqrt(np.maximum(squared[:, 1:], 0)).mean(1).max()), 1e-12)
+            largest = float(np.sqrt(np.maximum(squared[:, 1:], 0)).mean(1).max())
+            self.largest = largest if largest > SPREAD_FLOOR else None
 
     @classmethod
     def of_checkpoint(cls, state, data):
         """Of the images a checkpoint trained with labels (data: restored with the trunk's kept features);
-        None where fewer than 2 are labeled."""
-        labeled = state["labeled_idx"].numpy()
-        return cls(np.asarray(data.features.train[torch.from_numpy(labeled), 0], np.float32)) if len(labeled) >= 2 \
-            else None
+        None where they have no spread to measure in."""
+        labeled = torch.from_numpy(state["labeled_idx"].numpy())
+        spread = cls(np.asarray(data.features.train[labeled, 0], np.float32)) if len(labeled) >= 2 else None
+        return spread if spread is not None and spread.largest is not None else None
 
     def ratios(self, features):
         """Each of the trunk features (n, D) given: its mean distance to its nearest labeled images over

@@ -30,6 +30,7 @@ from ..train.pretrained import CONVLARGE
 from . import label_studio
 from .classifier import Classifier, labeled_features
 from .figures import plot_coverage
+from .outliers import OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN
 from .prediction_rows import PredictionStore, is_accepted, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
 from .review import write_audit_review, write_review
@@ -273,9 +274,9 @@ def report(path, o, tally, others, summary, found, cal, suggested=None):
     if summary.get("like_no_class") is not None:
         summary["like_no_class"] = tally.strays
     if tally.strays:
-        say(f"{tally.strays:,} of them lie farther from every labeled image than the labeled images lie from each "
-            f"other (a blank page, noise, another kind of image?): like_no_class 1, never accepted; evaluate.py "
-            f"--audit lists them, label.py --set-aside outlier moves them out")
+        say(f"{tally.strays:,} of them lie farther from the labeled images than those lie from each other (a blank "
+            f"page, noise, another kind of image?): like_no_class 1, never accepted (in the checkpoint's own folder, "
+            f"evaluate.py --audit lists them and label.py --set-aside outlier moves them out)")
     if o.max_error is not None:
         say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal, bool(summary['unseen_heads'])))
         summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,
@@ -306,7 +307,7 @@ def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed,
     data = restore_data(state, data_dir, echo=say)
     start = time.perf_counter()
     key = dict(step="audit", checkpoint=checkpoint_identity(path), root=os.path.abspath(root), folds=folds, steps=steps,
-               seed=seed, contents=data.contents, device=device.type)
+               seed=seed, contents=data.contents, device=device.type, outliers=[OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN])
     work = Work(work_folder(out), key, echo=say)
     if work.resumed:
         say(f"audit: going on from {work.folder} (the parts an earlier run finished are kept)")
