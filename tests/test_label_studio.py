@@ -20,8 +20,8 @@ from label_studio_sdk.label_interface.objects import AnnotationValue  # noqa: E4
 CLASSES = ["cat", "dog", 'say "cheese" & <smile>', "chat-é"]
 
 
-def prediction(path, label, confidence=0.875, digest="ab" * 32):
-    return SimpleNamespace(path=str(path), label=label, confidence=confidence, digest=digest)
+def prediction(path, label, confidence=0.875, digest="ab" * 32, like_no_class=False):
+    return SimpleNamespace(path=str(path), label=label, confidence=confidence, digest=digest, like_no_class=like_no_class)
 
 
 @pytest.fixture
@@ -59,6 +59,8 @@ def test_tasks_are_what_label_studio_validates(images, tmp_path):
     assert tasks[0]["predictions"][0]["score"] == 0.875 and tasks[0]["data"]["path"] == str(images[0])
     unreadable = task(prediction(images[0], None, None, None), root, "m")
     assert "predictions" not in unreadable and interface.validate_task(unreadable)
+    stray = task(prediction(images[0], CLASSES[0], like_no_class=True), root, "m")  # a blank page, say
+    assert "predictions" not in stray and stray["data"]["like_no_class"] is True and interface.validate_task(stray)
 
 
 def label_studio_export(tasks, labels=("dog", CLASSES[2], "cat")):

@@ -49,6 +49,34 @@ def test_the_page_holds_its_data_and_nothing_from_outside(tmp_path):
     assert not re.search(r'(src|href)=["\']?(https?:)?//|url\(\s*["\']?https?:', page)  # opens offline
 
 
+def stray_page(tmp_path):
+    """A page of four images of class "a", per_class 2, threshold 0.9: one of them, at 0.99, like no
+    class (a blank page the head calls "a"); returns its path."""
+    from PIL import Image
+    rows = []
+    for i, (confidence, ratio) in enumerate([(0.6, 0.9), (0.7, 0.95), (0.99, 2.0), (0.98, 0.8)]):
+        Image.new("RGB", (20, 20), (40 * i, 0, 0)).save(tmp_path / f"{i}.png")
+        rows.append(Prediction(tmp_path / f"{i}.png", "a", confidence, "b", digest=f"{i:032x}", outlier_ratio=ratio))
+    write_review(tmp_path / "r.html", rows, ["a", "b"], per_class=2, threshold=0.9, max_error=5)
+    return tmp_path / "r.html"
+
+
+def test_an_image_like_no_class_is_shown_first_and_never_accepted(tmp_path):
+    """The confident image like no class comes first among its class's, however few the page shows,
+    marked as such and not accepted at a threshold (0.9) its confidence clears."""
+    items = page_data(stray_page(tmp_path).read_text())["items"]
+    assert [(d["name"], d["like_no_class"], d["accepted"]) for d in items] == [("2.png", True, False),
+                                                                               ("0.png", False, False)]
+
+
+def test_an_image_like_no_class_is_said_so_on_its_card_in_a_real_browser(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    driver, _ = browser
+    driver.get(stray_page(tmp_path).as_uri())
+    cards = driver.find_elements(By.CSS_SELECTOR, ".card")
+    assert ["like no class" in c.text for c in cards] == [True, False], [c.text for c in cards]
+
+
 def test_a_stream_of_many_rows_gives_the_least_confident_of_each_class_in_turn():
     """3,000 rows in a random order, read once: per class at most per_class kept, then `most` in all
     taken from the classes in turn, each class's least confident first; every row counted."""

@@ -74,12 +74,15 @@ def local_files_url(path, root):
 
 def task(prediction, root, model_version):
     """One import task: the image, its path and bytes' hash, and the prediction as a pre-annotation
-    (score: the calibrated confidence). A file that could not be read gets no pre-annotation."""
+    (score: the calibrated confidence). A file that could not be read gets no pre-annotation, nor an
+    image like no class (Prediction.like_no_class: its class would only mislead whoever labels it)."""
     data = {TO_NAME: local_files_url(prediction.path, root), "path": str(prediction.path),
             "blake2b": prediction.digest or ""}
     if prediction.label is None:
         return {"data": data}
     data.update(prediction=prediction.label, confidence=prediction.confidence)
+    if prediction.like_no_class:
+        return {"data": dict(data, like_no_class=True)}
     result = {"from_name": FROM_NAME, "to_name": TO_NAME, "type": "choices", "value": {"choices": [prediction.label]}}
     return {"data": data, "predictions": [{"model_version": model_version, "score": prediction.confidence,
                                            "result": [result]}]}

@@ -30,7 +30,7 @@ LISTED_MAX = 1000  # files a page names among those it cannot show (unreadable o
 
 def least_confident(predictions, classes, per_class, most):
     """The readable predictions worth a look first, from a stream read once and never held whole:
-    per predicted class the per_class least confident, then at most `most` in all, taken from the
+    per predicted class the per_class least confident (those like no class before any), then at most `most` in all, taken from the
     classes in turn (each class's least confident first); returned grouped by class, least confident
     first, with {class: (shown, total)}."""
     kept, total = {c: [] for c in classes}, {c: 0 for c in classes}
@@ -54,7 +54,7 @@ def least_confident(predictions, classes, per_class, most):
 
 
 def order(p):
-    return p.confidence, str(p.path)
+    return not p.like_no_class, p.confidence, str(p.path)
 
 
 # What must not appear raw in JSON inside a <script> element: "<" (a "</script>" or "<!--" in a file
@@ -162,7 +162,8 @@ def write_review(out, predictions, classes, *, per_class=DEFAULT_PER_CLASS, most
         storage_key=key.value(), findings=[], audit=False,
         items=[dict(path=str(p.path), name=Path(p.path).name, label=p.label, confidence=p.confidence,
                     runner_up=p.runner_up, accepted=None if max_error is None else (
-                        threshold is not None and is_accepted(p, threshold)), thumb=t, digest=p.digest)
+                        threshold is not None and is_accepted(p, threshold)), thumb=t, digest=p.digest,
+                    like_no_class=p.like_no_class)
                for p, t in zip(items, thumbnails) if t is not None])
     write_page(out, title, data)
     return len(data["items"]), unshown.count

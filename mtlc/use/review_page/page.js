@@ -55,7 +55,8 @@ function makeCard(item) {
   info.className = "confidence";
   info.textContent = item.given ?  // a doubtful label (evaluate.py --audit): its class, and the one suggested
     `labeled ${item.given} (${(100 * item.confidence).toFixed(1)}%) → ${item.label}?` :
-    `${item.label} ${(100 * item.confidence).toFixed(1)}%` + (item.runner_up ? ` · ${item.runner_up}?` : "");
+    `${item.label} ${(100 * item.confidence).toFixed(1)}%` + (item.runner_up ? ` · ${item.runner_up}?` : "") +
+    (item.like_no_class ? " · like no class" : "");  // farther from the labeled images than they lie apart
   const select = document.createElement("select");
   select.setAttribute("aria-label", "class of " + item.name);
   select.add(new Option("— undecided —", ""));
@@ -88,7 +89,9 @@ function render() {
     const h = document.createElement("h2");
     h.textContent = `${c}: ${total} image${total === 1 ? "" : "s"}` +
       (shown < total ? ` (the ${shown} least confident shown)` : "") +
-      (data.audit ? ` labeled otherwise, most doubtful first` : ", least confident first");
+      (data.audit ? ` labeled otherwise, most doubtful first` :
+        items.some(it => it.like_no_class) ? ", those like no class first, then the least confident" :
+        ", least confident first");
     const grid = document.createElement("div");
     grid.className = "grid";
     for (const item of items) { const card = makeCard(item); cards.push(card); grid.append(card.el); }
