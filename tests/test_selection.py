@@ -25,6 +25,15 @@ def test_clusters_without_labels_come_first_and_their_most_typical_image():
         assert np.linalg.norm(directions[p] - mine.mean(0)) <= np.median(centre_distance)
 
 
+def test_images_to_skip_are_never_suggested_their_cluster_passed_over():
+    """Blob 1 made of images like no class (a pile of blank pages, say): the three suggestions come
+    from the other blobs without a label, 3 and 5, then the next of them, never from blob 1."""
+    points, blob = blobs()
+    labeled = np.array([CENTRES[0], CENTRES[2], CENTRES[4]], float)
+    picks, _ = suggest(points, labeled, 3, skip=blob == 1)
+    assert len(picks) == 3 and 1 not in blob[picks] and {3, 5} <= set(blob[picks])
+
+
 def test_n_distinct_images_stable_under_a_seed():
     points, _ = blobs(per_blob=30, spread=0.3, seed=1)
     labeled = points[:5] + 0.01

@@ -99,10 +99,11 @@ def cluster(points, n_clusters, seed):
     return np.concatenate([kmeans.index.search(batch, 1)[1][:, 0] for batch in points.batches()]).astype(np.int64)
 
 
-def suggest(unlabeled_features, labeled_features, n, seed=0):
+def suggest(unlabeled_features, labeled_features, n, seed=0, skip=None):
     """The indices of n distinct unlabeled images to label next, best first, and the cluster of each
     (TypiClust: uncovered clusters first, largest first; the most typical image of each).
-    unlabeled_features: (N, D), an array or a memory map (read a batch at a time)."""
+    unlabeled_features: (N, D), an array or a memory map (read a batch at a time); skip: a bool mask
+    of the images never to suggest (they still shape the clusters)."""
     unlabeled_features = unlabeled_features if hasattr(unlabeled_features, "shape") else np.asarray(unlabeled_features)
     points = Points(labeled_features, unlabeled_features)
     n = min(n, len(unlabeled_features))
@@ -117,6 +118,8 @@ def suggest(unlabeled_features, labeled_features, n, seed=0):
 
     def members_by_typicality(c):
         members = order[starts[c]:starts[c + 1]]
+        if skip is not None:
+            members = members[~skip[members]]
         if len(members) > TYPICALITY_MAX:
             members = np.sort(rng.choice(members, TYPICALITY_MAX, replace=False))
         return list(members[np.argsort(typicality(points.rows(members + points.n_labeled)), kind="stable")])
@@ -128,6 +131,8 @@ def suggest(unlabeled_features, labeled_features, n, seed=0):
         labels, minus_size, c = heapq.heappop(queue)
         if c not in candidates:
             candidates[c] = members_by_typicality(c)
+        if not candidates[c]:  # every image of it skipped
+            continue
         picks.append(int(candidates[c].pop()))
         clusters.append(c)
         if candidates[c]:
@@ -138,8 +143,10 @@ def suggest(unlabeled_features, labeled_features, n, seed=0):
 def suggest_rows(store, labeled, *, n, seed):
     """The n kept predictions (prediction_rows.PredictionStore; readable files only) whose images
     TypiClust (selection.py) would label next, best first, and the cluster of each; labeled: the
-    labeled images' features."""
-    picks, clusters = suggest(store.features(), labeled, n, seed)
+    labeled images' features. An image like no class (Prediction.like_no_class) is never suggested:
+    a blank page is no class to teach."""
+    strays = np.array([row.like_no_class for row in store.rows() if row.label is not None], dtype=bool)
+    picks, clusters = suggest(store.features(), labeled, n, seed, skip=strays if strays.any() else None)
     wanted = {int(p): k for k, p in enumerate(picks)}
     chosen, readable = [None] * len(picks), 0
     for row in store.rows():
