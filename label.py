@@ -68,7 +68,8 @@ def describe_moves(moves):
     said = {what: ", ".join(f"{label} {n}" if label else str(n) for label, n in sorted(counts.items()))
             for what, counts in groups.items()}
     if from_test:
-        said[f"into {ASIDE}/"] += f"; {from_test:,} of them from test/, whose error then counts {from_test:,} image{'s' * (from_test != 1)} fewer"
+        said[f"into {ASIDE}/"] += (f"; {from_test:,} of them from test/, whose error then counts {from_test:,} "
+                                   f"image{'s' * (from_test != 1)} fewer")
     return ", ".join(f"{what} ({counts})" for what, counts in said.items())
 
 

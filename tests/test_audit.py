@@ -111,7 +111,7 @@ def test_predict_measures_a_new_image_as_the_audit_measures_the_folders_own():
     features = rng.normal(size=(60, 8)).astype(np.float32)
     labeled = np.arange(60) < 25
     expected = distance_ratios(nearest.in_memory(unit_rows(features)), labeled)[~labeled]
-    np.testing.assert_allclose(LabeledSpread(features[labeled]).ratios(features[~labeled]), expected, rtol=1e-5)
+    np.testing.assert_allclose(LabeledSpread(nearest.in_memory(unit_rows(features[labeled]))).ratios(features[~labeled]), expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("right, said", [(0.25, "no better than"), (0.45, "cannot be told"), (0.6, None),
@@ -373,5 +373,5 @@ def test_labeled_images_that_are_all_copies_give_no_spread_to_measure_in():
     """Two labeled images that are one image: every new image would be infinitely far in their units;
     none is measured instead."""
     same = np.ones((2, 8), np.float32)
-    assert LabeledSpread(same).largest is None
-    assert LabeledSpread(np.eye(3, 8, dtype=np.float32)).largest > 0
+    assert LabeledSpread(nearest.in_memory(same)).largest is None
+    assert LabeledSpread(nearest.in_memory(np.eye(3, 8, dtype=np.float32))).largest > 0

@@ -31,18 +31,16 @@ def distance_ratios(vectors, labeled):
     labeled image's to the others), over the largest such distance of a labeled image; None where
     fewer than 2 images are labeled. vectors: nearest.Vectors of every image; labeled: a bool mask."""
     positions = np.flatnonzero(labeled)
-    k = min(OUTLIER_NEIGHBOURS, len(positions) - 1)
-    if k < 1:
-        return None
 
     def labeled_batches():
         for start in range(0, len(positions), BLOCK):
             yield vectors.rows(positions[start:start + BLOCK])
-    base = Vectors(len(positions), vectors.dim, labeled_batches, lambda idx: vectors.rows(positions[idx]))
-    squared, _ = nearest(base, vectors, k + 1)
-    distance = np.sqrt(np.maximum(squared, 0))
-    mean = np.where(labeled, distance[:, 1:].mean(1), distance[:, :k].mean(1))  # a labeled image is its own nearest
-    return mean / max(mean[labeled].max(), 1e-12)
+    spread = LabeledSpread(Vectors(len(positions), vectors.dim, labeled_batches, lambda idx: vectors.rows(positions[idx])))
+    if spread.own is None:
+        return None
+    mean = spread.distances(vectors)
+    mean[positions] = spread.own  # a labeled image is its own nearest: its distance to the others
+    return mean / max(float(spread.own.max()), 1e-12)
 
 
 def outlier_scores(features, images, labeled, feature_margin=OUTLIER_MARGIN):
@@ -69,29 +67,34 @@ def trunk_vectors(data):
 
 
 class LabeledSpread:
-    """The labeled images of a checkpoint in a pretrained trunk's features (L2-normalized), and how
-    far each lies from its OUTLIER_NEIGHBOURS nearest others at most: ratios() of new images in
-    those units, as distance_ratios gives them for a folder's own images."""
+    """Labeled images as nearest.Vectors and how far each lies from its OUTLIER_NEIGHBOURS nearest
+    others (own; None where fewer than 2): distances() of other images to them, and ratios() of a
+    pretrained trunk's features of new images over the largest own distance, as distance_ratios gives
+    them for a folder's own images (--predict's measure)."""
 
-    def __init__(self, labeled_features):
-        self.labeled = in_memory(unit_rows(labeled_features))
-        self.k = min(OUTLIER_NEIGHBOURS, self.labeled.n - 1)
-        self.largest = None  # None: no spread to measure in (fewer than 2 images, or each among copies of itself)
+    def __init__(self, labeled):
+        self.labeled = labeled
+        self.k = min(OUTLIER_NEIGHBOURS, labeled.n - 1)
+        self.own = self.largest = None  # largest None: no spread to measure in (each among copies of itself)
         if self.k >= 1:
-            squared, _ = nearest(self.labeled, self.labeled, self.k + 1)
-            largest = float(np.sqrt(np.maximum(squared[:, 1:], 0)).mean(1).max())
-            self.largest = largest if largest > SPREAD_FLOOR else None
+            squared, _ = nearest(labeled, labeled, self.k + 1)
+            self.own = np.sqrt(np.maximum(squared[:, 1:], 0)).mean(1)
+            self.largest = float(self.own.max()) if self.own.max() > SPREAD_FLOOR else None
 
     @classmethod
     def of_checkpoint(cls, state, data):
-        """Of the images a checkpoint trained with labels (data: restored with the trunk's kept features);
+        """Of the images a checkpoint trained with labels, in the trunk's kept features (L2-normalized);
         None where they have no spread to measure in."""
         labeled = torch.from_numpy(state["labeled_idx"].numpy())
-        spread = cls(np.asarray(data.features.train[labeled, 0], np.float32)) if len(labeled) >= 2 else None
-        return spread if spread is not None and spread.largest is not None else None
+        spread = cls(in_memory(unit_rows(np.asarray(data.features.train[labeled, 0], np.float32))))
+        return spread if spread.largest is not None else None
+
+    def distances(self, queries):
+        """Each query's (nearest.Vectors) mean distance to its k nearest labeled images."""
+        squared, _ = nearest(self.labeled, queries, self.k)
+        return np.sqrt(np.maximum(squared, 0)).mean(1)
 
     def ratios(self, features):
         """Each of the trunk features (n, D) given: its mean distance to its nearest labeled images over
         the labeled images' largest."""
-        squared, _ = nearest(self.labeled, in_memory(unit_rows(features)), self.k)
-        return np.sqrt(np.maximum(squared, 0)).mean(1) / self.largest
+        return self.distances(in_memory(unit_rows(features))) / self.largest

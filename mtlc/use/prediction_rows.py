@@ -82,9 +82,9 @@ def write_rows(text_file, rows, threshold=None, extra=None, strays=False):
     prediction. With a threshold, a column `accepted`: 1 where the confidence is at least the
     threshold and the image is not like_no_class. With strays (the distances to the labeled images
     measured), a column `like_no_class`: 1 where the image lies farther from them than they lie from
-    each other, by TRUNK_OUTLIER_MARGIN (a blank page, noise, another kind of image). extra: (column name, value per row) columns after those; last, blake2b: the hash of the
-    bytes of the image the row was written for (label.py refuses the row where the file holds another
-    image by then). Paths are written as str (a text file opened with console.path_text keeps
+    each other, by TRUNK_OUTLIER_MARGIN (a blank page, noise, another kind of image). extra: (column
+    name, value per row) columns after those; last, blake2b: the hash of the bytes of the image the
+    row was written for (label.py refuses the row where the file holds another image by then). Paths are written as str (a text file opened with console.path_text keeps
     undecodable bytes); every name reads back as itself (console.csv_writer)."""
     writer = csv_writer(text_file)
     extra = extra or ()

@@ -30,8 +30,8 @@ LISTED_MAX = 1000  # files a page names among those it cannot show (unreadable o
 
 def least_confident(predictions, classes, per_class, most):
     """The readable predictions worth a look first, from a stream read once and never held whole:
-    per predicted class the per_class least confident (those like no class before any), then at most `most` in all, taken from the
-    classes in turn (each class's least confident first); returned grouped by class, least confident
+    per predicted class the per_class least confident (those like no class before any), then at most
+    `most` in all, taken from the classes in turn (each class's least confident first); returned grouped by class, least confident
     first, with {class: (shown, total)}."""
     kept, total = {c: [] for c in classes}, {c: 0 for c in classes}
     for p in predictions:
