@@ -169,6 +169,8 @@ def main(device, width, precision, steps, labeled_batch, unlabeled_batch):
         result[name] = compare_steps(eager, graphed, steps, **tolerance)
         result[name]["captured"] = graphed.steps.graph is not None
         result[name]["fresh_draws"] = fresh_draws(graphed)
+        # Each run's result as it ends: a check cut short keeps the runs it finished.
+        click.echo(f"run {name}: {json.dumps(result[name])}")
     result["ok"] = all(result[name][q]["excess"] <= 0 for name in RUNS for q in ("losses", "state")) and \
         all(result[name]["fresh_draws"] for name in RUNS) and \
         (device.type != "cuda" or steps <= WARMUP_STEPS or all(result[name]["captured"] for name in CAPTURED))
