@@ -29,7 +29,7 @@ from mtlc.train.devices import processes, resolve_precision
 from mtlc.train.epochs import run_stage
 from mtlc.train.lc import MIN_LOSS_UNIT, neighbourhood_at_start
 from mtlc.train.objectives import OBJECTIVES
-from mtlc.train.pretrained import CONVLARGE
+from mtlc.train.model import ModelConfig
 from mtlc.train.options import (Number, moved_inputs, note_ignored_by_resume, resumed_curves, run_options,
                                 speed_options, tensorboard_option)
 from mtlc.train.presets import preset, preset_help, stage_lengths
@@ -154,7 +154,7 @@ def main(**options):
         if chosen["pairs"] == "true-class":
             true_classes(data, o.truth)  # every unlabeled image's class known, before any work
         training = restore_training(state, device)
-        precision = resolve_precision(o.precision, device, convolutions=config.backbone == CONVLARGE)
+        precision = resolve_precision(o.precision, device, convolutions=not ModelConfig.of_run(config).keeps_features)
         config = config.replace(precision=precision, compile=o.compile_, step_mode=o.step_mode, processes=procs.world,
                                 tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None)
         batches = Batches(data, checkpoint_split(state), config, device)

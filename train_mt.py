@@ -30,14 +30,14 @@ from mtlc.train.checkpoints import checkpoint_split, restore_data, restore_train
 from mtlc.train.curves import check_folder
 from mtlc.train.devices import processes, resolve_precision
 from mtlc.train.epochs import run_stage
-from mtlc.train.model import check_image_size
+from mtlc.train.model import ModelConfig, check_image_size
 from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
                                    objective_options)
 from mtlc.train.options import (Number, given_on_command_line, moved_inputs, note_ignored_by_resume, resumed_curves,
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
-from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, PHOTO_BACKBONE,
+from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, PHOTO_BACKBONE, TRUNKS,
                                    auto_backbone, default_image_size, normalization_of, weights_path)
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
@@ -117,6 +117,10 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    f"{PHOTO_BACKBONE} where at least half of the images looked at are in colour (photos) and its "
                    "packages are installed, else convlarge. "
                    f"[default: {', '.join(f'{k} {v}' for k, v in BACKBONE.items())}]")
+@click.option("--trunk", type=click.Choice(TRUNKS), default="frozen", show_default=True,
+              help="A pretrained backbone's trunk: frozen (its features kept, a head trains on them: fast on a CPU), "
+                   "or trained with the head, the whole network on the images at --image-size (a GPU's option: on a "
+                   "CPU each step runs and trains the whole trunk, docs/pretrained.md).")
 @click.option("--image-size", type=click.IntRange(min=16), default=None,
               help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32, which "
                    "a pretrained backbone sees upscaled to this). The network pools globally, so 64 or 96 work, at 4x "
@@ -175,18 +179,21 @@ def main(**options):
             backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo) if procs.main else None)
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
+        check_trunk(o)
         if o.backbone != CONVLARGE:
-            weights_path(BACKBONES[o.backbone], device)  # the packages there, before any work
+            # the packages there (a frozen trunk's engine too), before any work
+            weights_path(BACKBONES[o.backbone], device if o.trunk == "frozen" else None)
         objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], cons_weight=o.cons_weight,
                                        unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
+        # a pretrained trunk upscales the 32-px datasets itself (embeddings.trunk_input, PretrainedNet)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
         data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
         # the main process's split on every one: label.py may change the log while they start
         split, labels, relabeled = procs.from_main(split_of(o, data, own, procs.echo) if procs.main else None)
         config = run_config(o, data, split, labels, objective, relabeled, procs, device)
-        if o.backbone != CONVLARGE:
+        if ModelConfig.of_run(config).keeps_features:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
                                                            procs.echo))
         trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
@@ -206,6 +213,13 @@ def stage_two_beside(out, overwrite):
                         f"resumed stage 1 replaces it, as a new one would; give --resume --overwrite to remove it "
                         f"once the run is done (or move it away)")
     return stale
+
+
+def check_trunk(o):
+    """--trunk trained: only with a pretrained backbone (--backbone auto may have chosen none)."""
+    if o.trunk == "trained" and o.backbone == CONVLARGE:
+        raise UserError(f"--trunk trained trains a pretrained backbone's trunk with its head; the network here is "
+                        f"{CONVLARGE}, trained from scratch (name --backbone {' or '.join(BACKBONES)})")
 
 
 def refuse_auto(dataset):
@@ -312,19 +326,21 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
     config = RunSettings(
         dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed, val=o.val,
         labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
-        mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, skip_bad_images=o.skip_bad_images,
+        mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, trunk=o.trunk,
+        skip_bad_images=o.skip_bad_images,
         accepted_as_labels=o.accepted_as_labels, files=data.files, contents=data.contents, leaked_test=leaked,
         relabeled=relabeled or [], seed=o.seed, lr=o.lr,
         ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
         forward=o.forward or defaults["forward"], bn_momentum=o.bn_momentum or defaults["bn_momentum"],
         eval_every=o.eval_every or defaults["eval_every"], min_epoch_steps=min_epoch_steps, compress=o.compress,
-        precision=resolve_precision(o.precision, device, convolutions=o.backbone == CONVLARGE), compile=o.compile_,
+        precision=resolve_precision(o.precision, device, convolutions=o.backbone == CONVLARGE or o.trunk == "trained"),
+        compile=o.compile_,
         step_mode=o.step_mode,
         tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
     total = (config.epochs + config.decay_epochs) * steps_per_epoch
     procs.echo(f"train_mt: {o.dataset}, {labels} labeled / {len(split['unlabeled_idx'])} unlabeled / "
                f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, "
-               f"{'' if o.backbone == CONVLARGE else o.backbone + ' (frozen), '}width {o.width}, "
+               f"{'' if o.backbone == CONVLARGE else f'{o.backbone} ({o.trunk}), '}width {o.width}, "
                f"{config.epochs}+{config.decay_epochs} epochs of {steps_per_epoch} steps ({total:,} steps, "
                f"consistency ramp {round(config.cons_rampup * steps_per_epoch):,}; mt.pt after epoch "
                f"{config.lc_start_epoch}), {config.forward} forward, device {device} x {procs.world}, "

@@ -16,12 +16,12 @@ from torch.torch_version import TorchVersion
 from ..data.datasets import load_dataset
 from ..disk.runs import read_metrics, set_rng_state, write_metrics, writing_folder
 from ..errors import UserError
-from .model import ModelConfig
+from .model import MIN_IMAGE_SIZE, ModelConfig
 from .networks import build_models
 from .objectives import OBJECTIVES
 from .embeddings import embed
 from .pretrained import BACKBONE_NAMES, CONVLARGE
-from .settings import MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
+from .settings import MAX_IMAGE_SIZE, MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
 from .trainer import make_optimizer
 
 CHECKPOINT_KEYS = ("student", "teacher", "optimizer", "epoch", "step", "config", "labeled_idx", "unlabeled_idx",
@@ -51,10 +51,20 @@ STATE_CHECKS = dict(
     student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
     reference_spread=lambda v: v is None or is_number(v),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
-    model_args=lambda v: (isinstance(v, dict) and set(v) - {"backbone"} == {"num_classes", "width", "bn_momentum"}
+    model_args=lambda v: (isinstance(v, dict) and set(v) - {"backbone", "trunk", "image_size"} == {"num_classes", "width",
+                                                                                            "bn_momentum"}
                           and is_int(v["num_classes"], 2) and is_number(v["width"]) and 0 < v["width"] <= MAX_WIDTH
                           and is_number(v["bn_momentum"]) and 0 < v["bn_momentum"] <= 1
-                          and v.get("backbone", CONVLARGE) in BACKBONE_NAMES))
+                          and v.get("backbone", CONVLARGE) in BACKBONE_NAMES and trained_trunk_args(v)))
+
+
+def trained_trunk_args(model_args):
+    """Whether a network's trunk keys are none (a frozen trunk's, or ConvLarge's) or a trained trunk's:
+    both, on a pretrained backbone, with the side its trunk sees."""
+    keys = {"trunk", "image_size"} & set(model_args)
+    return not keys or (keys == {"trunk", "image_size"} and model_args["trunk"] == "trained"
+                        and model_args.get("backbone", CONVLARGE) != CONVLARGE
+                        and is_int(model_args["image_size"], MIN_IMAGE_SIZE) and model_args["image_size"] <= MAX_IMAGE_SIZE)
 
 
 def metrics_problem(metrics, required):
@@ -227,7 +237,7 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
         raise UserError(f"the {config.dataset} data in {data_dir or config.data_dir} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
-    if config.backbone != CONVLARGE:  # the trunk's features of them, kept or computed (on device)
+    if ModelConfig.of_run(config).keeps_features:  # the trunk's features of them, kept or computed (on device)
         data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo)
     return data
 

@@ -227,22 +227,26 @@ class GraphedSteps:
         return self.sums.clone()
 
     def time_step(self, step):
-        """(seconds of one step, seconds of its data path): the data path timed on its own graph."""
+        """(seconds of one step, seconds of its data path): the data path timed on its own graph (NaN
+        while the step's capture is not tried yet)."""
         sync(self.trainer.device)
         start = time.perf_counter()
         self.step(step)
         sync(self.trainer.device)
-        return time.perf_counter() - start, self.data_path_seconds()
+        seconds = time.perf_counter() - start
+        settled = not self.captures or self.graph is not None or self.capture_failed  # captured as the step is
+        return seconds, self.data_path_seconds() if settled else float("nan")
 
     def data_path_seconds(self, repeats=20):
         """Median seconds of the data path (the step's row, gather, both views augmented) alone,
-        captured as its own graph on a GPU; measured once."""
+        captured as its own graph on a GPU where the step was (a strong view that cannot be captured
+        fails the same way); measured once, after the step's capture was tried (before it: NaN)."""
         if getattr(self, "_data_seconds", None) is None:
             def data_path():
                 indices = self.tables.indices.index_select(0, self.tables.position.view(1))[0]
                 return self.views(indices)
             run = data_path
-            if self.captures:
+            if self.captures and self.graph is not None:
                 on_side_stream(data_path)
                 self.data_graph = capture(data_path)
                 run = self.data_graph.replay

@@ -10,6 +10,7 @@ feature on which the LC loss acts (Eq. 4-5), logits = h(z; theta_h) the class sc
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -25,19 +26,33 @@ MIN_IMAGE_SIZE = 16
 class ModelConfig:
     """What builds the network: a checkpoint keeps it apart from the run's settings ("model_args").
     backbone: "convlarge" (this file's network, trained from scratch), or a pretrained trunk's name
-    (pretrained.py: a frozen trunk and a head of `width` x 256 units)."""
+    (pretrained.py: its trunk and a head of `width` x 256 units). trunk: "frozen" (the head trains on
+    the trunk's kept features) or "trained" (the whole network trains on images that it resizes to
+    image_size, the side its trunk sees)."""
     num_classes: int = 10
     width: float = 1.0
     bn_momentum: float = 0.001
     backbone: str = "convlarge"
+    trunk: str = "frozen"
+    image_size: Optional[int] = None
 
     @classmethod
     def of_run(cls, config):
-        return cls(config.num_classes, config.width, config.bn_momentum, config.backbone)
+        trained = config.trunk == "trained"
+        return cls(config.num_classes, config.width, config.bn_momentum, config.backbone, config.trunk,
+                   config.image_size if trained else None)
+
+    @property
+    def keeps_features(self):
+        """Whether the network is a head on a frozen trunk, trained on the trunk's kept features."""
+        return self.backbone != "convlarge" and self.trunk == "frozen"
 
     def as_dict(self):
-        """What a checkpoint keeps; the paper's network's without a backbone key, as it always was."""
+        """What a checkpoint keeps; the paper's network's without a backbone key and a frozen trunk's
+        without trunk keys, as they always were."""
         values = dataclasses.asdict(self)
+        if values["trunk"] == "frozen":
+            del values["trunk"], values["image_size"]
         if values["backbone"] == "convlarge":
             del values["backbone"]
         return values
@@ -190,9 +205,10 @@ class SplitForward(nn.Module):
 def recompute_bn_means(model, batches):
     """Set every BN running mean to the average, over the images of `batches`, of the batch means its
     layer sees in training mode with dropout off: eval mode then matches the weights as they are, however far a
-    slow momentum (the paper's 0.001) lags behind them (the idea of fvcore's PreciseBN). The
-    model's mode and momenta are restored; its weights are not touched."""
-    layers = [m for m in model.modules() if isinstance(m, WeightNormMeanOnlyBN)]
+    slow momentum (the paper's 0.001) lags behind them (the idea of fvcore's PreciseBN); a trained
+    pretrained trunk's batch norms (torch's) their running means and variances alike. The model's
+    mode and momenta are restored; its weights are not touched."""
+    layers = [m for m in model.modules() if isinstance(m, (WeightNormMeanOnlyBN, nn.modules.batchnorm._BatchNorm))]
     momenta = [m.momentum for m in layers]
     was_training = model.training
     model.train()

@@ -1,5 +1,5 @@
 """The networks a run trains: the paper's ConvLarge from scratch (model.py), or a head on a frozen
-pretrained trunk (pretrained.py), as a run's ModelConfig says."""
+pretrained trunk, frozen or trained with it (pretrained.py), as a run's ModelConfig says."""
 from .model import ConvLarge
 from .pretrained import PretrainedNet
 
@@ -10,7 +10,8 @@ def build_models(model_config, device):
     if c.backbone == "convlarge":
         student, teacher = (ConvLarge(c.num_classes, c.width, c.bn_momentum).to(device) for _ in range(2))
     else:
-        student, teacher = (PretrainedNet(c.backbone, c.num_classes, c.width, c.bn_momentum).to(device)
+        trained_size = c.image_size if c.trunk == "trained" else None
+        student, teacher = (PretrainedNet(c.backbone, c.num_classes, c.width, c.bn_momentum, trained_size).to(device)
                             for _ in range(2))
     for p in teacher.parameters():
         p.requires_grad_(False)

@@ -29,6 +29,9 @@ from ..errors import UserError
 from .model import Dropout, WeightNormMeanOnlyBN
 
 CONVLARGE = "convlarge"
+# How a pretrained trunk takes part in training (--trunk): frozen, its features kept (embeddings.py), or
+# trained with the head on images, the whole network (a GPU's option: on a CPU it is far slower).
+TRUNKS = ("frozen", "trained")
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,11 @@ HEAD_UNITS = 256
 FEATURE_DROPOUT = 0.2
 
 
-def missing_packages(backbone, device="cpu"):
-    """The pip names of what a backbone needs on the device and this Python lacks: its weights'
-    package, timm, and on a CPU the engine its trunk runs in (onnx exports it, onnxruntime runs it)."""
+def missing_packages(backbone, device=None):
+    """The pip names of what a backbone needs and this Python lacks: its weights' package, timm, and
+    where its frozen trunk runs on a CPU (device) the engine there (onnx exports it, onnxruntime runs it)."""
     needed = [(backbone.pip, backbone.package), ("timm", "timm")]
-    if torch.device(device).type == "cpu":
+    if device is not None and torch.device(device).type == "cpu":
         needed += [("onnx", "onnx"), ("onnxruntime", "onnxruntime")]
     return [name for name, module in needed if importlib.util.find_spec(module) is None]
 
@@ -117,9 +120,10 @@ def auto_backbone(data_dir, device, echo):
     return photo.name
 
 
-def weights_path(backbone, device="cpu"):
+def weights_path(backbone, device=None):
     """The weights file of a backbone's pip package, checked by its SHA-256; exit 2 in one line where
-    the package (or timm) is missing or the file is not the one published."""
+    the package (or timm, or the engine a frozen trunk needs on the device) is missing or the file is
+    not the one published."""
     missing = missing_packages(backbone, device)
     if missing:
         raise UserError(f"--backbone {backbone.name} needs the package{'s' * (len(missing) > 1)} "
@@ -175,6 +179,7 @@ class TrunkEngine:
 
     def __init__(self, name, device):
         self.name, self.device = name, torch.device(device)
+        weights_path(BACKBONES[name], self.device)  # its engine there, or exit 2 naming the pip command
         self.model = trunk(name, self.device)
         self.sessions = {}
 
@@ -207,23 +212,37 @@ def onnx_session(model, size):
 
 
 class PretrainedNet(nn.Module):
-    """A frozen trunk and the head trained on its features: forward gives (z, logits) as ConvLarge's
-    does, z the head's hidden units (what LC acts on). Images (N, 3, H, W), normalized, go through the
-    trunk; features (N, D), embedded ahead, straight to the head. The trunk is no part of the state
-    dict: a checkpoint keeps the head, and the trunk comes from its package (weights_path)."""
+    """A pretrained trunk and a head on its features: forward gives (z, logits) as ConvLarge's does, z
+    the head's hidden units (what LC acts on). Images (N, 3, H, W), normalized, go through the trunk;
+    features (N, D), embedded ahead, straight to the head. A frozen trunk is no part of the state dict:
+    a checkpoint keeps the head, and the trunk comes from its package (weights_path). A trained one
+    (trained_size: the side it sees, images resized to it) is a submodule, starting from the package's
+    weights, and its checkpoint keeps it whole."""
 
-    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001):
+    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001, trained_size=None):
         super().__init__()
         self.backbone = BACKBONES[backbone]
+        self.trained_size = trained_size
         self.feature_dim = max(16, round(HEAD_UNITS * width))
         self.dropout = Dropout(FEATURE_DROPOUT)
         self.hidden = WeightNormMeanOnlyBN(self.backbone.features, self.feature_dim, momentum=bn_momentum)
         self.classifier = WeightNormMeanOnlyBN(self.feature_dim, num_classes, init_scale=0.1,
                                                v_std=0.05 * math.sqrt(128 / self.feature_dim), momentum=bn_momentum)
-        object.__setattr__(self, "trunk", None)  # built when images first come (not a submodule: not saved)
+        if trained_size:
+            self.trunk = bare_trunk(backbone)
+            self.trunk.load_state_dict(trunk_weights(backbone))
+            self.trunk.to(memory_format=torch.channels_last)
+        else:
+            object.__setattr__(self, "trunk", None)  # built when images first come (not a submodule: not saved)
 
     def features(self, x):
-        """The trunk's pooled features of normalized images, fp32 (its engine made at first use)."""
+        """The trunk's pooled features of normalized images, fp32 (a frozen one's engine made at first
+        use); a trained trunk's take gradients and resize the images to the side it trained on."""
+        if self.trained_size:
+            if x.shape[-1] != self.trained_size or x.shape[-2] != self.trained_size:
+                x = F.interpolate(x, size=(self.trained_size, self.trained_size), mode="bilinear",
+                                  align_corners=False, antialias=x.shape[-1] > self.trained_size)
+            return self.trunk(x.contiguous(memory_format=torch.channels_last)).float()
         if self.trunk is None or self.trunk.device != x.device:
             object.__setattr__(self, "trunk", TrunkEngine(self.backbone.name, x.device))
         return self.trunk(x)

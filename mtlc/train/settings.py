@@ -17,7 +17,7 @@ from ..data.datasets import DATASETS
 from .model import MIN_IMAGE_SIZE
 from .objectives import CONSISTENCIES
 from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
-from .pretrained import BACKBONE_NAMES, CONVLARGE
+from .pretrained import BACKBONE_NAMES, CONVLARGE, TRUNKS
 
 # The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
 MAX_IMAGE_SIZE = 4096
@@ -184,6 +184,7 @@ class RunSettings(Settings):
     tensorboard: Optional[str] = setting(optional(text), before=None)
     processes: int = setting(integer(1), before=1)
     backbone: str = setting(one_of(BACKBONE_NAMES), before=CONVLARGE)  # the paper's network, or a pretrained trunk
+    trunk: str = setting(one_of(TRUNKS), before="frozen")  # a pretrained trunk's: kept features, or trained whole
     lc: Optional[LCSettings] = None
 
     @classmethod

@@ -27,7 +27,7 @@ from ..errors import UserError
 from ..train.checkpoints import load_checkpoint, restore_data, restore_models
 from ..train.devices import pick_device
 from ..train.inference import model_outputs, outputs
-from ..train.pretrained import CONVLARGE
+from ..train.model import ModelConfig
 from .calibration import Calibration, confidences
 from .held_out import held_out, restore_held_out
 from .outliers import TRUNK_OUTLIER_MARGIN
@@ -124,7 +124,7 @@ class Classifier:
         where that cannot be, else None. checkpoint_key: what tells the checkpoint (the heads are
         kept under it)."""
         from .unseen import FOLDS, UnseenHeads
-        if self.config.backbone == CONVLARGE or not len(self.state["unlabeled_idx"]):
+        if not ModelConfig.of_run(self.config).keeps_features or not len(self.state["unlabeled_idx"]):
             return "the checkpoint is no head on a frozen trunk that trained on unlabeled images"
         if len(self.state["unlabeled_idx"]) < 2 * FOLDS:
             return (f"{len(self.state['unlabeled_idx'])} unlabeled images are too few for {FOLDS} heads that each "
