@@ -3,6 +3,7 @@ package's weights, trains with the head on images that it resizes to its side, i
 checkpoint (whose trunk keys are checked), and every tool after training takes the run through the
 trained trunk, never the package's frozen one or its kept features."""
 import importlib.util
+import shutil
 
 import numpy as np
 import pytest
@@ -91,6 +92,25 @@ def test_finetune_predict_audit_onnx_and_load_take_the_trained_trunk(run, tmp_pa
     import onnxruntime
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     assert list(np.argmax(session.run(None, {"images": data.test_x.numpy()})[0], 1)) == expected.tolist()
+
+
+def test_a_trained_trunk_run_resumes_to_the_same_weights(run, tmp_path):
+    """Killed after its second epoch, the run resumes from mt_last.pt, its trunk restored from the
+    checkpoint, and ends where the run that was not killed ended."""
+    shutil.copytree(run / "run", tmp_path / "run", ignore=shutil.ignore_patterns("lc*", "*.lock"))
+    state = torch.load(tmp_path / "run" / "mt_last.pt", weights_only=True)
+    assert state["epoch"] == 3  # the whole run's
+    for name in ("mt_final.pt", "mt_last.pt"):
+        (tmp_path / "run" / name).unlink()
+    args = ["--dataset", "folder", "--data-dir", run / "d", "--out", tmp_path / "run", "--device", "cpu"]
+    kept = torch.load(run / "run" / "mt.pt", weights_only=True)  # mt.pt: after epoch 2
+    torch.save(dict(kept, epoch=2, metrics=kept["metrics"][:2]), tmp_path / "run" / "mt_last.pt")
+    result = invoke(train_mt, [*args, "--resume"])
+    assert result.exit_code == 0 and "after epoch 2" in result.output and "mt epoch 1/" not in result.output
+    resumed = torch.load(tmp_path / "run" / "mt_final.pt", weights_only=True)["teacher"]
+    whole = torch.load(run / "run" / "mt_final.pt", weights_only=True)["teacher"]
+    assert resumed.keys() == whole.keys() and any(k.startswith("trunk.") for k in whole)
+    assert all(torch.allclose(resumed[k].float(), whole[k].float(), atol=1e-5) for k in whole)
 
 
 def test_trunk_trained_needs_a_pretrained_backbone(tmp_path):
