@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The pretrained backbone trained whole (train_mt.py --trunk trained) on a lent GPU: the CIFAR-10 JPEG
 # folder with 250 labels (examples/own_images.py's, as docs/pretrained.md measured the frozen trunk on
-# the CPU), FixMatch (a folder's default), one run per learning rate in LRS at once on the card, its
+# the CPU), CONSISTENCY (fixmatch, a folder's default, or mt), one run per learning rate in LRS at once on the card, its
 # schedule sized from a measured step to end within SECONDS; then each run's labels for unlabeled/ and
 # what --max-error 5 and 2 accept, scored against the truth file. Everything under OUT as it ends.
 #
@@ -14,7 +14,7 @@ out=${1:?usage: tools/gpu_whole_trunk.sh OUT SECONDS}
 seconds=${2:?usage: tools/gpu_whole_trunk.sh OUT SECONDS}
 end=$(( $(date +%s) + seconds ))
 python=${PYTHON:-python3}
-backbone=${BACKBONE:-efficientnet-lite2} size=${SIZE:-160} lrs=(${LRS:-0.01 0.03})
+backbone=${BACKBONE:-efficientnet-lite2} size=${SIZE:-160} lrs=(${LRS:-0.01 0.03}) objective=${CONSISTENCY:-fixmatch}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/gpu_check/site${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out" gpu_check
@@ -23,7 +23,7 @@ folder=${FOLDER:-gpu_check/own-cifar} truth=${TRUTH:-gpu_check/own-cifar-truth.c
 [[ -d $folder ]] || "$python" examples/own_images.py cifar10 --archive data/cifar10-jpeg.tar.xz --out $folder \
   > gpu_check/folder.log 2>&1 || { echo "gpu_whole_trunk: the folder could not be made"; tail -5 gpu_check/folder.log; exit 1; }
 train=("$python" train_mt.py --dataset folder --data-dir $folder --backbone "$backbone" --image-size "$size"
-       --trunk trained --width 1 --device "${DEVICE:-cuda}")
+       --trunk trained --width 1 --consistency "$objective" --device "${DEVICE:-cuda}")
 "${train[@]}" --lr "${lrs[0]}" --benchmark 20 --out gpu_check/bench > "$out/benchmark.log" 2>&1
 step=$("$python" -c "import json; print(json.load(open('gpu_check/bench/mt_benchmark.json'))['sec_per_step'])") ||
   { echo "gpu_whole_trunk: the benchmark failed"; tail -20 "$out/benchmark.log"; exit 1; }
