@@ -42,6 +42,7 @@ from mtlc.errors import UserError
 from mtlc.label.apply import apply, locked, undo
 from mtlc.label.inputs import ASIDE, ASIDE_KINDS, SOURCES, read_labels
 from mtlc.label.plan import plan
+from mtlc.label.leaks import copies_of_test_images, describe_test_copies
 
 
 def aside_kinds(ctx, param, value):
@@ -163,6 +164,9 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
             click.echo(f"nothing to move: all {moves.rows:,} rows of {shown(labels_csv)} were applied before" if moves.rows
                        else f"nothing to move: {shown(labels_csv)} has no {what}")
             return
+        warning = describe_test_copies(copies_of_test_images(data_dir, moves))
+        if warning:
+            click.echo(warning, err=True)
         if dry_run:
             for move in moves:
                 click.echo(f"{shown(move.source)}: confirm {shown(move.label)}" if move.confirms

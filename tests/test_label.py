@@ -12,6 +12,8 @@ import label
 from mtlc.label import log as label_log
 from mtlc.label import plan as label_plan
 from mtlc.label import apply as labeling
+from mtlc.label.plan import Move
+from mtlc.label.leaks import copies_of_test_images
 from mtlc.disk import spill
 from conftest import invoke, run, snapshot, write_labels
 from fakedata import write_own_folder
@@ -187,3 +189,27 @@ def test_a_move_refused_in_a_later_chunk_puts_every_earlier_chunk_back(folder, t
     res = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "l.csv", EIGHT), "--new-classes"])
     assert res.exit_code == 1 and "the 4 images moved before it were put back" in res.output, res.output
     assert snapshot(folder) == before
+
+
+def test_moving_a_copy_of_a_test_image_into_labeled_is_said_before_it_moves(tmp_path):
+    """An unlabeled image whose bytes are a test/ image's, moved into labeled/: label.py names the
+    pair (the move still happens; --dry-run says it too); a test image of the same size but other
+    bytes, and a copy only set aside, are not named."""
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=2, n_unlabeled=6, n_test=2)
+    test_image = sorted((folder / "test").rglob("*.png"))[0]
+    (folder / "unlabeled" / "u0000.png").write_bytes(test_image.read_bytes())
+    same_size = bytearray(test_image.read_bytes())
+    same_size[-1] ^= 1
+    (folder / "unlabeled" / "u0001.png").write_bytes(bytes(same_size))
+    labels = write_labels(tmp_path / "l.csv", [("unlabeled/u0000.png", "cat"), ("unlabeled/u0001.png", "dog")])
+    named = f"unlabeled/u0000.png = test/{test_image.relative_to(folder / 'test').as_posix()}"
+    for dry in (["--dry-run"], []):
+        result = invoke(label, ["--data-dir", folder, "--apply", labels, *dry])
+        assert result.exit_code == 0, result.output
+        assert f"warning: 1 of the images moved into labeled/ are byte-for-byte copies of test/ images ({named})" \
+            in result.output and "u0001" not in result.output.split("warning:")[1].split("\n")[0]
+    assert (folder / "labeled" / "cat" / "u0000.png").exists()
+    (folder / "unlabeled" / "u0002.png").write_bytes(test_image.read_bytes())
+    assert copies_of_test_images(folder, [Move("unlabeled/u0002.png", "set-aside/unlabeled/u0002.png", "")]) == []
+    assert len(copies_of_test_images(folder, [Move("unlabeled/u0002.png", "labeled/dog/u0002.png", "dog")])) == 1
