@@ -29,6 +29,29 @@ import in_process  # noqa: E402
 from fakedata import write_own_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# A head on a pretrained trunk trained in seconds on a small own-images folder (with --data-dir, --out).
+BACKBONE_RUN = ["--dataset", "folder", "--backbone", "efficientnet-lite0", "--image-size", "32", "--width", "0.25",
+                "--labeled-batch", "6", "--epochs", "2", "--decay-epochs", "1", "--device", "cpu"]
+
+
+def train_backbone_run(root, *options, **folder):
+    """BACKBONE_RUN with `options` on an own-images folder root/d of 40 x 30 images (write_own_folder's
+    `folder` counts) into root/run; its output."""
+    import train_mt
+    write_own_folder(root / "d", size=(40, 30), **folder)
+    result = invoke(train_mt, [*BACKBONE_RUN, *options, "--data-dir", root / "d", "--out", root / "run"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def needs_backbone(name="efficientnet-lite0"):
+    """Skip a test (or a module: pytestmark) where timm or a backbone's weights package is missing."""
+    from mtlc.train.pretrained import BACKBONES
+    return pytest.mark.skipif(importlib.util.find_spec("timm") is None
+                              or importlib.util.find_spec(BACKBONES[name].package) is None,
+                              reason="the backbone's packages are not installed (pip install -r requirements.txt)")
 # The smallest training a test that checks files, lines and exit codes needs: digits at 16 x 16 pixels
 # (a quarter of 32's compute), a network of width 1/16, on the CPU.
 TINY_RUN = ["--image-size", "16", "--width", "0.0625", "--device", "cpu"]

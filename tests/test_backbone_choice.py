@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 import train_mt
-from conftest import invoke
+from conftest import invoke, needs_backbone
 from mtlc.data.colour import colour_share, folder_colour_share, is_colour
 from mtlc.train import pretrained
 from mtlc.train.checkpoints import load_checkpoint
@@ -106,9 +106,7 @@ def test_a_grey_folder_trains_the_papers_network_by_default(tmp_path):
     assert load_checkpoint(tmp_path / "r" / "mt.pt")["config"].backbone == "convlarge"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("timm") is None
-                    or importlib.util.find_spec(pretrained.BACKBONES[pretrained.PHOTO_BACKBONE].package) is None,
-                    reason="the backbone's packages are not installed (pip install -r requirements.txt)")
+@needs_backbone(pretrained.PHOTO_BACKBONE)
 def test_a_colour_folder_trains_on_the_pretrained_trunk_by_default(tmp_path):
     write_layout(tmp_path / "d", 0.0)
     result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path / "d", "--width", "0.0625", "--image-size",

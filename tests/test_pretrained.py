@@ -15,7 +15,7 @@ import evaluate
 import mtlc
 import finetune_lc
 import train_mt
-from conftest import invoke, read_rows, resident_bytes
+from conftest import invoke, needs_backbone, read_rows, resident_bytes
 from fakedata import write_own_folder
 from mtlc.data.datasets import load_dataset
 from mtlc.errors import UserError
@@ -24,9 +24,7 @@ from mtlc.train.checkpoints import load_checkpoint, restore_data, restore_models
 from mtlc.use import audit
 
 BACKBONE = "efficientnet-lite0"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
-                                or importlib.util.find_spec(pretrained.BACKBONES[BACKBONE].package) is None,
-                                reason="the backbone's packages are not installed (pip install -r requirements.txt)")
+pytestmark = needs_backbone(BACKBONE)
 
 
 @pytest.mark.parametrize("name, size", [("efficientnet-lite0", 224), ("efficientnet-lite0", 128),

@@ -2,7 +2,6 @@
 package's weights, trains with the head on images that it resizes to its side, is kept whole in the
 checkpoint (whose trunk keys are checked), and every tool after training takes the run through the
 trained trunk, never the package's frozen one or its kept features."""
-import importlib.util
 import shutil
 
 import numpy as np
@@ -14,29 +13,23 @@ import evaluate
 import finetune_lc
 import mtlc
 import train_mt
-from conftest import invoke, read_rows
+from conftest import invoke, needs_backbone, read_rows, train_backbone_run
 from fakedata import write_own_folder
 from mtlc.train import pretrained
 from mtlc.train.checkpoints import STATE_CHECKS, load_checkpoint, restore_data, restore_models
 from mtlc.train.model import ModelConfig, recompute_bn_means
 
 BACKBONE = "efficientnet-lite0"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
-                                or importlib.util.find_spec(pretrained.BACKBONES[BACKBONE].package) is None,
-                                reason="the backbone's packages are not installed (pip install -r requirements.txt)")
+pytestmark = needs_backbone(BACKBONE)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A trained-trunk run on a small own-images folder (images 40 x 30, trained at 32 px)."""
     root = tmp_path_factory.mktemp("trained")
-    write_own_folder(root / "d", n_labeled=6, n_unlabeled=12, n_test=4, size=(40, 30))
-    args = ["--dataset", "folder", "--data-dir", root / "d", "--backbone", BACKBONE, "--trunk", "trained",
-            "--image-size", "32", "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "2",
-            "--decay-epochs", "1", "--device", "cpu", "--out", root / "run"]
-    result = invoke(train_mt, args)
-    assert result.exit_code == 0, result.output
-    assert f"{BACKBONE} (trained)" in result.output
+    output = train_backbone_run(root, "--trunk", "trained", "--unlabeled-batch", "6", n_labeled=6, n_unlabeled=12,
+                                n_test=4)
+    assert f"{BACKBONE} (trained)" in output
     return root
 
 

@@ -3,7 +3,6 @@ checkpoint's was, the one that never saw it (an unlabeled training image by the 
 out, any other by the head its file's hash picks), calibrated on the held-out images predicted
 alike; the heads are kept for the next run; where the training images cannot be had, the
 checkpoint itself predicts and the line says why."""
-import importlib.util
 import json
 import shutil
 
@@ -14,7 +13,7 @@ import torch
 import evaluate
 import finetune_lc
 import train_mt
-from conftest import invoke, read_rows
+from conftest import invoke, needs_backbone, read_rows, train_backbone_run
 from fakedata import write_own_folder
 from mtlc.train import pretrained
 from mtlc.train.checkpoints import load_checkpoint, restore_data
@@ -22,19 +21,13 @@ from mtlc.train.settings import learning_rate
 from mtlc.use import classifier, unseen
 
 BACKBONE = "efficientnet-lite0"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None
-                                or importlib.util.find_spec(pretrained.BACKBONES[BACKBONE].package) is None,
-                                reason="the backbone's packages are not installed (pip install -r requirements.txt)")
+pytestmark = needs_backbone(BACKBONE)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("unseen")
-    write_own_folder(root / "d", n_labeled=4, n_unlabeled=16, n_test=8, size=(40, 30))
-    args = ["--dataset", "folder", "--data-dir", root / "d", "--backbone", BACKBONE, "--image-size", "32",
-            "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "4", "--epochs", "2", "--decay-epochs",
-            "1", "--device", "cpu", "--out", root / "run"]
-    assert invoke(train_mt, args).exit_code == 0
+    train_backbone_run(root, "--unlabeled-batch", "4", n_labeled=4, n_unlabeled=16, n_test=8)
     assert invoke(finetune_lc, ["--ckpt", root / "run" / "mt.pt", "--epochs", "1", "--decay-epochs", "1"]).exit_code == 0
     return root
 
