@@ -176,7 +176,7 @@ def main(**options):
             if o.dataset != "folder":
                 refuse_auto(o.dataset)
             # chosen by the main process alone (a folder changing under a torchrun start cannot split them)
-            backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo) if procs.main else None)
+            backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo, o.trunk) if procs.main else None)
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         check_trunk(o)

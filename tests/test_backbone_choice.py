@@ -84,6 +84,10 @@ def test_auto_without_the_packages_falls_back_to_the_papers_network(tmp_path, mo
     assert pretrained.auto_backbone(tmp_path, "cpu", said.append) == "convlarge"
     assert "pip install" in said[0] and "onnxruntime" in said[0]
     assert "onnxruntime" not in pretrained.missing_packages(pretrained.BACKBONES[pretrained.PHOTO_BACKBONE], "cuda")
+    said = []  # a trunk trained with its head runs in torch: no CPU engine asked for
+    if not pretrained.missing_packages(pretrained.BACKBONES[pretrained.PHOTO_BACKBONE]):
+        assert pretrained.auto_backbone(tmp_path, "cpu", said.append, "trained") == pretrained.PHOTO_BACKBONE
+        assert "ImageNet-pretrained, trained;" in said[0]
 
 
 @pytest.mark.parametrize("layout", ["missing", "empty", "unlabeled only"])

@@ -2,6 +2,7 @@
 package's weights, trains with the head on images that it resizes to its side, is kept whole in the
 checkpoint (whose trunk keys are checked), and every tool after training takes the run through the
 trained trunk, never the package's frozen one or its kept features."""
+import importlib.util
 import shutil
 
 import numpy as np
@@ -145,3 +146,34 @@ def test_batch_norms_running_statistics_are_recomputed_over_the_images():
     variances = torch.stack([b.var((0, 2, 3), unbiased=True) for b in batches]).mean(0)
     assert torch.allclose(bn.running_mean, means, atol=1e-5) and torch.allclose(bn.running_var, variances, atol=1e-4)
     assert bn.momentum == 0.01 and model.training  # its momentum and mode as they were
+
+
+def test_a_trunk_trained_on_32_px_datasets_augments_at_their_own_side():
+    """CIFAR-10's 32-px images, which a trained trunk sees upscaled to --image-size, are shifted and
+    cut out at 32 px (a cutout sized for 160 px would cover the whole image)."""
+    from fakedata import run_settings
+    from mtlc.data.batches import Batches
+    from mtlc.data.datasets import ImageData
+    data = ImageData(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.arange(8) % 2,
+                     torch.zeros(0, 3, 32, 32, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), ["a", "b"])
+    split = dict(labeled_idx=torch.arange(4), unlabeled_idx=torch.arange(4, 8), val_idx=torch.zeros(0, dtype=torch.long))
+    config = run_settings(dataset="cifar10", num_classes=2, image_size=160, backbone=BACKBONE, trunk="trained",
+                          labeled_batch=2, unlabeled_batch=2)
+    batches = Batches(data, split, config, torch.device("cpu"), strong_view=True)
+    assert batches.max_shift == 2 and batches.strong.cutout_side < 32
+
+
+def test_a_checkpoint_whose_network_is_not_its_runs_is_refused_in_one_line(run, tmp_path):
+    state = torch.load(run / "run" / "mt_final.pt", weights_only=True)
+    for name, edited in [("frozen-run", dict(state, config=dict(state["config"], trunk="frozen"))),
+                         ("other-side", dict(state, model_args=dict(state["model_args"], image_size=64)))]:
+        torch.save(edited, tmp_path / f"{name}.pt")
+        result = invoke(evaluate, ["--ckpt", tmp_path / f"{name}.pt"])
+        assert result.exit_code == 2 and "its network's settings (model_args" in result.output, result.output
+
+
+def test_a_trained_trunk_checkpoint_needs_timm_but_not_the_weights_package(run, monkeypatch):
+    real = importlib.util.find_spec
+    package = pretrained.BACKBONES[BACKBONE].package
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+    assert len(mtlc.load(run / "run" / "mt_final.pt", device="cpu").predict(run / "d" / "test")) == 12

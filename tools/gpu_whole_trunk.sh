@@ -10,7 +10,7 @@
 # Needs data/cifar10-jpeg.tar.xz and, where the host lacks them, the weights package and cloup in
 # gpu_check/site (both ignored by git: carry them).
 set -u
-out=${1:?usage: tools/gpu_whole_trunk.sh OUT SECONDS}
+out=$(realpath -m "${1:?usage: tools/gpu_whole_trunk.sh OUT SECONDS}")
 seconds=${2:?usage: tools/gpu_whole_trunk.sh OUT SECONDS}
 end=$(( $(date +%s) + seconds ))
 python=${PYTHON:-python3}
@@ -24,13 +24,15 @@ folder=${FOLDER:-gpu_check/own-cifar} truth=${TRUTH:-gpu_check/own-cifar-truth.c
   > gpu_check/folder.log 2>&1 || { echo "gpu_whole_trunk: the folder could not be made"; tail -5 gpu_check/folder.log; exit 1; }
 train=("$python" train_mt.py --dataset folder --data-dir $folder --backbone "$backbone" --image-size "$size"
        --trunk trained --width 1 --consistency "$objective" --device "${DEVICE:-cuda}")
-"${train[@]}" --lr "${lrs[0]}" --benchmark 20 --out gpu_check/bench > "$out/benchmark.log" 2>&1
-step=$("$python" -c "import json; print(json.load(open('gpu_check/bench/mt_benchmark.json'))['sec_per_step'])") ||
+rm -rf gpu_check/bench  # a step measured now, with these settings
+"${train[@]}" --lr "${lrs[0]}" --benchmark 20 --out gpu_check/bench > "$out/benchmark.log" 2>&1 &&
+  read -r step steps <<< "$("$python" -c "import json; b = json.load(open('gpu_check/bench/mt_benchmark.json'))
+print(b['sec_per_step'], b['steps_per_epoch'])")" ||
   { echo "gpu_whole_trunk: the benchmark failed"; tail -20 "$out/benchmark.log"; exit 1; }
 # The runs share the card (measured alone: their steps slow by about SHARE each); what is left after the
 # evaluations (EVAL_SECONDS) is their training, 3/4 at constant lr, 1/4 decaying.
 epochs=$("$python" -c "
-import math; left = $end - $(date +%s) - ${EVAL_SECONDS:-90}; per_epoch = $step * ${SHARE:-1.7} * math.ceil(10000 / 128)
+left = $end - $(date +%s) - ${EVAL_SECONDS:-90}; per_epoch = $step * ${SHARE:-1.7} * $steps
 total = max(2, int(left / per_epoch)); print(max(1, round(total * 0.75)), max(1, total - round(total * 0.75)))")
 read -r constant decay <<< "$epochs"
 echo "gpu_whole_trunk: ${step}s a step alone; ${#lrs[@]} runs of $constant + $decay epochs"

@@ -165,9 +165,9 @@ class Batches:
         self.strong_feature_view = strong_view
         self.mean, self.std = normalization(config, device)
         self.flip = config.dataset == "cifar10"
-        self.max_shift = max_shift(config.image_size)
+        self.max_shift = max_shift(config.decode_size)
         # strong_view: the objective trains the student on strong views of the unlabeled images (FixMatch's).
-        self.strong = StrongAugment(config.image_size) if strong_view and not self.embedded else None
+        self.strong = StrongAugment(config.decode_size) if strong_view and not self.embedded else None
 
     def indices(self, step):
         """The training-set indices of this process's share of the step's images, labeled ones first."""

@@ -111,6 +111,9 @@ def checked_state(state):
     if state["model_args"]["num_classes"] != config.num_classes:  # a network of other outputs than the classes it names
         raise ValueError(f"its network's {state['model_args']['num_classes']!r} outputs do not fit its "
                          f"{config.num_classes} classes")
+    # the network's settings build it, the run's feed it (kept features or images at a side): one network
+    if ModelConfig(**state["model_args"]) != ModelConfig.of_run(config):
+        raise ValueError("its network's settings (model_args: backbone, trunk, image size) are not its run's")
     problem = (OBJECTIVES[config.consistency].state_problem(state["adaptive_threshold"], config.num_classes)
                or metrics_problem(state.get("metrics"), required=state["stage"] == "lc"))
     if problem:
@@ -157,7 +160,7 @@ def checkpoint_split(state):
 def restore_models(state, device):
     """Student and teacher of a checkpoint; one that does not fit this project's network exits 2."""
     try:
-        student, teacher = build_models(ModelConfig(**state["model_args"]), device)
+        student, teacher = build_models(ModelConfig(**state["model_args"]), device, package_weights=False)
         student.load_state_dict(state["student"])
         teacher.load_state_dict(state["teacher"])
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:

@@ -96,9 +96,10 @@ def missing_packages(backbone, device=None):
     return [name for name, module in needed if importlib.util.find_spec(module) is None]
 
 
-def auto_backbone(data_dir, device, echo):
+def auto_backbone(data_dir, device, echo, trunk="frozen"):
     """--backbone auto's choice for a folder (PHOTO_SHARE), said in one line with how to choose
-    otherwise. Silent where no image was found: loading the folder says what is wrong with it."""
+    otherwise; trunk: --trunk's (a trained one needs no CPU engine). Silent where no image was found:
+    loading the folder says what is wrong with it."""
     from ..data.colour import folder_colour_share  # decodes a sample: only where auto chooses
     share, seen = folder_colour_share(data_dir)
     photo = BACKBONES[PHOTO_BACKBONE]
@@ -109,14 +110,14 @@ def auto_backbone(data_dir, device, echo):
              f"paper's network from scratch (an ImageNet trunk lost on grey glyphs and digits; --backbone "
              f"{photo.name} uses one anyway)")
         return CONVLARGE
-    missing = missing_packages(photo, device)
+    missing = missing_packages(photo, device if trunk == "frozen" else None)
     if missing:
         echo(f"train_mt: --backbone auto: {share:.0%} of {seen} images looked at are in colour, for which "
              f"{photo.name} (ImageNet-pretrained) did far better, but it needs pip install {' '.join(missing)}: "
              f"{CONVLARGE}, the paper's network from scratch")
         return CONVLARGE
     echo(f"train_mt: --backbone auto: {share:.0%} of {seen} images looked at are in colour: {photo.name} "
-         f"(ImageNet-pretrained, frozen; --backbone {CONVLARGE} trains the paper's network from scratch)")
+         f"(ImageNet-pretrained, {trunk}; --backbone {CONVLARGE} trains the paper's network from scratch)")
     return photo.name
 
 
@@ -153,6 +154,8 @@ def trunk_weights(name):
 
 def bare_trunk(name):
     """timm's network of the backbone without weights, its classifier removed (pooled features out)."""
+    if importlib.util.find_spec("timm") is None:
+        raise UserError(f"--backbone {name} needs the package timm: pip install timm")
     timm = importlib.import_module("timm")  # seconds to import: only where a backbone is used
     return timm.create_model(BACKBONES[name].timm_name, pretrained=False, num_classes=0)
 
@@ -217,9 +220,9 @@ class PretrainedNet(nn.Module):
     features (N, D), embedded ahead, straight to the head. A frozen trunk is no part of the state dict:
     a checkpoint keeps the head, and the trunk comes from its package (weights_path). A trained one
     (trained_size: the side it sees, images resized to it) is a submodule, starting from the package's
-    weights, and its checkpoint keeps it whole."""
+    weights (package_weights; a checkpoint's network, which keeps it whole, needs no package but timm)."""
 
-    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001, trained_size=None):
+    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001, trained_size=None, package_weights=True):
         super().__init__()
         self.backbone = BACKBONES[backbone]
         self.trained_size = trained_size
@@ -230,7 +233,8 @@ class PretrainedNet(nn.Module):
                                                v_std=0.05 * math.sqrt(128 / self.feature_dim), momentum=bn_momentum)
         if trained_size:
             self.trunk = bare_trunk(backbone)
-            self.trunk.load_state_dict(trunk_weights(backbone))
+            if package_weights:
+                self.trunk.load_state_dict(trunk_weights(backbone))
             self.trunk.to(memory_format=torch.channels_last)
         else:
             object.__setattr__(self, "trunk", None)  # built when images first come (not a submodule: not saved)

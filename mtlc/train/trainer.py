@@ -344,7 +344,7 @@ def fresh_training(config, data, labeled_idx, device):
     student, teacher = build_models(ModelConfig.of_run(config), device)
     mean, std = normalization(config, device)
     first_labeled = data.inputs("train")[labeled_idx[:config.labeled_batch]].to(device)
-    student.data_init(augment(first_labeled, mean, std, config.dataset == "cifar10", max_shift(config.image_size))
+    student.data_init(augment(first_labeled, mean, std, config.dataset == "cifar10", max_shift(config.decode_size))
                       if first_labeled.dtype == torch.uint8 else normalize(first_labeled, mean, std))
     teacher.load_state_dict(student.state_dict())
     return student, teacher, make_optimizer(student, config.lr)

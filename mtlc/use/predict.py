@@ -26,7 +26,7 @@ from ..disk.runs import atomic_write
 from ..disk.work import Work, claimed, work_folder
 from ..errors import UserError
 from ..train.checkpoints import restore_data
-from ..train.pretrained import CONVLARGE
+from ..train.model import ModelConfig
 from . import label_studio
 from .classifier import Classifier, labeled_features
 from .figures import plot_coverage
@@ -168,7 +168,7 @@ def calibrated(path, state, device, o):
 def unseen_calibration(classifier, path, o):
     """The calibration of heads that never saw an image (unseen.py) where the checkpoint is a head
     on a frozen trunk; else None, said in a line where it is such a head but they cannot be had."""
-    if classifier.config.backbone == CONVLARGE:
+    if not ModelConfig.of_run(classifier.config).keeps_features:
         return None
     why_not = classifier.calibrate_unseen(checkpoint_identity(path), o.data_dir, echo=say)
     if why_not:
