@@ -112,8 +112,9 @@ def checked_state(state):
         raise ValueError(f"its network's {state['model_args']['num_classes']!r} outputs do not fit its "
                          f"{config.num_classes} classes")
     # the network's settings build it, the run's feed it (kept features or images at a side): one network
-    if ModelConfig(**state["model_args"]) != ModelConfig.of_run(config):
-        raise ValueError("its network's settings (model_args: backbone, trunk, image size) are not its run's")
+    network, run = ModelConfig(**state["model_args"]), ModelConfig.of_run(config)
+    if (network.backbone, network.trunk, network.image_size) != (run.backbone, run.trunk, run.image_size):
+        raise ValueError("its network's backbone, trunk or image size (model_args) are not its run's")
     problem = (OBJECTIVES[config.consistency].state_problem(state["adaptive_threshold"], config.num_classes)
                or metrics_problem(state.get("metrics"), required=state["stage"] == "lc"))
     if problem:
