@@ -158,11 +158,12 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
         # --accepted turns predictions into labels: only for unlabeled/ images, never over a person's label.
         moves = plan(data_dir, rows, new_classes, sources=("unlabeled",) if accepted else SOURCES, bar=progress_bar,
                      expected=len(rows) if export else lines_in(labels_csv) - 1, persons=not accepted)
-        done = f" ({moves.skipped:,} applied before, skipped)" if moves.skipped else ""
+        done = (f" ({moves.skipped:,} applied before, skipped)" * bool(moves.skipped)
+                + f" ({moves.overruled:,} labeled otherwise or set aside by you before, skipped: yours stand)"
+                * bool(moves.overruled))
         if not moves:
             what = "accepted rows" if accepted else "findings of those kinds" if set_aside else "rows"
-            click.echo(f"nothing to move: all {moves.rows:,} rows of {shown(labels_csv)} were applied before" if moves.rows
-                       else f"nothing to move: {shown(labels_csv)} has no {what}")
+            click.echo(nothing_to_move(moves, labels_csv, what))
             return
         warning = describe_test_copies(copies_of_test_images(data_dir, moves))
         if warning:
@@ -180,6 +181,16 @@ def main(data_dir, labels_csv, accepted, undo_last, set_aside, new_classes, dry_
         if accepted:
             click.echo("their labels are the model's: train_mt.py trains on them as unlabeled images (a person's "
                        "labels teach better), and as labels with --accepted-as-labels")
+
+
+def nothing_to_move(moves, labels_csv, what):
+    """The line of a labels file whose rows move nothing (what: the kind of rows it has none of)."""
+    if not moves.rows:
+        return f"nothing to move: {shown(labels_csv)} has no {what}"
+    if moves.overruled:
+        return (f"nothing to move: of the {moves.rows:,} rows of {shown(labels_csv)}, {moves.skipped:,} were applied "
+                f"before and {moves.overruled:,} name images you labeled otherwise or set aside before (yours stand)")
+    return f"nothing to move: all {moves.rows:,} rows of {shown(labels_csv)} were applied before"
 
 
 if __name__ == "__main__":

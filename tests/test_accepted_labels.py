@@ -240,3 +240,24 @@ def test_an_accepted_file_replaced_by_hand_trains_as_a_persons_label(tmp_path):
     result, split = trained_split(folder, tmp_path / "r")
     assert "1 images in" in result.output and "labeled/cat/u0000.png" in split["labeled_idx"]
     assert "labeled/dog/u0001.png" in split["unlabeled_idx"]
+
+
+def test_a_models_label_for_an_image_a_person_labeled_otherwise_is_passed_over(tmp_path):
+    """The README's order: a person's labels first, then the accepted predictions, some of them for the
+    same images: where the person gave another class (or set the image aside) the prediction is
+    skipped and counted, the person's label stands, and the rest move."""
+    folder = tmp_path / "d"
+    write_own_folder(folder, n_labeled=3, n_unlabeled=12)
+    mine = write_labels(tmp_path / "mine.csv", [("unlabeled/u0000.png", "cat"), ("unlabeled/a/u0001.png", "dog")])
+    assert invoke(label, ["--data-dir", folder, "--apply", mine]).exit_code == 0
+    said = accept(folder, tmp_path, [("unlabeled/u0000.png", "dog"), ("unlabeled/a/u0001.png", "dog"),
+                                     ("unlabeled/u0003.png", "owl")]).output
+    assert "moved 1 image" in said and "(1 applied before, skipped)" in said
+    assert "(1 labeled otherwise or set aside by you before, skipped: yours stand)" in said
+    assert (folder / "labeled" / "cat" / "u0000.png").exists() and (folder / "labeled" / "owl" / "u0003.png").exists()
+    again = accept(folder, tmp_path, [("unlabeled/u0000.png", "dog")]).output
+    assert "nothing to move: of the 1 rows" in again and "1 name images you labeled otherwise" in again
+    # a person's own second file that contradicts their first is still refused, naming where the image is
+    result = invoke(label, ["--data-dir", folder, "--apply", write_labels(tmp_path / "again.csv",
+                                                                          [("unlabeled/u0000.png", "dog")])])
+    assert result.exit_code == 2 and "label.py labeled 'cat' it before" in result.output

@@ -180,6 +180,7 @@ class Plan:
 
     def __init__(self):
         self.moves, self.skipped, self.rows, self.confirmed = Spill(), 0, 0, 0
+        self.overruled = 0  # rows of a model's labels (--accepted) for images a person moved otherwise before
 
     def add(self, move):
         self.moves.append([move.source, move.target, move.label, move.digest])
@@ -283,7 +284,8 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     that sets its image aside to set-aside/<its path>. `sources`: the parts rows may come from
     (--accepted: unlabeled/ only, never a label a person gave). persons: the rows are a person's, so
     one that keeps the class label.py --accepted gave an image (by its path now or before) confirms
-    it (Move.confirms). Linear in the rows: the planned moves
+    it (Move.confirms); else a model's, and a row for an image a person moved since (another label,
+    or aside) is passed over and counted (Plan.overruled): the person's decision stands. Linear in the rows: the planned moves
     go to a temporary file, the files named are hashed on a pool of threads a chunk of rows at a time,
     and what the checks across rows need (each row's path and file, the names taken) is what memory
     holds. bar(expected rows, what) gives the update function of a progress bar."""
@@ -323,7 +325,9 @@ def plan(data_dir, rows, new_classes=False, sources=SOURCES, bar=no_bar, expecte
     for row, source in gone:
         problem = applied_before(data_dir, row, applied.get(source))
         now = applied[source].journey.now if source in applied else None
-        if problem:
+        if problem and not persons and source in applied and applied[source].action != "accept":
+            result.overruled += 1  # a model's label for an image a person labeled or set aside: theirs stands
+        elif problem:
             problems.add(row, problem)
         elif now in accepted():  # label.py --accepted gave it this label, and a person gives it again
             result.add(Move(now, now, row.label, row.digest))
