@@ -104,6 +104,23 @@ def test_a_trunks_features_count_at_their_own_margin():
     assert [f.path for f in found] == ["20"]
 
 
+def test_without_images_only_the_features_count():
+    """A trunk's audit leaves the thumbnails out: an image whose thumbnail lies far from the labeled
+    ones (as plain sky among busy photos) while its features lie among theirs is no outlier."""
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(21, 8)).astype(np.float32)
+    ramp = np.linspace(0, 255, 32)[None, None, None, :] + rng.normal(0, 8, (21, 3, 32, 32))
+    images = torch.from_numpy(ramp.clip(0, 255).astype(np.uint8))  # alike: one gradient, a little noise
+    images[-1] = torch.from_numpy(rng.integers(0, 256, (3, 32, 32), dtype=np.uint8))  # its thumbnail far from theirs
+    features[-1] = features[0] + 0.01  # in features, next to a labeled image
+    labeled = np.arange(21) < 20
+    with_thumbnails = outlier_scores(nearest.in_memory(features), images, labeled, feature_margin=1.05)
+    alone = outlier_scores(nearest.in_memory(features), None, labeled, feature_margin=1.05)
+    assert with_thumbnails[-1] > 1.25 > alone[-1]
+    found = outlier_findings(list(map(str, range(21))), nearest.in_memory(features), None, labeled, feature_margin=1.05)
+    assert found == []
+
+
 def test_predict_measures_a_new_image_as_the_audit_measures_the_folders_own():
     """LabeledSpread (--predict's) gives an image outside the labeled set the ratio the audit's
     distance_ratios gives it among the folder's images: the same neighbours, the same unit."""

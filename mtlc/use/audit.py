@@ -148,12 +148,12 @@ def copy_findings(paths, images, is_test, digests, labels, classes, progress=lam
 def outlier_findings(paths, features, images, labeled, feature_margin=OUTLIER_MARGIN):
     """The images that are not labeled whose outlier score is above OUTLIER_MARGIN: farther from the
     labeled images, in features or in pixels, than any labeled image is from the others (by
-    feature_margin in features). images: ImageRows or a tensor; labeled: a bool mask."""
+    feature_margin in features). images: ImageRows or a tensor, or None (features alone); labeled: a bool mask."""
     score = outlier_scores(features, images, labeled, feature_margin)
     if score is None:
         return []
     return [Finding("outlier", paths[i], float(score[i]), "", detail="distance to the nearest labeled images, over "
-                    "the largest of a labeled image (features or thumbnails)")
+                    f"the largest of a labeled image ({'features or thumbnails' if images is not None else 'features'})")
             for i in np.flatnonzero(~labeled & (score > OUTLIER_MARGIN))]
 
 
@@ -255,8 +255,10 @@ def audit(state, data, root, device, work, *, folds=DEFAULT_FOLDS, steps=DEFAULT
                                                                bar.update))
     labeled = np.zeros(len(images), bool)
     labeled[labeled_idx.numpy()] = True
-    space, margin = (features, OUTLIER_MARGIN) if data.features is None else (trunk_vectors(data), TRUNK_OUTLIER_MARGIN)
-    findings += kept(work, "outliers", lambda: outlier_findings(paths, space, images, labeled, margin))
+    # a pretrained trunk's features alone (TRUNK_OUTLIER_MARGIN); a network's own, with thumbnails
+    space, thumbnails, margin = ((features, images, OUTLIER_MARGIN) if data.features is None
+                                 else (trunk_vectors(data), None, TRUNK_OUTLIER_MARGIN))
+    findings += kept(work, "outliers", lambda: outlier_findings(paths, space, thumbnails, labeled, margin))
     wanted = {f.path for f in findings}
     digest_of = {p: digests[i].decode() for i, p in enumerate(paths[i] for i in range(len(paths))) if p in wanted}
     for finding in findings:

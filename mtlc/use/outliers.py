@@ -47,13 +47,17 @@ def distance_ratios(vectors, labeled):
 def outlier_scores(features, images, labeled, feature_margin=OUTLIER_MARGIN):
     """Each image's outlier score: distance_ratios in the features (L2-normalized; scaled so that
     feature_margin there counts as OUTLIER_MARGIN) and in the images' 8 x 8 thumbnails
-    (copies.thumbnail_vectors), the larger of the two. features: (n, D), an array, a memory map, or
-    nearest.Vectors. None where fewer than 2 images are labeled."""
+    (copies.thumbnail_vectors), the larger of the two; images None: the features' alone (a pretrained
+    trunk's: there thumbnails flagged real photos of plain sky, docs/audit.md). features: (n, D), an
+    array, a memory map, or nearest.Vectors. None where fewer than 2 images are labeled."""
     normalized = features if isinstance(features, Vectors) else in_memory(features)
     unit = Vectors(normalized.n, normalized.dim, lambda: (unit_rows(b) for b in normalized.batches()),
                    lambda idx: unit_rows(normalized.rows(idx)))
-    ratios = [distance_ratios(space, labeled) for space in (unit, thumbnail_vectors(images))]
-    return None if ratios[0] is None else np.maximum(ratios[0] * (OUTLIER_MARGIN / feature_margin), ratios[1])
+    ratios = distance_ratios(unit, labeled)
+    if ratios is None:
+        return None
+    ratios = ratios * (OUTLIER_MARGIN / feature_margin)
+    return ratios if images is None else np.maximum(ratios, distance_ratios(thumbnail_vectors(images), labeled))
 
 
 def trunk_vectors(data):

@@ -307,7 +307,7 @@ def run_audit(path, state, out, review, device, *, data_dir, folds, steps, seed,
     data = restore_data(state, data_dir, echo=say)
     start = time.perf_counter()
     key = dict(step="audit", checkpoint=checkpoint_identity(path), root=os.path.abspath(root), folds=folds, steps=steps,
-               seed=seed, contents=data.contents, device=device.type, outliers=[OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN])
+               seed=seed, contents=data.contents, device=device.type, outliers=[OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN, "trunk alone"])
     work = Work(work_folder(out), key, echo=say)
     if work.resumed:
         say(f"audit: going on from {work.folder} (the parts an earlier run finished are kept)")
