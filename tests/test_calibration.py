@@ -225,3 +225,15 @@ def test_too_few_held_out_images_to_cross_fit_leave_the_ece_after_unmeasured():
     line = describe_calibration(dict(model="teacher", **summary))
     assert "before it (after it not measured: 28 images are too few" in line and "->" not in line
     assert cross_fitted_ece(*calibrated_logits(2 * MIN_CALIBRATION_IMAGES, seed=4))[1] is not None
+
+
+def test_a_temperature_that_does_not_lower_the_error_says_so():
+    """Where the cross-fitted ECE after the temperature is no lower than before, the line says the
+    raw confidences were as well calibrated (a user reads 'calibrated' otherwise as an improvement)."""
+    from mtlc.use.report import describe_calibration
+    summary = dict(model="teacher", n_held_out=1000, held_out="test", temperature=1.0, uncalibrated=None,
+                   error_at_coverage={"10": 0.0, "50": 1.0, "100": 3.0})
+    worse = describe_calibration(dict(summary, ece_before=1.76, ece_after=2.05))
+    assert "1.76% -> 2.05% (cross-fitted; no lower: the raw confidences were as well calibrated)" in worse
+    better = describe_calibration(dict(summary, ece_before=4.53, ece_after=1.55))
+    assert "4.53% -> 1.55% (cross-fitted);" in better

@@ -289,7 +289,9 @@ def describe_calibration(summary):
     if summary["uncalibrated"]:
         return (f"confidences of the {summary['model']} are uncalibrated (the raw softmax): {summary['uncalibrated']}; "
                 f"on the {summary['n_held_out']:,} held-out {summary['held_out']} images the {coverage}")
-    ece = (f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted)" if summary["ece_after"] is not None
+    ece = (f"{summary['ece_before']:.2f}% -> {summary['ece_after']:.2f}% (cross-fitted"
+           + ("; no lower: the raw confidences were as well calibrated" if summary["ece_after"] >= summary["ece_before"]
+              else "") + ")" if summary["ece_after"] is not None
            else f"{summary['ece_before']:.2f}% before it (after it not measured: {summary['n_held_out']:,} images are too "
                 f"few to fit on one half and score the other)")
     return (f"confidences of the {summary['model']} calibrated on {summary['n_held_out']:,} held-out "
