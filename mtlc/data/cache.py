@@ -253,8 +253,9 @@ class DecodeCache:
         previous = self.previous() if self.folder.is_dir() else None
         n_same = int((previous.same_row >= 0).sum()) if previous else 0
         if len(paths) - n_same > 1000:
-            self.echo(f"decoding {len(paths) - n_same:,} images of {root} (once: they are cached for the next runs)"
-                      + (f"; {n_same:,} more are taken from the previous cache" if n_same else ""))
+            self.echo(f"decoding {len(paths) - n_same:,} images of {root} (once: they are cached for the next runs"
+                      + ("; a file whose bytes the previous cache holds, moved or renamed, is copied from it" * bool(previous))
+                      + ")" + (f"; {n_same:,} more are taken from the previous cache as they are" if n_same else ""))
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             work = Work(self.folder / f".{self.stem}{WORK_SUFFIX}", dict(step="decode", key=self.key), self.echo,
