@@ -119,6 +119,10 @@ def test_an_image_farther_from_the_labeled_ones_than_they_are_apart_is_never_acc
         assert accepted == [str(int(float(r["confidence"]) >= summary["threshold"])) for r in rows] and "1" in accepted
     assert summary["like_no_class"] == (16 if strays else 0)
     assert ("16 of them lie farther from the labeled images than those lie from each other" in result.output) == strays
+    assert ("like_no_class 1, never accepted" in result.output) == strays
+    if strays:  # without --max-error nothing is accepted, so the line does not say "never accepted"
+        again = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled"])
+        assert "like_no_class 1 (in the checkpoint's own folder" in again.output, again.output
 
 
 def evaluate_key(run):

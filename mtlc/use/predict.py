@@ -275,7 +275,8 @@ def report(path, o, tally, others, summary, found, cal, suggested=None):
         summary["like_no_class"] = tally.strays
     if tally.strays:
         say(f"{tally.strays:,} of them lie farther from the labeled images than those lie from each other (a blank "
-            f"page, noise, another kind of image?): like_no_class 1, never accepted (in the checkpoint's own folder, "
+            f"page, noise, another kind of image?): like_no_class 1{', never accepted' * (o.max_error is not None)} "
+            f"(in the checkpoint's own folder, "
             f"evaluate.py --audit lists them and label.py --set-aside outlier moves them out)")
     if o.max_error is not None:
         say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal, bool(summary['unseen_heads'])))
