@@ -37,8 +37,9 @@ from mtlc.train.options import (Number, given_on_command_line, moved_inputs, not
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
-from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, PHOTO_BACKBONE, TRUNKS,
-                                   auto_backbone, default_image_size, normalization_of, weights_path)
+from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, MAX_STRONG_VIEWS,
+                                   PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone, default_image_size,
+                                   normalization_of, strong_views_of, weights_path)
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
@@ -121,6 +122,11 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help="A pretrained backbone's trunk: frozen (its features kept, a head trains on them: fast on a CPU), "
                    "or trained with the head, the whole network on the images at --image-size (a GPU's option: on a "
                    "CPU each step runs and trains the whole trunk, docs/pretrained.md).")
+@click.option("--strong-views", type=click.IntRange(0, MAX_STRONG_VIEWS), default=None,
+              help="FixMatch on a frozen trunk: this many strong views (RandAugment and Cutout) of each training image "
+                   "are embedded ahead with the rest, and the student sees one of them at random; 0: its strong view is "
+                   "the weak one's features with half of them dropped. Each view costs one more pass of the trunk "
+                   f"over the training images, once. [default: {STRONG_VIEWS}]")
 @click.option("--image-size", type=click.IntRange(min=16), default=None,
               help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32, which "
                    "a pretrained backbone sees upscaled to this). The network pools globally, so 64 or 96 work, at 4x "
@@ -156,7 +162,7 @@ def main(**options):
             moved = o.data_dir if given_on_command_line("data_dir") else None
             stale = stage_two_beside(out, o.overwrite)  # before any work
             state["config"] = config = moved_inputs(state["config"], moved)
-            data = procs.main_first(lambda: restore_data(state, echo=procs.echo))
+            data = procs.main_first(lambda: restore_data(state, echo=procs.echo, training=True))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
                                    procs, objective_state=state["adaptive_threshold"])
@@ -180,10 +186,12 @@ def main(**options):
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         check_trunk(o)
+        o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_name_of(o),
+                                                    OBJECTIVES[objective_name_of(o)].strong_view))
         if o.backbone != CONVLARGE:
             # the packages there (a frozen trunk's engine too), before any work
             weights_path(BACKBONES[o.backbone], device if o.trunk == "frozen" else None)
-        objective = objective_settings(o.consistency or CONSISTENCY[o.dataset], cons_weight=o.cons_weight,
+        objective = objective_settings(objective_name_of(o), cons_weight=o.cons_weight,
                                        unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
@@ -195,7 +203,7 @@ def main(**options):
         config = run_config(o, data, split, labels, objective, relabeled, procs, device)
         if ModelConfig.of_run(config).keeps_features:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
-                                                           procs.echo))
+                                                           procs.echo, strong_views=config.strong_views))
         trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
                                device, procs)
         if o.benchmark:
@@ -220,6 +228,14 @@ def check_trunk(o):
     if o.trunk == "trained" and o.backbone == CONVLARGE:
         raise UserError(f"--trunk trained trains a pretrained backbone's trunk with its head; the network here is "
                         f"{CONVLARGE}, trained from scratch (name --backbone {' or '.join(BACKBONES)})")
+
+
+def strong_said(n):
+    return f", {n} strong view{'s' * (n > 1)} embedded ahead" if n else ""
+
+
+def objective_name_of(o):
+    return o.consistency or CONSISTENCY[o.dataset]
 
 
 def refuse_auto(dataset):
@@ -326,8 +342,8 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
     config = RunSettings(
         dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed, val=o.val,
         labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
-        mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, trunk=o.trunk,
-        skip_bad_images=o.skip_bad_images,
+        mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, trunk=o.trunk, strong_views=o.strong_views,
+        skip_bad_images=o.skip_bad_images, skipped=[name for name, _ in data.skipped],
         accepted_as_labels=o.accepted_as_labels, files=data.files, contents=data.contents, leaked_test=leaked,
         relabeled=relabeled or [], seed=o.seed, lr=o.lr,
         ema=o.ema if o.ema is not None else defaults["ema"], **objective, **schedule,
@@ -340,7 +356,8 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
     total = (config.epochs + config.decay_epochs) * steps_per_epoch
     procs.echo(f"train_mt: {o.dataset}, {labels} labeled / {len(split['unlabeled_idx'])} unlabeled / "
                f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, "
-               f"{'' if o.backbone == CONVLARGE else f'{o.backbone} ({o.trunk}), '}width {o.width}, "
+               f"{'' if o.backbone == CONVLARGE else f'{o.backbone} ({o.trunk}{strong_said(o.strong_views)}), '}"
+               f"width {o.width}, "
                f"{config.epochs}+{config.decay_epochs} epochs of {steps_per_epoch} steps ({total:,} steps, "
                f"consistency ramp {round(config.cons_rampup * steps_per_epoch):,}; mt.pt after epoch "
                f"{config.lc_start_epoch}), {config.forward} forward, device {device} x {procs.world}, "

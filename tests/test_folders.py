@@ -171,8 +171,13 @@ def test_skip_bad_images_trains_without_them(tmp_path):
     assert "17 labeled / 28 unlabeled" in res.stdout
     state = torch.load(tmp_path / "r" / "mt.pt", weights_only=True)
     assert "unlabeled/u0000.png" not in state["config"]["files"]["train"]
+    assert sorted(state["config"]["skipped"]) == ["labeled/cat/0.png", "unlabeled/a/u0001.png", "unlabeled/u0000.png"]
     res = run("evaluate.py", "--ckpt", tmp_path / "r" / "mt.pt")
     assert res.returncode == 0, res.stderr  # later stages load the same files (data.restore_data)
+    # a file moved as label.py moves them: the skipped files are not called new
+    (data / "unlabeled" / "u0003.png").rename(data / "labeled" / "dog" / "u0003.png")
+    res = run("evaluate.py", "--ckpt", tmp_path / "r" / "mt.pt")
+    assert res.returncode == 2 and "1 moved to another folder" in res.stderr and " new " not in res.stderr, res.stderr
 
 
 def test_decompression_bomb_is_a_bad_file(tmp_path, monkeypatch):

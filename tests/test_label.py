@@ -4,6 +4,7 @@ one place."""
 import csv
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -191,7 +192,7 @@ def test_a_move_refused_in_a_later_chunk_puts_every_earlier_chunk_back(folder, t
     assert snapshot(folder) == before
 
 
-def test_moving_a_copy_of_a_test_image_into_labeled_is_said_before_it_moves(tmp_path):
+def test_moving_a_copy_of_a_test_image_into_labeled_is_said_before_it_moves(tmp_path, monkeypatch):
     """An unlabeled image whose bytes are a test/ image's, moved into labeled/: label.py names the
     pair (the move still happens; --dry-run says it too); a test image of the same size but other
     bytes, and a copy only set aside, are not named."""
@@ -213,3 +214,8 @@ def test_moving_a_copy_of_a_test_image_into_labeled_is_said_before_it_moves(tmp_
     (folder / "unlabeled" / "u0002.png").write_bytes(test_image.read_bytes())
     assert copies_of_test_images(folder, [Move("unlabeled/u0002.png", "set-aside/unlabeled/u0002.png", "")]) == []
     assert len(copies_of_test_images(folder, [Move("unlabeled/u0002.png", "labeled/dog/u0002.png", "dog")])) == 1
+    shutil.rmtree(folder / "test")  # no test/ image: not one moved file is looked at
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **k: pytest.fail("a moved file was looked at")
+                        if "u0002" in str(path) else real_stat(path, *a, **k))
+    assert copies_of_test_images(folder, [Move("unlabeled/u0002.png", "labeled/dog/u0002.png", "dog")]) == []

@@ -228,12 +228,12 @@ def test_both_stages_of_a_backbone_run_under_torchrun(folder, tmp_path):
 
 def test_features_lacking_an_image_are_refused_never_another_images_row(tmp_path):
     from mtlc.disk.work import Work
-    work = Work(tmp_path / "embed", dict(features=2))
+    work = Work(tmp_path / "embed", dict(features=2, views=list(embeddings.VIEWS)))
     work.appended(embeddings.ROWS).write(np.ones((1, 2 * len(embeddings.VIEWS)), np.float16).tobytes())
-    assert embeddings.gathered(work, "train", np.array([0]), 2).shape == (1, 2, 2)
+    assert embeddings.gathered(work, "train", np.array([0])).shape == (1, 2, 2)
     for idx in ([0, -1], [1]):
         with pytest.raises(UserError, match="lack some of the images"):
-            embeddings.gathered(work, "train", np.array(idx), 2)
+            embeddings.gathered(work, "train", np.array(idx))
 
 
 @pytest.mark.parametrize("order", ["in order", "scattered", "written in order"])
@@ -243,14 +243,14 @@ def test_kept_features_read_batch_by_batch_hold_a_batch_in_memory_not_the_file(t
     from mtlc.data.batches import image_batches
     from mtlc.disk.work import Work
     n, d = 8192, 512  # 16 MB of float16 rows, two views of 512 features
-    work = Work(tmp_path / "embed", dict(features=d))
+    work = Work(tmp_path / "embed", dict(features=d, views=list(embeddings.VIEWS)))
     rows = np.repeat(np.arange(n) % 512, 2 * d).reshape(n, 2, d) * np.array([1, -1]).reshape(1, 2, 1)
     work.appended(embeddings.ROWS).write(rows.astype(np.float16).tobytes())  # view 1: the row % 512, view 2: minus
     work.commit(force=True)
     idx = np.arange(n) if order == "in order" else np.random.default_rng(0).permutation(n)
     if order == "written in order":
         monkeypatch.setattr(embeddings, "GATHER_IN_MEMORY", 2 ** 20)
-    features = embeddings.gathered(work, "train", idx, 2)
+    features = embeddings.gathered(work, "train", idx)
     assert features.shape == (n, 2, d)
     picked = torch.from_numpy(np.random.default_rng(1).permutation(n))
     for batch in image_batches(features, picked, 160):  # a training epoch's scattered batches, let go after each

@@ -163,6 +163,8 @@ class Batches:
         self.train_x, self.train_y = data.inputs("train"), data.train_y
         self.embedded = self.train_x.dtype != torch.uint8
         self.strong_feature_view = strong_view
+        # FixMatch's strong views embedded ahead (RunSettings.strong_views), where the run keeps them
+        self.strong_x = data.features.strong if self.embedded and strong_view else None
         self.mean, self.std = normalization(config, device)
         self.flip = config.dataset == "cifar10"
         self.max_shift = max_shift(config.decode_size)
@@ -182,15 +184,19 @@ class Batches:
         idx = self.indices(step)
         images = self.train_x[idx].to(self.device, non_blocking=True)
         release_pages(self.train_x)  # a fraction of a millisecond: memory stays at one batch
-        return *self.augmented(images), self.train_y[idx[:self.n_lab]].to(self.device)
+        strong = None
+        if self.strong_x is not None:
+            strong = self.strong_x[idx[self.n_lab:]].to(self.device, non_blocking=True)
+            release_pages(self.strong_x)
+        return *self.augmented(images, strong=strong), self.train_y[idx[:self.n_lab]].to(self.device)
 
-    def augmented(self, images, sync_free=False):
+    def augmented(self, images, sync_free=False, strong=None):
         """(student view, teacher view) of a step's uint8 images on the device (labeled first), drawn
         independently: both weak (shift, flip), or with strong_view the student's unlabeled images
         strong (data/views.py); sync_free: no host read (the graphed step). Features embedded ahead:
-        views.feature_views."""
+        views.feature_views (strong: the unlabeled images' strong views embedded ahead, if kept)."""
         if self.embedded:
-            return feature_views(images, self.n_lab, self.strong_feature_view)
+            return feature_views(images, self.n_lab, self.strong_feature_view, strong)
         student = (self.strong_view(images, sync_free) if self.strong
                    else shift_and_flip(images, self.flip, self.max_shift))
         teacher = shift_and_flip(images, self.flip, self.max_shift)

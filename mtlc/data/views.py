@@ -51,19 +51,24 @@ def normalize(x, mean, std):
     return (x.float().div(255) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
 
 
-# FixMatch's strong view of features embedded ahead: a share of them dropped, on top of the weak view.
+# FixMatch's strong view of features embedded ahead where no strong view of the images was: a share of
+# them dropped, on top of the weak view.
 STRONG_FEATURE_DROPOUT = 0.5
 
 
-def feature_views(x, n_labeled, strong):
+def feature_views(x, n_labeled, strong, strong_rows=None):
     """(student view, teacher view) of a step's features (B, views, D) embedded ahead (as is, flipped):
-    each image's view drawn at random for each, independently; with `strong` the student's unlabeled
-    images with half their features dropped as well (FixMatch's strong view, in feature space)."""
-    def drawn():
-        pick = torch.randint(0, x.shape[1], (x.shape[0],), device=x.device)
-        return x[torch.arange(x.shape[0], device=x.device), pick].float()
-    student, teacher = drawn(), drawn()
-    if strong:
+    each image's view drawn at random for each, independently. With `strong` the student's unlabeled
+    images take one of their strong views drawn at random (strong_rows (B - n_labeled, K, D): those
+    embedded ahead, embeddings.strong_inputs), or without them their weak view with half its features
+    dropped (FixMatch's strong view, in feature space)."""
+    def drawn(rows):
+        pick = torch.randint(0, rows.shape[1], (rows.shape[0],), device=rows.device)
+        return rows[torch.arange(rows.shape[0], device=rows.device), pick].float()
+    student, teacher = drawn(x), drawn(x)
+    if strong and strong_rows is not None:
+        student = torch.cat([student[:n_labeled], drawn(strong_rows)])
+    elif strong:
         keep = torch.rand_like(student[n_labeled:]).ge_(STRONG_FEATURE_DROPOUT).div_(1 - STRONG_FEATURE_DROPOUT)
         student = torch.cat([student[:n_labeled], student[n_labeled:] * keep])
     return student, teacher

@@ -23,6 +23,8 @@ def copies_of_test_images(data_dir, moves):
     for rel, size, *_ in walk_images(test) if os.path.isdir(test) else ():
         by_size[size].append(rel)
     found, test_digests = [], {}
+    if not by_size:
+        return found  # no test/ image: nothing to stat (a million moves cost no call)
 
     def digest(path):
         try:

@@ -222,14 +222,15 @@ def published(out, folder, stage_name, state):
         return False
 
 
-def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
-    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
+def restore_data(state, data_dir=None, echo=click.echo, device="cpu", training=False):
+    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it (with
+    training, what its training needs: a frozen trunk's strong views too, RunSettings.strong_views): an
     image folder must hold the very files it was trained on, by name before anything is decoded (so
     a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
     is downloaded: a checkpoint never makes a tool fetch data or make a folder for it."""
     config = state["config"]
     where = data_dir or config.data_dir
-    listing = None if config.files is None else (lambda now: check_names_held(config.files, now, where))
+    listing = None if config.files is None else (lambda now: check_names_held(config.files, now, where, config.skipped))
     data = load_dataset(config.dataset, where, config.decode_size, config.skip_bad_images, echo,
                         download=False, check_listing=listing, restored=True)
     if config.files is not None:
@@ -242,21 +243,24 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
     if ModelConfig.of_run(config).keeps_features:  # the trunk's features of them, kept or computed (on device)
-        data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo)
+        data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
+                              strong_views=config.strong_views if training else 0)
     return data
 
 
-def check_names_held(then, now, where):
+def check_names_held(then, now, where, skipped=()):
     """Exit 2 (check_same_files' line) where a folder, listed but not yet decoded, lacks a file the
-    checkpoint was trained on (it may hold more: the unreadable ones --skip-bad-images left out)."""
+    checkpoint was trained on (it may hold more: the unreadable ones --skip-bad-images left out, skipped)."""
     if any(set(then[part]) - set(now[part]) for part in ("train", "test")):
-        check_same_files(then, now, where)
+        check_same_files(then, now, where, skipped=skipped)
 
 
-def check_same_files(then, now, where, contents_then=None, contents_now=None, parts=("train", "test")):
+def check_same_files(then, now, where, contents_then=None, contents_now=None, parts=("train", "test"),
+                     skipped=()):
     """Exit 2 if the image files of a folder differ from those a checkpoint was trained on: their
     names or, where the checkpoint holds their content fingerprint (runs since the decode cache
-    hashed each file's bytes), their bytes."""
+    hashed each file's bytes), their bytes. skipped: names now listed that it left out as unreadable
+    (not new)."""
     for part in parts:
         if then[part] == now[part]:
             if contents_then and contents_now and contents_then[part] != contents_now[part]:
@@ -265,7 +269,7 @@ def check_same_files(then, now, where, contents_then=None, contents_now=None, pa
                                 f"hold other bytes (an image edited or replaced); restore them, or train again from "
                                 f"stage 1")
             continue
-        gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]))
+        gone, new = sorted(set(then[part]) - set(now[part])), sorted(set(now[part]) - set(then[part]) - set(skipped))
         moved, gone, new = moved_files(gone, new)
         listing = "; ".join(f"{len(names)} {what} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
                             for what, names in (("moved to another folder under their names", moved),

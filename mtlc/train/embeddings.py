@@ -21,7 +21,7 @@ from ..data.batches import image_batches
 from ..data.cache import CACHE_VERSION, cache_dir
 from ..data.cache_rows import SortedRows
 from ..data.mapped import mapped_work_rows, release_pages
-from ..data.views import normalize
+from ..data.views import StrongAugment, max_shift, normalize, shift_and_flip
 from ..disk.work import Work
 from ..errors import UserError
 from .devices import sync
@@ -30,6 +30,8 @@ from .progress import epoch_progress
 
 VIEWS = ("as is", "flipped")  # of each image; a run's test images take the first
 EMBED_BATCH = 64
+# The strong views' recipe (data/views.py's StrongAugment on a shift_and_flip), part of their work's key
+STRONG_VERSION = 1
 KEYS, ROWS = "keys.s32", "views.f16"  # the work's files: each row's key (hex digest), its views' features
 # Bytes of features a run gathers into memory where its images do not lie in the kept order (after
 # label.py's moves); more are written in its order to the work once (5 GB at a million images).
@@ -38,9 +40,11 @@ GATHER_IN_MEMORY = 2 ** 30
 
 @dataclass
 class Features:
-    """A trunk's features of a dataset: train (N, len(VIEWS), D) and test (M, 1, D), float16."""
+    """A trunk's features of a dataset: train (N, len(VIEWS), D) and test (M, 1, D), float16; strong
+    (N, K, D): K of FixMatch's strong views of each training image (RunSettings.strong_views), or None."""
     train: torch.Tensor
     test: torch.Tensor
+    strong: torch.Tensor = None
 
 
 def image_keys(data, part):
@@ -64,17 +68,32 @@ def trunk_input(images, image_size, backbone):
     return normalize(x.round().to(torch.uint8), mean, std)
 
 
-def embed(data, data_dir, backbone_name, image_size, device, echo):
-    """The Features of `data` under the backbone: the rows kept of its images, the others computed first."""
+def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=0):
+    """The Features of `data` under the backbone: the rows kept of its images, the others computed
+    first; with strong_views, as many of FixMatch's strong views of each training image as well."""
     backbone = BACKBONES[backbone_name]
+    parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
+    train, test = kept_views(data, data_dir, backbone, image_size, VIEWS, parts, device, echo)
+    strong = None
+    if strong_views:
+        names = tuple(f"strong {i + 1}" for i in range(strong_views))
+        (strong,) = kept_views(data, data_dir, backbone, image_size, names, {"train": parts["train"]}, device, echo)
+    return Features(train, test[:, :1], strong)
+
+
+def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo):
+    """The kept features (n, len(views), D) of the images of each part ({part: (images, keys)}) in
+    these views (VIEWS, or strong ones: their own work folder), the missing ones computed first."""
+    strong = views != VIEWS
     key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, features=backbone.features,
-               views=list(VIEWS), image_size=image_size, decoded=CACHE_VERSION,
+               views=list(views), image_size=image_size, decoded=CACHE_VERSION,
                keyed_by="file bytes" if data.digests else "pixels")
-    folder = cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px"
+    if strong:
+        key["strong"] = STRONG_VERSION
+    folder = cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px{f'-strong{len(views)}' if strong else ''}"
     # Another run computing or reading them: waited for (reading the kept features takes seconds).
     work = Work(folder, key, echo, wait=lambda: echo(f"waiting for another run that computes or reads the features "
                                                      f"in {folder}"))
-    parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
     try:
         with work.kept_if_interrupted("the features computed so far"):
             todo = missing(kept_keys(work), parts)
@@ -82,9 +101,9 @@ def embed(data, data_dir, backbone_name, image_size, device, echo):
                 compute(work, todo, backbone, image_size, device, echo)
             keys = kept_keys(work)
             known = functools.cache(lambda: SortedRows(np.asarray(keys)))  # sorted once, where a part needs it
-            train, test = (rows_of(keys, part_keys, start, known) for (_, part_keys), start
-                           in zip(parts.values(), (0, len(parts["train"][1]))))
-            return Features(gathered(work, "train", train, 2), gathered(work, "test", test, 1))
+            starts = np.cumsum([0] + [len(k) for _, k in parts.values()])
+            return [gathered(work, part, rows_of(keys, part_keys, start, known))
+                    for (part, (_, part_keys)), start in zip(parts.items(), starts)]
     finally:
         work.close()
 
@@ -109,11 +128,12 @@ def rows_of(kept, keys, start, known):
     return known().rows(keys)
 
 
-def gathered(work, part, idx, views):
+def gathered(work, part, idx):
     """The features (n, views, D) of the kept rows idx: a memory-mapped view where they lie in order
     (a first embedding's); else gathered into memory where they fit GATHER_IN_MEMORY, or written in
     this order to the work (once for an order) and mapped: memory stays bounded at a million images."""
-    width = len(VIEWS) * work.key["features"]
+    views = len(work.key["views"])
+    width = views * work.key["features"]
     rows = mapped_work_rows(work, ROWS, np.float16, width)
     if len(idx) and (idx.min() < 0 or idx.max() >= len(rows)):  # never a wrong image's row, silently
         raise UserError(f"the features kept in {work.folder} lack some of the images: delete that folder and run again")
@@ -133,16 +153,19 @@ def gathered(work, part, idx, views):
             work.state[name] = order
             work.commit(force=True)
         out = mapped_work_rows(work, name, np.float16, width)
-    return out.view(len(idx), len(VIEWS), width // len(VIEWS))[:, :views]
+    return out.view(len(idx), views, width // views)
 
 
 
 @torch.no_grad()
 def compute(work, todo, backbone, image_size, device, echo):
-    """Embed the images of todo (missing's) in both views, a batch at a time, each batch committed
-    with its keys."""
+    """Embed the images of todo (missing's) in the work's views, a batch at a time, each batch
+    committed with its keys."""
     model = TrunkEngine(backbone.name, device)
-    echo(f"embedding {len(todo) * len(VIEWS):,} image views with {backbone.name} at {image_size} px"
+    views = work.key["views"]
+    strong = "strong" in work.key
+    echo(f"embedding {len(todo) * len(views):,} image views with {backbone.name} at {image_size} px"
+         + (f" (FixMatch's strong views, {len(views)} an image)" if strong else "")
          + (f" (going on after {len(kept_keys(work)):,} images kept)" if len(kept_keys(work)) else ""))
     features, keys = work.appended(ROWS), work.appended(KEYS)
     sources = list({id(x): x for x, _, _ in todo}.values())  # the mapped decode caches the images come from
@@ -151,10 +174,30 @@ def compute(work, todo, backbone, image_size, device, echo):
         images = torch.stack([x[position] for x, _, position in batch]).to(device)
         for x in sources:
             release_pages(x)  # memory holds a batch, not every image read so far
-        inputs = trunk_input(images, image_size, backbone)
-        rows = torch.stack([model(inputs), model(inputs.flip(3))], 1)
+        batch_keys = np.array([k[position] for _, k, position in batch], "S32")
+        inputs = (strong_inputs(images, len(views), batch_keys[0], image_size, backbone) if strong
+                  else weak_inputs(images, image_size, backbone))
+        rows = torch.stack([model(x) for x in inputs], 1)
         sync(device)
         features.write(rows.flatten(1).to(torch.float16).cpu().numpy().tobytes())
-        keys.write(np.array([k[position] for _, k, position in batch], "S32").tobytes())
+        keys.write(batch_keys.tobytes())
         work.commit()
     work.commit(force=True)
+
+
+def weak_inputs(images, image_size, backbone):
+    """The trunk's inputs of VIEWS: the images as they are, and flipped left to right."""
+    inputs = trunk_input(images, image_size, backbone)
+    return [inputs, inputs.flip(3)]
+
+
+def strong_inputs(images, n, seed_key, image_size, backbone):
+    """The trunk's inputs of n strong views of uint8 images, as FixMatch's (data/views.py: a random
+    shift and flip, then RandAugment and Cutout at the side they were decoded at), drawn from a
+    generator seeded by the batch's first key: the same images give the same views on any run."""
+    size = images.shape[-1]
+    augment = StrongAugment(size)
+    with torch.random.fork_rng(devices=[images.device] if images.device.type == "cuda" else []):
+        torch.manual_seed(int(bytes(seed_key)[:15], 16))
+        return [trunk_input(augment(shift_and_flip(images, True, max_shift(size))), image_size, backbone)
+                for _ in range(n)]

@@ -143,6 +143,7 @@ class GraphedSteps:
         device, b = t.device, t.batches
         # On a CPU the images already are where the step runs (memory-mapped for a folder): no copy.
         self.images = b.train_x.to(device) if device.type == "cuda" else b.train_x
+        self.strong_images = None if b.strong_x is None else b.strong_x.to(device) if device.type == "cuda" else b.strong_x
         self.labels = b.train_y.to(device)
         self.true_classes = None if t.true_classes is None else t.true_classes.to(device)
         self.tables = EpochTables(t)
@@ -165,7 +166,10 @@ class GraphedSteps:
     def views(self, indices):
         """The student's and the teacher's views of the images `indices` (labeled first), augmented
         independently on the device with no host read (Batches.augmented)."""
-        return self.trainer.batches.augmented(self.images.index_select(0, indices), sync_free=True)
+        b = self.trainer.batches
+        strong = (None if self.strong_images is None
+                  else self.strong_images.index_select(0, indices[b.n_lab:]))
+        return b.augmented(self.images.index_select(0, indices), sync_free=True, strong=strong)
 
     def body(self):
         """One training step (Trainer.step_on), every value on the device (what the graph records)."""

@@ -85,6 +85,21 @@ HEAD_UNITS = 256
 # Dropout on the trunk's features in training: with two views of each image (as is and flipped), the
 # noise that Mean Teacher's consistency and FixMatch's weak view need.
 FEATURE_DROPOUT = 0.2
+# FixMatch's strong views of each training image embedded ahead (--strong-views): the default, measured
+# in docs/pretrained.md, and the most a run takes (each costs a pass of the trunk over the images).
+STRONG_VIEWS = 0
+MAX_STRONG_VIEWS = 8
+
+
+def strong_views_of(given, backbone, trunk, consistency, strong_view):
+    """--strong-views of a run (given: None where left out): only for an objective with a strong view
+    (strong_view: FixMatch's) on a frozen trunk, where it is STRONG_VIEWS unless given; else 0."""
+    applies = backbone != CONVLARGE and trunk == "frozen" and strong_view
+    if given and not applies:
+        raise UserError(f"--strong-views embeds strong views ahead for FixMatch on a frozen pretrained trunk; this "
+                        f"run trains {consistency} on {backbone if trunk == 'frozen' else 'a trained trunk'}: "
+                        f"leave --strong-views out")
+    return (STRONG_VIEWS if given is None else given) if applies else 0
 
 
 def missing_packages(backbone, device=None):

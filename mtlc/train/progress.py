@@ -44,7 +44,8 @@ class TimeEstimate:
             sync(self.device)
             per_step = (time.perf_counter() - self.start) / self.TIMED
             self.echo(f"{self.name}: {self.steps:,} steps at {per_step:.3f} s/step on this device: about "
-                      f"{format_duration(per_step * self.steps)} in all, evaluations not counted")
+                      f"{format_duration(per_step * self.steps)} for the steps (what came before them, such as "
+                      f"embedding or decoding, and the evaluations not counted)")
 
 
 def format_duration(seconds):

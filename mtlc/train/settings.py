@@ -17,7 +17,7 @@ from ..data.datasets import DATASETS
 from .model import MIN_IMAGE_SIZE
 from .objectives import CONSISTENCIES
 from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
-from .pretrained import BACKBONE_NAMES, CONVLARGE, TRUNKS
+from .pretrained import BACKBONE_NAMES, CONVLARGE, MAX_STRONG_VIEWS, TRUNKS
 
 # The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
 MAX_IMAGE_SIZE = 4096
@@ -157,6 +157,7 @@ class RunSettings(Settings):
     std: list = setting(channel_values(positive=True))
     image_size: int = setting(integer(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), before=32)
     skip_bad_images: bool = setting(flag, before=False)
+    skipped: list = setting(is_names, before=[])        # the files --skip-bad-images left out (unreadable)
     files: Optional[dict] = setting(optional(lambda v: is_part_dict(v, is_names)), before=None)  # a folder's
     contents: Optional[dict] = setting(optional(lambda v: is_part_dict(v, text)), before=None)  # their bytes'
     leaked_test: Optional[list] = setting(optional(is_names), before=None)  # test images that copy training ones
@@ -185,6 +186,7 @@ class RunSettings(Settings):
     processes: int = setting(integer(1), before=1)
     backbone: str = setting(one_of(BACKBONE_NAMES), before=CONVLARGE)  # the paper's network, or a pretrained trunk
     trunk: str = setting(one_of(TRUNKS), before="frozen")  # a pretrained trunk's: kept features, or trained whole
+    strong_views: int = setting(integer(0, MAX_STRONG_VIEWS), before=0)  # FixMatch's, embedded ahead (embeddings.py)
     lc: Optional[LCSettings] = None
 
     @classmethod
