@@ -90,7 +90,7 @@ def test_a_run_with_strong_views_trains_and_stage_two_takes_them_up(folder, tmp_
     state = load_checkpoint(run / "mt.pt")
     assert state["config"].strong_views == 2
     # the training step's student: each unlabeled image in one of its strong views
-    data = checkpoints.restore_data(state, echo=lambda line: None, training=True)
+    data = checkpoints.restore_data(state, echo=lambda line: None)
     batches = Batches(data, checkpoints.checkpoint_split(state), state["config"], torch.device("cpu"), strong_view=True)
     student, _, _ = batches.views(0)
     unlabeled = batches.indices(0)[batches.n_lab:].tolist()

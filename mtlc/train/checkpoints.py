@@ -222,9 +222,8 @@ def published(out, folder, stage_name, state):
         return False
 
 
-def restore_data(state, data_dir=None, echo=click.echo, device="cpu", training=False):
-    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it (with
-    training, what its training needs: a frozen trunk's strong views too, RunSettings.strong_views): an
+def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
+    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
     image folder must hold the very files it was trained on, by name before anything is decoded (so
     a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
     is downloaded: a checkpoint never makes a tool fetch data or make a folder for it."""
@@ -242,9 +241,10 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu", training=F
         raise UserError(f"the {config.dataset} data in {data_dir or config.data_dir} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
-    if ModelConfig.of_run(config).keeps_features:  # the trunk's features of them, kept or computed (on device)
+    # the trunk's features of them (and its strong views, for the heads trained as it was), kept or computed
+    if ModelConfig.of_run(config).keeps_features:
         data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
-                              strong_views=config.strong_views if training else 0)
+                              strong_views=config.strong_views)
     return data
 
 
