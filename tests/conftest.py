@@ -46,6 +46,14 @@ def train_backbone_run(root, *options, **folder):
     return result.output
 
 
+@pytest.fixture(scope="module")
+def backbone_folder(tmp_path_factory):
+    """A module's own-images folder (root/d) of 40 x 30 images, small enough to embed in seconds."""
+    root = tmp_path_factory.mktemp("backbone")
+    write_own_folder(root / "d", n_labeled=6, n_unlabeled=12, n_test=4, size=(40, 30))
+    return root
+
+
 def needs_backbone(name="efficientnet-lite0"):
     """Skip a test (or a module: pytestmark) where timm or a backbone's weights package is missing."""
     from mtlc.train.pretrained import BACKBONES

@@ -69,17 +69,10 @@ def test_without_the_packages_a_backbone_run_is_one_line_and_the_papers_path_run
     assert result.exit_code == 0, result.output
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pretrained")
-    write_own_folder(root / "d", n_labeled=6, n_unlabeled=12, n_test=4, size=(40, 30))
-    return root
-
-
-def test_features_are_computed_once_kept_sealed_and_made_again_when_meddled_with(folder, monkeypatch):
-    data = load_dataset("folder", folder / "d", 32, echo=lambda line: None)
+def test_features_are_computed_once_kept_sealed_and_made_again_when_meddled_with(backbone_folder, monkeypatch):
+    data = load_dataset("folder", backbone_folder / "d", 32, echo=lambda line: None)
     lines = []
-    first = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
+    first = embeddings.embed(data, backbone_folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
     assert first.train.shape == (len(data.train_y), 2, 1280) and first.test.shape == (len(data.test_y), 1, 1280)
     assert any(line.startswith("embedding ") for line in lines)
     # the features are the trunk's, as is and flipped (the kept float16 rounding aside)
@@ -88,16 +81,16 @@ def test_features_are_computed_once_kept_sealed_and_made_again_when_meddled_with
     torch.testing.assert_close(first.train[:3, 0].float(), engine(inputs), rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(first.train[:3, 1].float(), engine(inputs.flip(3)), rtol=2e-3, atol=2e-3)
     monkeypatch.setattr(embeddings, "compute", lambda *a: pytest.fail("computed again"))
-    again = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
+    again = embeddings.embed(data, backbone_folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
     assert torch.equal(again.train, first.train)
     monkeypatch.undo()
     original = first.train.clone()  # (the map shows the file as it is: meddled with below)
-    kept = next((folder / "d" / "mtlc-cache").glob("embed-*")) / embeddings.ROWS
+    kept = next((backbone_folder / "d" / "mtlc-cache").glob("embed-*")) / embeddings.ROWS
     raw = bytearray(kept.read_bytes())
     raw[100] ^= 0xFF
     kept.write_bytes(bytes(raw))
     lines.clear()
-    third = embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
+    third = embeddings.embed(data, backbone_folder / "d", BACKBONE, 32, torch.device("cpu"), lines.append)
     assert any(line.startswith("embedding ") for line in lines) and torch.equal(third.train, original)
 
 
@@ -134,9 +127,9 @@ def test_features_are_kept_per_image_label_py_moves_cost_nothing_new_images_only
     assert pixels.train.shape == (5, 2, 1280) and pixels.test.shape == (0, 1, 1280) and computed[-1] == 5
 
 
-def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
+def test_a_backbone_run_trains_finetunes_predicts_and_exports(backbone_folder, tmp_path):
     run = tmp_path / "run"
-    args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
+    args = ["--dataset", "folder", "--data-dir", backbone_folder / "d", "--backbone", BACKBONE, "--image-size", "32",
             "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "3", "--decay-epochs",
             "1", "--device", "cpu", "--out", run]
     result = invoke(train_mt, args)
@@ -153,10 +146,10 @@ def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
     teacher.eval()
     with torch.no_grad():
         kept = teacher(data.inputs("test")[:, 0].float())[1].argmax(1)
-    predictions = mtlc.load(run / "lc.pt", device="cpu").predict(folder / "d" / "test")
-    assert ({p.path.relative_to(folder / "d").as_posix(): p.label for p in predictions}
+    predictions = mtlc.load(run / "lc.pt", device="cpu").predict(backbone_folder / "d" / "test")
+    assert ({p.path.relative_to(backbone_folder / "d").as_posix(): p.label for p in predictions}
             == {name: state["config"].classes[i] for name, i in zip(data.files["test"], kept.tolist())})
-    assert invoke(evaluate, ["--ckpt", run / "lc.pt", "--predict", folder / "d" / "test"]).exit_code == 0
+    assert invoke(evaluate, ["--ckpt", run / "lc.pt", "--predict", backbone_folder / "d" / "test"]).exit_code == 0
     result = invoke(evaluate, ["--ckpt", run / "lc.pt", "--onnx", tmp_path / "m.onnx"])
     assert result.exit_code == 0, result.output
     import onnxruntime
@@ -167,12 +160,12 @@ def test_a_backbone_run_trains_finetunes_predicts_and_exports(folder, tmp_path):
     assert result.exit_code == 0 and json.loads(result.stdout.splitlines()[-1])["teacher_error"] is not None
 
 
-def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path, monkeypatch):
+def test_the_tools_after_training_take_a_backbone_run(backbone_folder, tmp_path, monkeypatch):
     """--suggest, --review, --label-studio, --audit (its folds train heads on the kept features, its
     teacher reads them too: the trunk never runs) and mtlc.load on a backbone checkpoint, and --resume
     of its run."""
     run = tmp_path / "run"
-    args = ["--dataset", "folder", "--data-dir", folder / "d", "--backbone", BACKBONE, "--image-size", "32",
+    args = ["--dataset", "folder", "--data-dir", backbone_folder / "d", "--backbone", BACKBONE, "--image-size", "32",
             "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "2", "--decay-epochs",
             "1", "--device", "cpu", "--out", run]
     assert invoke(train_mt, args).exit_code == 0
@@ -181,7 +174,7 @@ def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path, monkeypa
     torch.save(dict(state, epoch=2, metrics=state["metrics"][:2]), run / "mt_last.pt")
     result = invoke(train_mt, [*args, "--resume"])
     assert result.exit_code == 0 and "resuming" in result.output, result.output
-    unlabeled = folder / "d" / "unlabeled"
+    unlabeled = backbone_folder / "d" / "unlabeled"
     result = invoke(evaluate, ["--ckpt", run / "mt_final.pt", "--predict", unlabeled, "--suggest", "3", "--csv",
                                tmp_path / "next.csv", "--review", tmp_path / "page.html", "--label-studio",
                                tmp_path / "tasks.json"])
@@ -203,16 +196,16 @@ def test_the_tools_after_training_take_a_backbone_run(folder, tmp_path, monkeypa
     assert measured == [(len(data.train_y) + len(data.test_y), data.features.train.shape[-1], audit.TRUNK_OUTLIER_MARGIN)]
     assert (tmp_path / "audit.csv").read_text().startswith("kind,path")
     classifier = mtlc.load(run / "mt_final.pt", device="cpu")
-    predictions = classifier.predict([folder / "d" / "test"])
+    predictions = classifier.predict([backbone_folder / "d" / "test"])
     assert len(predictions) == 12 and all(p.label in classifier.classes for p in predictions)
 
 
 @pytest.mark.slow
-def test_both_stages_of_a_backbone_run_under_torchrun(folder, tmp_path):
+def test_both_stages_of_a_backbone_run_under_torchrun(backbone_folder, tmp_path):
     """Two processes: the first chooses the network (--backbone auto, a colour folder's trunk), embeds
     the images and keeps the features, the other takes them up."""
     from test_distributed import WORLD, torchrun
-    args = ["--dataset", "folder", "--data-dir", folder / "d", "--image-size", "32",
+    args = ["--dataset", "folder", "--data-dir", backbone_folder / "d", "--image-size", "32",
             "--width", "0.25", "--labeled-batch", "6", "--unlabeled-batch", "6", "--epochs", "1", "--decay-epochs", "0",
             "--device", "cpu", "--out", tmp_path]
     res = torchrun("train_mt.py", *args)

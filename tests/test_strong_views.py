@@ -21,24 +21,17 @@ from mtlc.train.checkpoints import load_checkpoint
 BACKBONE = "efficientnet-lite0"
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("strong")
-    write_own_folder(root / "d", n_labeled=4, n_unlabeled=10, n_test=3, size=(40, 30))
-    return root
-
-
-def embedded(folder, strong_views):
-    data = load_dataset("folder", folder / "d", 32, echo=lambda line: None)
-    return data, embeddings.embed(data, folder / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None,
+def embedded(backbone_folder, strong_views):
+    data = load_dataset("folder", backbone_folder / "d", 32, echo=lambda line: None)
+    return data, embeddings.embed(data, backbone_folder / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None,
                                   strong_views=strong_views)
 
 
 @needs_backbone(BACKBONE)
-def test_strong_views_are_the_trunks_features_of_fixmatchs_views_kept_and_the_same_on_any_run(folder, monkeypatch):
-    data, weak = embedded(folder, 0)
+def test_strong_views_are_fixmatchs_views_embedded_once_and_the_same_on_any_run(backbone_folder, monkeypatch):
+    data, weak = embedded(backbone_folder, 0)
     assert weak.strong is None
-    _, both = embedded(folder, 2)
+    _, both = embedded(backbone_folder, 2)
     assert both.strong.shape == (len(data.train_y), 2, 1280)
     assert torch.equal(both.train, weak.train) and torch.equal(both.test, weak.test)  # the weak views as they were
     assert not torch.equal(both.strong[:, 0], both.strong[:, 1])
@@ -51,10 +44,10 @@ def test_strong_views_are_the_trunks_features_of_fixmatchs_views_kept_and_the_sa
     for view in range(2):
         torch.testing.assert_close(both.strong[:, view].float(), engine(inputs[view]), rtol=2e-3, atol=2e-3)
     monkeypatch.setattr(embeddings, "compute", lambda *a: pytest.fail("computed again"))
-    assert torch.equal(embedded(folder, 2)[1].strong, both.strong)
+    assert torch.equal(embedded(backbone_folder, 2)[1].strong, both.strong)
     monkeypatch.undo()
-    shutil.rmtree(folder / "d" / "mtlc-cache" / f"embed-{BACKBONE}-32px-strong2")
-    assert torch.equal(embedded(folder, 2)[1].strong, both.strong)  # the same views computed again
+    shutil.rmtree(backbone_folder / "d" / "mtlc-cache" / f"embed-{BACKBONE}-32px-strong2")
+    assert torch.equal(embedded(backbone_folder, 2)[1].strong, both.strong)  # the same views computed again
 
 
 def test_the_students_unlabeled_images_take_a_strong_view_embedded_ahead():
@@ -80,10 +73,10 @@ def test_strong_views_go_only_with_fixmatch_on_a_frozen_trunk(tmp_path, options,
 
 
 @needs_backbone(BACKBONE)
-def test_a_run_with_strong_views_trains_and_stage_two_takes_them_up(folder, tmp_path, monkeypatch):
+def test_a_run_with_strong_views_trains_and_stage_two_takes_them_up(backbone_folder, tmp_path, monkeypatch):
     run = tmp_path / "run"
     args = [*BACKBONE_RUN, "--consistency", "fixmatch", "--strong-views", "2", "--unlabeled-batch", "6",
-            "--data-dir", folder / "d", "--out", run]
+            "--data-dir", backbone_folder / "d", "--out", run]
     result = invoke(train_mt, args)
     assert result.exit_code == 0, result.output
     assert "2 strong views embedded ahead" in result.output
