@@ -2,16 +2,18 @@
 features of RandAugment + Cutout views of each training image, computed once and kept in their own
 sealed work beside the weak views' (which they leave as they were), the same views on any run; the
 student's unlabeled images take one of them; the option goes only with FixMatch on a frozen trunk,
-and stage 2 (as --resume) takes the kept views up again."""
+and stage 2 (as --resume) and --predict's heads that never saw an image take the kept views up again."""
 import shutil
 
 import pytest
 import torch
 
+import evaluate
 import finetune_lc
 import train_mt
 from conftest import BACKBONE_RUN, invoke, needs_backbone
 from fakedata import write_own_folder
+from mtlc.data import batches as batches_module
 from mtlc.data.batches import Batches
 from mtlc.data.datasets import load_dataset
 from mtlc.data.views import feature_views
@@ -73,7 +75,7 @@ def test_strong_views_go_only_with_fixmatch_on_a_frozen_trunk(tmp_path, options,
 
 
 @needs_backbone(BACKBONE)
-def test_a_run_with_strong_views_trains_and_stage_two_takes_them_up(backbone_folder, tmp_path, monkeypatch):
+def test_a_run_with_strong_views_trains_and_stage_two_and_the_unseen_heads_take_them_up(backbone_folder, tmp_path, monkeypatch):
     run = tmp_path / "run"
     args = [*BACKBONE_RUN, "--consistency", "fixmatch", "--strong-views", "2", "--unlabeled-batch", "6",
             "--data-dir", backbone_folder / "d", "--out", run]
@@ -95,3 +97,11 @@ def test_a_run_with_strong_views_trains_and_stage_two_takes_them_up(backbone_fol
     result = invoke(finetune_lc, ["--ckpt", run / "mt.pt", "--epochs", "1", "--decay-epochs", "1"])
     assert result.exit_code == 0, result.output
     assert taken == [2]
+    # --predict's heads that never saw an image train as the run did: on the strong views kept
+    given = []
+    monkeypatch.setattr(batches_module, "feature_views",
+                        lambda x, n, strong, rows=None: given.append(rows is not None) or feature_views(x, n, strong, rows))
+    result = invoke(evaluate, ["--ckpt", run / "mt.pt", "--predict", backbone_folder / "d" / "unlabeled",
+                               "--max-error", "5", "--csv", tmp_path / "p.csv"])
+    assert result.exit_code == 0 and "one of 4 heads" in result.output, result.output
+    assert given and all(given)
