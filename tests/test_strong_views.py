@@ -65,7 +65,8 @@ def test_the_students_unlabeled_images_take_a_strong_view_embedded_ahead():
 
 @pytest.mark.parametrize("options, why", [
     ([*BACKBONE_RUN, "--consistency", "mt"], "this run trains mt"),
-    (["--dataset", "folder", "--backbone", "convlarge", "--consistency", "fixmatch", "--device", "cpu"], "on convlarge")])
+    (["--dataset", "folder", "--backbone", "convlarge", "--consistency", "fixmatch", "--device", "cpu"],
+     "on convlarge")])
 def test_strong_views_go_only_with_fixmatch_on_a_frozen_trunk(tmp_path, options, why):
     write_own_folder(tmp_path / "d", n_labeled=2, n_unlabeled=4, n_test=1, size=(40, 30))
     args = [*options, "--strong-views", "2", "--data-dir", tmp_path / "d", "--out", tmp_path / "run"]
@@ -75,7 +76,8 @@ def test_strong_views_go_only_with_fixmatch_on_a_frozen_trunk(tmp_path, options,
 
 
 @needs_backbone(BACKBONE)
-def test_a_run_with_strong_views_trains_and_stage_two_and_the_unseen_heads_take_them_up(backbone_folder, tmp_path, monkeypatch):
+def test_a_run_with_strong_views_trains_and_stage_two_and_the_unseen_heads_take_them_up(backbone_folder, tmp_path,
+                                                                                       monkeypatch):
     run = tmp_path / "run"
     args = [*BACKBONE_RUN, "--consistency", "fixmatch", "--strong-views", "2", "--unlabeled-batch", "6",
             "--data-dir", backbone_folder / "d", "--out", run]
@@ -93,15 +95,30 @@ def test_a_run_with_strong_views_trains_and_stage_two_and_the_unseen_heads_take_
                for i, j in enumerate(unlabeled))
     taken = []
     monkeypatch.setattr(embeddings, "compute", lambda *a: pytest.fail("computed again"))
-    monkeypatch.setattr(checkpoints, "embed", lambda *a, **k: taken.append(k["strong_views"]) or embeddings.embed(*a, **k))
+    monkeypatch.setattr(checkpoints, "embed",
+                        lambda *a, **k: taken.append(k["strong_views"]) or embeddings.embed(*a, **k))
     result = invoke(finetune_lc, ["--ckpt", run / "mt.pt", "--epochs", "1", "--decay-epochs", "1"])
     assert result.exit_code == 0, result.output
     assert taken == [2]
     # --predict's heads that never saw an image train as the run did: on the strong views kept
     given = []
     monkeypatch.setattr(batches_module, "feature_views",
-                        lambda x, n, strong, rows=None: given.append(rows is not None) or feature_views(x, n, strong, rows))
+                        lambda x, n, strong, rows=None: given.append(rows is not None)
+                        or feature_views(x, n, strong, rows))
     result = invoke(evaluate, ["--ckpt", run / "mt.pt", "--predict", backbone_folder / "d" / "unlabeled",
                                "--max-error", "5", "--csv", tmp_path / "p.csv"])
     assert result.exit_code == 0 and "one of 4 heads" in result.output, result.output
+    assert given and all(given)
+
+
+@needs_backbone(BACKBONE)
+def test_the_graphed_step_takes_the_strong_views_too(tmp_path, monkeypatch):
+    write_own_folder(tmp_path / "d", n_labeled=2, n_unlabeled=6, n_test=1, size=(40, 30))
+    given = []
+    monkeypatch.setattr(batches_module, "feature_views",
+                        lambda x, n, strong, rows=None: given.append(rows is not None)
+                        or feature_views(x, n, strong, rows))
+    result = invoke(train_mt, [*BACKBONE_RUN, "--consistency", "fixmatch", "--strong-views", "2", "--step-mode", "graphed",
+                               "--unlabeled-batch", "6", "--data-dir", tmp_path / "d", "--out", tmp_path / "run"])
+    assert result.exit_code == 0, result.output
     assert given and all(given)

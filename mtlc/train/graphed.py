@@ -143,7 +143,9 @@ class GraphedSteps:
         device, b = t.device, t.batches
         # On a CPU the images already are where the step runs (memory-mapped for a folder): no copy.
         self.images = b.train_x.to(device) if device.type == "cuda" else b.train_x
-        self.strong_images = None if b.strong_x is None else b.strong_x.to(device) if device.type == "cuda" else b.strong_x
+        self.strong_images = b.strong_x  # FixMatch's strong views kept (Batches.strong_x), or None
+        if self.strong_images is not None and device.type == "cuda":
+            self.strong_images = self.strong_images.to(device)
         self.labels = b.train_y.to(device)
         self.true_classes = None if t.true_classes is None else t.true_classes.to(device)
         self.tables = EpochTables(t)
