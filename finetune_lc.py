@@ -132,7 +132,7 @@ def main(**options):
             note_ignored_by_resume({**state["config"].as_dict(), **lc.as_dict(), "ckpt": o.ckpt if same_ckpt else lc.mt_checkpoint},
                                    read, procs.echo)
             state["config"] = moved_inputs(state["config"], o.data_dir, o.truth if "truth" in read else None)
-            data = procs.main_first(lambda: restore_data(state, echo=procs.echo))
+            data = procs.main_first(lambda: restore_data(state, echo=procs.echo, strong=True))
             procs.echo(f"finetune_lc: resuming {path} after epoch {state['epoch']}")
             trainer = stage_two(state["config"], data, state, restore_training(state, device), device, procs,
                                 reference_spread=state["reference_spread"])
@@ -150,7 +150,7 @@ def main(**options):
         check_outputs({name: out / name for name in outputs}, inputs={"--ckpt": o.ckpt, "--truth": o.truth},
                       its_own=True)
         existing = existing_outputs(out, outputs, o.overwrite)
-        data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo))
+        data = procs.main_first(lambda: restore_data(state, o.data_dir, procs.echo, strong=True))
         if chosen["pairs"] == "true-class":
             true_classes(data, o.truth)  # every unlabeled image's class known, before any work
         training = restore_training(state, device)

@@ -162,7 +162,7 @@ def main(**options):
             moved = o.data_dir if given_on_command_line("data_dir") else None
             stale = stage_two_beside(out, o.overwrite)  # before any work
             state["config"] = config = moved_inputs(state["config"], moved)
-            data = procs.main_first(lambda: restore_data(state, echo=procs.echo))
+            data = procs.main_first(lambda: restore_data(state, echo=procs.echo, strong=True))
             procs.echo(f"train_mt: resuming {path} after epoch {state['epoch']}")
             trainer = make_trainer("mt", config, data, checkpoint_split(state), restore_training(state, device), device,
                                    procs, objective_state=state["adaptive_threshold"])

@@ -38,13 +38,14 @@ def test_strong_views_are_fixmatchs_views_embedded_once_and_the_same_on_any_run(
     assert torch.equal(both.train, weak.train) and torch.equal(both.test, weak.test)  # the weak views as they were
     assert not torch.equal(both.strong[:, 0], both.strong[:, 1])
     assert not torch.equal(both.strong[:, 0], weak.train[:, 0])
-    # the trunk's features of the batch's strong views, drawn from its first image's key
+    # the trunk's features of each image's strong views, drawn from its own key: in another order (as
+    # after label.py's moves), with other images beside it, the same
     keys = embeddings.image_keys(data, "train")
-    inputs = embeddings.strong_inputs(data.train_x[:embeddings.EMBED_BATCH], 2, keys[0], 32,
-                                      pretrained.BACKBONES[BACKBONE])
+    order = torch.arange(len(keys)).flip(0)[:5]
+    inputs = embeddings.strong_inputs(data.train_x[order], 2, keys[order.numpy()], 32, pretrained.BACKBONES[BACKBONE])
     engine = pretrained.TrunkEngine(BACKBONE, "cpu")
     for view in range(2):
-        torch.testing.assert_close(both.strong[:, view].float(), engine(inputs[view]), rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(both.strong[order, view].float(), engine(inputs[view]), rtol=2e-3, atol=2e-3)
     monkeypatch.setattr(embeddings, "compute", lambda *a: pytest.fail("computed again"))
     assert torch.equal(embedded(backbone_folder, 2)[1].strong, both.strong)
     monkeypatch.undo()
@@ -87,7 +88,8 @@ def test_a_run_with_strong_views_trains_and_stage_two_and_the_unseen_heads_take_
     state = load_checkpoint(run / "mt.pt")
     assert state["config"].strong_views == 2
     # the training step's student: each unlabeled image in one of its strong views
-    data = checkpoints.restore_data(state, echo=lambda line: None)
+    assert checkpoints.restore_data(state, echo=lambda line: None).features.strong is None  # not for predicting
+    data = checkpoints.restore_data(state, echo=lambda line: None, strong=True)
     batches = Batches(data, checkpoints.checkpoint_split(state), state["config"], torch.device("cpu"), strong_view=True)
     student, _, _ = batches.views(0)
     unlabeled = batches.indices(0)[batches.n_lab:].tolist()

@@ -268,6 +268,22 @@ def read_files(data_dir, files, group, size, echo):
     return (x, files.labels[good], [names[i] for i in good], content, digests), bad, written
 
 
+def checked_classes(data_dir, train_groups, test_groups, own):
+    """(the classes, the folder that names them) of a folder's class folders; exit 2 where fewer than
+    two, or where test/ names a class the training part lacks (own layout) or differs (benchmark layout)."""
+    classes = sorted(train_groups)
+    where = data_dir / ("labeled" if own else "train")
+    if len(classes) < 2:
+        raise UserError(f"{where} holds one class folder ({classes[0]}): a classifier needs two or more")
+    foreign = sorted(set(test_groups) - set(classes))
+    if foreign and own:
+        raise UserError(f"{data_dir / 'test'} has class folders that {where} lacks: {', '.join(foreign)}")
+    if not own and sorted(test_groups) != classes:
+        raise UserError(f"train and test class folders differ in {data_dir}: "
+                        f"{sorted(set(classes) ^ set(test_groups))}")
+    return classes, where
+
+
 def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None, restored=False):
     """A user's images, in one of two layouts:
 
@@ -308,16 +324,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
                  describe_loose(data_dir, own), describe_links_out(left_out[OUTSIDE], data_dir)):
         if line and not restored:
             echo(line)
-    classes = sorted(train_groups)
-    where = data_dir / ("labeled" if own else "train")
-    if len(classes) < 2:
-        raise UserError(f"{where} holds one class folder ({classes[0]}): a classifier needs two or more")
-    foreign = sorted(set(test_groups) - set(classes))
-    if foreign and own:
-        raise UserError(f"{data_dir / 'test'} has class folders that {where} lacks: {', '.join(foreign)}")
-    if not own and sorted(test_groups) != classes:
-        raise UserError(f"train and test class folders differ in {data_dir}: "
-                        f"{sorted(set(classes) ^ set(test_groups))}")
+    classes, where = checked_classes(data_dir, train_groups, test_groups, own)
 
     # One cache for the training images (labeled, then unlabeled), one for the test images: each a
     # single memory-mapped array, so training indexes one array and holds only its batches.

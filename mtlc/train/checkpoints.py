@@ -222,8 +222,9 @@ def published(out, folder, stage_name, state):
         return False
 
 
-def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
-    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it: an
+def restore_data(state, data_dir=None, echo=click.echo, device="cpu", strong=False):
+    """The checkpoint's dataset (from its own data_dir unless one is given), checked against it (with
+    strong, a frozen trunk's strong views too where it trained on them, for training as it did): an
     image folder must hold the very files it was trained on, by name before anything is decoded (so
     a checkpoint naming someone else's folder gets no cache written there), then by content. Nothing
     is downloaded: a checkpoint never makes a tool fetch data or make a folder for it."""
@@ -241,10 +242,9 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu"):
         raise UserError(f"the {config.dataset} data in {data_dir or config.data_dir} does not match the "
                         f"checkpoint ({data.num_classes} classes and {n_train} training images here, "
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
-    # the trunk's features of them (and its strong views, for the heads trained as it was), kept or computed
-    if ModelConfig.of_run(config).keeps_features:
+    if ModelConfig.of_run(config).keeps_features:  # the trunk's features of them, kept or computed (on device)
         data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
-                              strong_views=config.strong_views)
+                              strong_views=config.strong_views if strong else 0)
     return data
 
 

@@ -31,7 +31,7 @@ from .progress import epoch_progress
 VIEWS = ("as is", "flipped")  # of each image; a run's test images take the first
 EMBED_BATCH = 64
 # The strong views' recipe (data/views.py's StrongAugment on a shift_and_flip), part of their work's key
-STRONG_VERSION = 1
+STRONG_VERSION = 2
 KEYS, ROWS = "keys.s32", "views.f16"  # the work's files: each row's key (hex digest), its views' features
 # Bytes of features a run gathers into memory where its images do not lie in the kept order (after
 # label.py's moves); more are written in its order to the work once (5 GB at a million images).
@@ -175,7 +175,7 @@ def compute(work, todo, backbone, image_size, device, echo):
         for x in sources:
             release_pages(x)  # memory holds a batch, not every image read so far
         batch_keys = np.array([k[position] for _, k, position in batch], "S32")
-        inputs = (strong_inputs(images, len(views), batch_keys[0], image_size, backbone) if strong
+        inputs = (strong_inputs(images, len(views), batch_keys, image_size, backbone) if strong
                   else weak_inputs(images, image_size, backbone))
         rows = torch.stack([model(x) for x in inputs], 1)
         sync(device)
@@ -191,13 +191,17 @@ def weak_inputs(images, image_size, backbone):
     return [inputs, inputs.flip(3)]
 
 
-def strong_inputs(images, n, seed_key, image_size, backbone):
+def strong_inputs(images, n, keys, image_size, backbone):
     """The trunk's inputs of n strong views of uint8 images, as FixMatch's (data/views.py: a random
-    shift and flip, then RandAugment and Cutout at the side they were decoded at), drawn from a
-    generator seeded by the batch's first key: the same images give the same views on any run."""
+    shift and flip, then RandAugment and Cutout at the side they were decoded at), made on the CPU
+    from a generator seeded by each image's key: an image gets the same views on any run and device,
+    whichever images share its batch."""
     size = images.shape[-1]
     augment = StrongAugment(size)
-    with torch.random.fork_rng(devices=[images.device] if images.device.type == "cuda" else []):
-        torch.manual_seed(int(bytes(seed_key)[:15], 16))
-        return [trunk_input(augment(shift_and_flip(images, True, max_shift(size))), image_size, backbone)
-                for _ in range(n)]
+    views = [[] for _ in range(n)]
+    with torch.random.fork_rng(devices=[]):
+        for image, key in zip(images.cpu(), keys):
+            torch.manual_seed(int(bytes(key)[:15], 16))
+            for view in views:
+                view.append(augment(shift_and_flip(image[None], True, max_shift(size))))
+    return [trunk_input(torch.cat(view).to(images.device), image_size, backbone) for view in views]

@@ -36,7 +36,8 @@ STEP_MODES = ("auto", "eager", "graphed")
 
 def resolve_step_mode(mode, device, world, images_bytes):
     """'eager' or 'graphed' for a run: auto is graphed on one CUDA GPU whose free memory holds the
-    training images, eager otherwise (a CPU, several processes, images too large)."""
+    training images (images_bytes: their uint8 pixels, or a frozen trunk's features kept of them),
+    eager otherwise (a CPU, several processes, images too large)."""
     if mode == "eager":
         return mode
     reason = None
@@ -45,8 +46,8 @@ def resolve_step_mode(mode, device, world, images_bytes):
     elif device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if images_bytes > RESIDENT_SHARE * free:
-            reason = (f"the training images ({images_bytes / 2**30:.1f} GiB as uint8) take more than "
-                      f"{RESIDENT_SHARE:.0%} of the GPU's free {free / 2**30:.1f} GiB")
+            reason = (f"the training images ({images_bytes / 2**30:.1f} GiB as uint8, or their features) take more "
+                      f"than {RESIDENT_SHARE:.0%} of the GPU's free {free / 2**30:.1f} GiB")
     elif mode == "auto":
         return "eager"  # a CPU launches nothing: the eager step, bitwise as before, stays its default
     if reason and mode == "graphed":

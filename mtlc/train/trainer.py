@@ -96,7 +96,8 @@ class Trainer:
         # on that view (no gradient, no DDP).
         self.targets_forward = (compile_(student) if self.objective.targets_from() == "student"
                                 else self.teacher_forward)
-        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, self.batches.train_x.nbytes)
+        kept = self.batches.train_x.nbytes + (0 if self.batches.strong_x is None else self.batches.strong_x.nbytes)
+        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, kept)
         self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
     def schedule(self, step):

@@ -131,7 +131,7 @@ class Classifier:
                     f"leave a quarter out")
         root = data_dir or self.config.data_dir
         try:
-            data = restore_data(self.state, root, echo=echo, device=self.device)
+            data = restore_data(self.state, root, echo=echo, device=self.device, strong=True)  # heads trained as it was
         except UserError as e:
             return f"its training images cannot be had as they were: {e.message}"
         if not len(held_out(self.state, data).y):

@@ -69,7 +69,8 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
     if foreign:
         raise UserError(f"{where / 'test'} has class folders the checkpoint does not know: {', '.join(foreign)}")
     test_files = listed([groups], config.classes)
-    check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where)
+    check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where,
+                     config.skipped)
     (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config.image_size, echo)
     if bad and not config.skip_bad_images:
         raise UserError(describe_bad(bad, where))
