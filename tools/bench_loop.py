@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_scale import CLASSES, MODEL_ALONE, ROOT, last_json, make_folder, measure
+from scale_folder import CLASSES, MODEL_ALONE, ROOT, last_json, make_folder, measure
 
 LOOP_PARTS = ("loop_folder", "checkpoint", "model_alone", "predict", "suggest", "review", "audit", "audit_small",
               "apply", "retrain_start", "accepted_start", "undo")
