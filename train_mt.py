@@ -186,8 +186,8 @@ def main(**options):
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
         check_image_size(o.image_size)
         check_trunk(o)
-        o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_name_of(o),
-                                                    OBJECTIVES[objective_name_of(o)].strong_view))
+        objective_class = OBJECTIVES[objective_name_of(o)]
+        o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_class))
         if o.backbone != CONVLARGE:
             # the packages there (a frozen trunk's engine too), before any work
             weights_path(BACKBONES[o.backbone], device if o.trunk == "frozen" else None)

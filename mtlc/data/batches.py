@@ -171,6 +171,11 @@ class Batches:
         # strong_view: the objective trains the student on strong views of the unlabeled images (FixMatch's).
         self.strong = StrongAugment(config.decode_size) if strong_view and not self.embedded else None
 
+    @property
+    def resident_bytes(self):
+        """What the graphed step keeps on its device: the training images, or their features (strong views too)."""
+        return self.train_x.nbytes + (0 if self.strong_x is None else self.strong_x.nbytes)
+
     def indices(self, step):
         """The training-set indices of this process's share of the step's images, labeled ones first."""
         lab_pos, unl_pos = self.stream.batch(step)

@@ -91,13 +91,13 @@ STRONG_VIEWS = 0
 MAX_STRONG_VIEWS = 8
 
 
-def strong_views_of(given, backbone, trunk, consistency, strong_view):
+def strong_views_of(given, backbone, trunk, objective):
     """--strong-views of a run (given: None where left out): only for an objective with a strong view
-    (strong_view: FixMatch's) on a frozen trunk, where it is STRONG_VIEWS unless given; else 0."""
-    applies = backbone != CONVLARGE and trunk == "frozen" and strong_view
+    (objectives/: FixMatch's) on a frozen trunk, where it is STRONG_VIEWS unless given; else 0."""
+    applies = backbone != CONVLARGE and trunk == "frozen" and objective.strong_view
     if given and not applies:
         raise UserError(f"--strong-views embeds strong views ahead for FixMatch on a frozen pretrained trunk; this "
-                        f"run trains {consistency} on {backbone if trunk == 'frozen' else 'a trained trunk'}: "
+                        f"run trains {objective.name} on {backbone if trunk == 'frozen' else 'a trained trunk'}: "
                         f"leave --strong-views out")
     return (STRONG_VIEWS if given is None else given) if applies else 0
 

@@ -96,8 +96,7 @@ class Trainer:
         # on that view (no gradient, no DDP).
         self.targets_forward = (compile_(student) if self.objective.targets_from() == "student"
                                 else self.teacher_forward)
-        kept = self.batches.train_x.nbytes + (0 if self.batches.strong_x is None else self.batches.strong_x.nbytes)
-        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, kept)
+        self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, self.batches.resident_bytes)
         self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
     def schedule(self, step):
