@@ -199,6 +199,8 @@ def lc_config(o, chosen, eps, start, state, defaults, steps_per_epoch):
                                                     keys=("lc_epochs", "lc_decay_epochs", "lc_rampup"),
                                                     steps_per_epoch=steps_per_epoch)
     scale, config = chosen["eps_scale"], state["config"]
+    if OBJECTIVES[config.consistency].fitted:  # one epoch of one step: the same fit (train/fitted.py)
+        epochs, decay_epochs, lc_rampup = 1, 0, 0.0
     return LCSettings(eps=eps, eps_auto=start["eps_auto"], eps_scale=scale,
                       eps_ratio=eps / start["d2_mean"] if scale != "fixed" else None, start=start,
                       loss_unit=max(start["d2_mean"], MIN_LOSS_UNIT) if scale == "relative" else 1.0,
@@ -216,6 +218,12 @@ def describe_stage_two(o, config, state, steps_per_epoch, device, procs):
                f"lambda2 {lc.lam}, LC pairs {lc.pairs}, {lc.epochs}+{lc.decay_epochs} epochs of "
                f"{steps_per_epoch} steps ({steps:,} steps, LC ramp {round(lc.lc_rampup * steps_per_epoch):,}), "
                f"device {device} x {procs.world}, {config.precision}, LC scope {o.lc_scope}")
+    objective = OBJECTIVES[config.consistency]
+    if objective.fitted:
+        procs.echo(f"finetune_lc: LC acts on the features a head trains; the {objective.title} is a linear head "
+                   f"fitted on the frozen trunk's features, which nothing trains: stage 2 fits it again as stage 1 "
+                   f"did, and lc.pt predicts as {Path(o.ckpt).name} does")
+        return
     procs.echo(f"finetune_lc: eps {lc.eps:.4g} ({'auto' if start['eps_auto'] else 'given'}, {lc.eps_scale}"
                + (f": {lc.eps_ratio:.3g} x the batch's mean d2" if lc.eps_ratio else "") + ") gives a "
                f"neighbour fraction of {start['neighbour_fraction']:.3f} at LC's start"
@@ -226,7 +234,6 @@ def describe_stage_two(o, config, state, steps_per_epoch, device, procs):
     if lc.lam == 0:
         procs.echo("finetune_lc: lambda2 0: LC is off; this run is LC's control, stage 1's objective trained on for "
                    "stage 2's schedule (evaluate.py names it \"..., continued\")")
-    objective = OBJECTIVES[config.consistency]
     if lc.lam > 0 and o.lam is None and objective.lc_on_top:
         procs.echo(f"finetune_lc: note: this checkpoint was trained by {objective.title}, and {objective.lc_on_top}; "
                    f"--lam 0 continues without it")

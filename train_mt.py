@@ -17,6 +17,7 @@ import click
 from mtlc.data.batches import channel_stats, epoch_steps
 from mtlc.data.copies import label_conflicts, leaked_test
 from mtlc.data.datasets import DATASETS, load_dataset
+from mtlc.data.framing import SQUASH
 from mtlc.data.layout import check_part_names, is_own_layout
 from mtlc.data.splits import balanced_split, hold_out
 from mtlc.disk.command_line import Command, given_options
@@ -37,9 +38,9 @@ from mtlc.train.options import (Number, given_on_command_line, moved_inputs, not
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
-from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, MAX_STRONG_VIEWS,
-                                   PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone, default_image_size,
-                                   normalization_of, strong_views_of, weights_path)
+from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, FRAMINGS,
+                                   MAX_STRONG_VIEWS, PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone,
+                                   default_image_size, framing_of, normalization_of, strong_views_of, weights_path)
 from mtlc.train.settings import RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
@@ -128,11 +129,17 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "the weak one's features with half of them dropped. Each view costs one more pass of the trunk "
                    f"over the training images, once. [default: {STRONG_VIEWS}]")
 @click.option("--image-size", type=click.IntRange(min=16), default=None,
-              help="Images are resized to this many pixels square (folder and digits; svhn and cifar10 are 32, which "
-                   "a pretrained backbone sees upscaled to this). The network pools globally, so 64 or 96 work, at 4x "
-                   "or 9x the compute; the augmentation's shift scales with it. Evaluation and prediction use the "
-                   f"checkpoint's. [default: convlarge {CONVLARGE_IMAGE_SIZE}, "
-                   f"{', '.join(f'{b.name} {b.image_size}' for b in BACKBONES.values())}]")
+              help="Images are framed (--framing) to this many pixels square (folder and digits; svhn and cifar10 are "
+                   "32, which a pretrained backbone sees upscaled to this). The network pools globally, so 64 or 96 "
+                   "work, at 4x or 9x the compute; the augmentation's shift scales with it. Evaluation and prediction "
+                   f"use the checkpoint's. [default: convlarge {CONVLARGE_IMAGE_SIZE}; a pretrained backbone the side "
+                   "its trunk was trained at (timm's configuration of it: Lite2 260)]")
+@click.option("--framing", type=click.Choice(FRAMINGS), default="auto", show_default=True,
+              help="How an image of any shape becomes a square (a folder's): trunk, as the pretrained trunk saw "
+                   "ImageNet (timm's configuration: the shorter side resized, the centre crop_pct kept, its "
+                   "interpolation); centre, the centre square, aspect kept; squash, resized to the square whatever "
+                   "its aspect; pad, the whole image on a grey square. auto: trunk for a pretrained backbone, squash "
+                   "for convlarge. Evaluation and prediction use the checkpoint's.")
 @click.option("--skip-bad-images", is_flag=True,
               help="Train without the image files that cannot be read (they are listed); without this flag they "
                    "end the run with exit code 2 before it trains.")
@@ -183,7 +190,8 @@ def main(**options):
                 refuse_auto(o.dataset)
             # chosen by the main process alone (a folder changing under a torchrun start cannot split them)
             backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo, o.trunk) if procs.main else None)
-        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone))
+        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone),
+                       framing=framing_of(o.framing, backbone))
         check_image_size(o.image_size)
         check_trunk(o)
         objective_class = OBJECTIVES[objective_name_of(o)]
@@ -197,13 +205,15 @@ def main(**options):
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         # a pretrained trunk upscales the 32-px datasets itself (embeddings.trunk_input, PretrainedNet)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
-        data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo))
+        data = procs.main_first(lambda: load_dataset(o.dataset, o.data_dir, decode_size, o.skip_bad_images, procs.echo,
+                                                     framing=o.framing))
         # the main process's split on every one: label.py may change the log while they start
         split, labels, relabeled = procs.from_main(split_of(o, data, own, procs.echo) if procs.main else None)
         config = run_config(o, data, split, labels, objective, relabeled, procs, device)
         if ModelConfig.of_run(config).keeps_features:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
-                                                           procs.echo, strong_views=config.strong_views))
+                                                           procs.echo, strong_views=config.strong_views,
+                                                           framing=config.framed))
         trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
                                device, procs)
         if o.benchmark:
@@ -224,10 +234,22 @@ def stage_two_beside(out, overwrite):
 
 
 def check_trunk(o):
-    """--trunk trained: only with a pretrained backbone (--backbone auto may have chosen none)."""
+    """--trunk trained: only with a pretrained backbone (--backbone auto may have chosen none); a
+    fitted objective (a linear head fitted on kept features) only on a frozen one, without the options
+    of a schedule of steps."""
     if o.trunk == "trained" and o.backbone == CONVLARGE:
         raise UserError(f"--trunk trained trains a pretrained backbone's trunk with its head; the network here is "
                         f"{CONVLARGE}, trained from scratch (name --backbone {' or '.join(BACKBONES)})")
+    objective = OBJECTIVES[objective_name_of(o)]
+    if objective.fitted and (o.backbone == CONVLARGE or o.trunk == "trained"):
+        raise UserError(f"--consistency {objective.name} fits a linear head on a frozen pretrained trunk's features; "
+                        f"this run trains {o.backbone if o.backbone == CONVLARGE else 'a trained trunk'}: choose "
+                        f"{' or '.join(n for n, ob in OBJECTIVES.items() if not ob.fitted)}")
+    stepped = [name for name in ("epochs", "decay_epochs", "cons_rampup", "cons_weight", "unlabeled_batch",
+                                 "lc_start_epoch", "compress") if getattr(o, name) not in (None, 1.0)]
+    if objective.fitted and stepped:
+        raise UserError(f"--{stepped[0].replace('_', '-')}: --consistency {objective.name} fits its head once, "
+                        f"without steps or a schedule; leave it out")
 
 
 def strong_said(n):
@@ -329,8 +351,12 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
     """A new run's config (what its checkpoints keep), said in one line; relabeled: split_of's."""
     # a folder's schedule left to its default counts steps (FOLDER_STEPS): its epochs are never tiny
     min_epoch_steps = MIN_EPOCH_STEPS if o.dataset == "folder" and o.epochs is None else 1
+    if OBJECTIVES[objective["consistency"]].fitted:  # one epoch of one step: the fit (train/fitted.py)
+        objective["unlabeled_batch"], min_epoch_steps = max(1, len(split["unlabeled_idx"])), 1
     steps_per_epoch = epoch_steps(len(split["unlabeled_idx"]), objective["unlabeled_batch"], min_epoch_steps)
     defaults, schedule = schedule_of(o, labels, steps_per_epoch)
+    if OBJECTIVES[objective["consistency"]].fitted:
+        schedule.update(epochs=1, decay_epochs=0, cons_rampup=0.0, lc_start_epoch=1)
     leaked = test_copies(data, procs.echo)
     # in an own-images folder the unlabeled ones are unlabeled/ and the accepted predictions trained without labels
     warn_label_conflicts(data, procs.echo, split["unlabeled_idx"] if relabeled is not None else ())
@@ -342,7 +368,8 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
     config = RunSettings(
         dataset=o.dataset, data_dir=str(Path(o.data_dir).resolve()), labels=labels, split_seed=o.split_seed, val=o.val,
         labeled_batch=o.labeled_batch, width=o.width, num_classes=data.num_classes, classes=data.classes,
-        mean=mean, std=std, image_size=o.image_size, backbone=o.backbone, trunk=o.trunk, strong_views=o.strong_views,
+        mean=mean, std=std, image_size=o.image_size, framing=o.framing.as_dict() if o.dataset == "folder" else None,
+        backbone=o.backbone, trunk=o.trunk, strong_views=o.strong_views,
         skip_bad_images=o.skip_bad_images, skipped=[name for name, _ in data.skipped],
         accepted_as_labels=o.accepted_as_labels, files=data.files, contents=data.contents, leaked_test=leaked,
         relabeled=relabeled or [], seed=o.seed, lr=o.lr,
@@ -354,14 +381,15 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
         step_mode=o.step_mode,
         tensorboard=os.path.abspath(o.tensorboard) if o.tensorboard else None, processes=procs.world)
     total = (config.epochs + config.decay_epochs) * steps_per_epoch
+    head = (f"a linear head fitted once ({objective_name(config)}), device {device}" if OBJECTIVES[config.consistency].fitted
+            else f"width {o.width}, {config.epochs}+{config.decay_epochs} epochs of {steps_per_epoch} steps ({total:,} "
+                 f"steps, consistency ramp {round(config.cons_rampup * steps_per_epoch):,}; mt.pt after epoch "
+                 f"{config.lc_start_epoch}), {config.forward} forward, device {device} x {procs.world}, "
+                 f"{config.precision}; unlabeled objective {objective_name(config)}, lambda1 {config.cons_weight:g}")
     procs.echo(f"train_mt: {o.dataset}, {labels} labeled / {len(split['unlabeled_idx'])} unlabeled / "
-               f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px, "
-               f"{'' if o.backbone == CONVLARGE else f'{o.backbone} ({o.trunk}{strong_said(o.strong_views)}), '}"
-               f"width {o.width}, "
-               f"{config.epochs}+{config.decay_epochs} epochs of {steps_per_epoch} steps ({total:,} steps, "
-               f"consistency ramp {round(config.cons_rampup * steps_per_epoch):,}; mt.pt after epoch "
-               f"{config.lc_start_epoch}), {config.forward} forward, device {device} x {procs.world}, "
-               f"{config.precision}; unlabeled objective {objective_name(config)}, lambda1 {config.cons_weight:g}")
+               f"{len(split['val_idx'])} validation / {len(data.test_y)} test, {o.image_size} px"
+               f"{f' ({o.framing.describe()})' if config.framed != SQUASH else ''}, "
+               f"{'' if o.backbone == CONVLARGE else f'{o.backbone} ({o.trunk}{strong_said(o.strong_views)}), '}{head}")
     return config
 
 

@@ -8,11 +8,14 @@ cannot be read (or is none of the formats the project reads: JPEG, PNG, BMP, GIF
 whatever its name) gets an empty prediction, a message on stderr and exit code 1 at the end. The images
 are prepared as the project's training read them (mtlc.data.images.decode_bytes): EXIF orientation
 applied, 16-bit and float images scaled to 8 bits by their range, RGB (transparency on white), JPEGs
-decoded at a reduced scale still at least the model's size, then resized bilinearly to it; the
-model's metadata says that size and the class names.
+decoded at a reduced scale still at least the model's size, then framed to a square of it as the
+model's metadata says ("framing", mtlc.data.framing: squashed, its centre cropped with the aspect
+kept, or padded with grey; squashed bilinearly for a model without it); the metadata also says that
+size and the class names.
 """
 import csv
 import json
+import math
 import os
 import stat
 import sys
@@ -43,28 +46,51 @@ def eight_bit(img):
     return Image.fromarray(np.clip((x - offset) * scale, 0, 255).round().astype(np.uint8), "L")
 
 
-def prepared(path, size):
+SQUASH = dict(mode="squash", crop=1.0, interpolation="bilinear")
+
+
+def framed(img, size, framing):
+    """A PIL image as size x size, as mtlc.data.framing.Framing frames it."""
+    method = Image.BICUBIC if framing["interpolation"] == "bicubic" else Image.BILINEAR
+    if framing["mode"] == "squash":
+        return img.resize((size, size), method)
+    if framing["mode"] == "pad":
+        return ImageOps.pad(img, (size, size), method, color=(127, 127, 127))
+    scale = math.floor(size / framing["crop"]) / min(img.size)
+    img = img.resize((max(size, round(img.width * scale)), max(size, round(img.height * scale))), method)
+    left, top = (img.width - size) // 2, (img.height - size) // 2
+    return img.crop((left, top, left + size, top + size))
+
+
+def decoded_side(size, framing):
+    return math.floor(size / framing["crop"]) if framing["mode"] == "crop" else size
+
+
+def prepared(path, size, framing=SQUASH):
     """An image file as uint8 (3, size, size), as the project prepares it."""
     if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe named like an image would block the open
         raise ValueError("not a regular file")
     with Image.open(path, formats=FORMATS) as img:
-        img.draft("RGB", (size, size))
+        img.draft("RGB", (decoded_side(size, framing),) * 2)
         img = ImageOps.exif_transpose(img)
         if img.mode.startswith("I") or img.mode == "F":
             img = eight_bit(img)
         if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
             background = Image.new("RGBA", img.size, (255, 255, 255, 255))
             img = Image.alpha_composite(background, img.convert("RGBA"))
-        img = img.convert("RGB").resize((size, size), Image.BILINEAR)
+        img = framed(img.convert("RGB"), size, framing)
         return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
 
 
 def load(model_path):
-    """The model's session, class names and image size; exit code 2 with one line if it is none of ours."""
+    """The model's session, class names, image size and framing; exit code 2 with one line if it is none of ours."""
     try:
         session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
         meta = session.get_modelmeta().custom_metadata_map
-        return session, json.loads(meta["classes"]), int(meta["image_size"])
+        framing = json.loads(meta["framing"]) if "framing" in meta else SQUASH
+        if framing["mode"] not in ("squash", "crop", "pad") or not 0.5 <= float(framing["crop"]) <= 1:
+            raise ValueError(f"its framing is none of mtlc's: {meta['framing']}")
+        return session, json.loads(meta["classes"]), int(meta["image_size"]), framing
     except Exception as exc:  # onnxruntime's own types, or a model without evaluate.py --onnx's metadata
         print(f"cannot use {model_path} (made by evaluate.py --onnx?): {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -72,7 +98,7 @@ def load(model_path):
 
 def main(model_path, paths, batch_size=256):
     """Write the rows; returns the number of files that could not be read."""
-    session, classes, size = load(model_path)
+    session, classes, size, framing = load(model_path)
     writer = csv.writer(sys.stdout)
     writer.writerow(["path", "prediction", "confidence"])
     failed = 0
@@ -80,7 +106,7 @@ def main(model_path, paths, batch_size=256):
         images, readable = [], []
         for path in paths[start:start + batch_size]:
             try:
-                images.append(prepared(path, size))
+                images.append(prepared(path, size, framing))
                 readable.append(path)
             except Exception as exc:  # PIL raises many types for a broken file
                 failed += 1

@@ -162,6 +162,65 @@ def imagenette(val_dir, out, per_class, test_per_class, seed):
     write_folder(out, labeled, unlabeled, test, seed)
 
 
+def listed_images(classes_dir, labels, columns):
+    """[(file, class, group)] of a dataset: class folders under classes_dir (each image its own group),
+    or the files of classes_dir named in a CSV (labels) by its columns FILE,CLASS[,GROUP]; a file
+    named without its extension is found with .jpg or .png."""
+    root = Path(classes_dir)
+    if labels is None:
+        return [(f, c.name, str(f)) for c in sorted(p for p in root.iterdir() if p.is_dir())
+                for f in sorted(c.iterdir()) if f.is_file() and not f.name.startswith(".")]
+    name, cls, *group = columns.split(",")
+    items = []
+    with open(labels, newline="") as f:
+        for row in csv.DictReader(f):
+            path = next((root / f"{row[name]}{s}" for s in ("", ".jpg", ".png") if (root / f"{row[name]}{s}").is_file()), None)
+            if path is None:
+                raise click.UsageError(f"{labels} names {row[name]}, which is not in {root}")
+            items.append((path, row[cls], row[group[0]] if group else str(path)))
+    return items
+
+
+@main.command()
+@click.option("--classes", "classes_dir", type=click.Path(exists=True, file_okay=False), required=True,
+              help="A folder of one folder of images per class, or (with --labels) of the images themselves.")
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A CSV naming each image's class (e.g. HAM10000_metadata.csv).")
+@click.option("--columns", default="image_id,dx,lesion_id", show_default=True,
+              help="With --labels: its columns of the file's name, the class and a group (the images of one "
+                   "group, e.g. one lesion, stay on one side of the test split).")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
+@click.option("--per-class", type=int, default=10, show_default=True, help="Labeled images per class (a random draw).")
+@click.option("--test-share", type=click.FloatRange(0, 0.9), default=0.2, show_default=True,
+              help="The share of each class's groups held out as test/ (the same for every --seed).")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seed of the labeled draw and the unlabeled order (the draws of one dataset share test/).")
+def photos(classes_dir, labels, columns, out, per_class, test_share, seed):
+    """A public photo dataset as an own-images folder: test/ a --test-share of each class (split by
+    group, seed 0), labeled/ --per-class drawn from the rest by --seed, the others unlabeled/ (so an
+    unbalanced dataset stays unbalanced there)."""
+    items = listed_images(classes_dir, labels, columns)
+    by_class = {}
+    for f, c, g in items:
+        by_class.setdefault(c, {}).setdefault(g, []).append(f)
+    labeled, unlabeled, test = {}, [], {}
+    for c, groups in sorted(by_class.items()):
+        names = sorted(groups)
+        random.Random(f"test {c}").shuffle(names)
+        held = round(test_share * len(names))
+        test[c] = [f for g in names[:held] for f in groups[g]]
+        rest = [f for g in names[held:] for f in groups[g]]
+        random.Random(f"{seed} {c}").shuffle(rest)
+        if len(rest) <= per_class:
+            raise click.UsageError(f"class {c} has {len(rest)} images outside test/: too few for --per-class {per_class}")
+        labeled[c] = rest[:per_class]
+        unlabeled += [(f, c) for f in rest[per_class:]]
+    write_folder(out, labeled, unlabeled, test, seed)
+    counts = sorted((sum(1 for _, k in unlabeled if k == c), c) for c in labeled)
+    click.echo(f"unlabeled per class: {', '.join(f'{c} {n}' for n, c in reversed(counts))} "
+               f"(largest / smallest {counts[-1][0] / max(1, counts[0][0]):.1f})")
+
+
 LETTERS = "abdegnopqu"  # pairs a network can confuse: b d p q, a e o, n u
 
 

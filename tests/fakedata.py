@@ -134,7 +134,7 @@ def quiet(line):
 def no_decoding(monkeypatch):
     from mtlc.data import images
 
-    def refuse(data, size):
+    def refuse(data, size, framing=None):
         raise AssertionError("decoded an image")
     monkeypatch.setattr(images, "decode_bytes", refuse)
 
@@ -143,5 +143,5 @@ def counting(monkeypatch, name):
     """Record the calls of images.<name> (read_file: every file read; decode_bytes: every decode)."""
     from mtlc.data import images
     calls, original = [], getattr(images, name)
-    monkeypatch.setattr(images, name, lambda *args: calls.append(args[0]) or original(*args))
+    monkeypatch.setattr(images, name, lambda *args, **kw: calls.append(args[0]) or original(*args, **kw))
     return calls

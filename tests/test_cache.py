@@ -50,7 +50,7 @@ from mtlc.data import images
 root, n, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 entries = files.scan_images(root)[0]
 cache.DECODE_BATCH = 64
-images.decode_bytes = lambda data, s: torch.full((3, s, s), 7, dtype=torch.uint8)
+images.decode_bytes = lambda data, s, framing=None: torch.full((3, s, s), 7, dtype=torch.uint8)
 list(images.decode_batches([root / entry[0] for entry in entries[:128]], size, 64))  # warm the pool and the allocator
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 x, bad, _, _, written = cache.load_images(root, entries, "train", size, lambda line: None)
@@ -83,7 +83,7 @@ from mtlc.data import images
 from mtlc.data.datasets import load_dataset
 cache.DECODE_BATCH = 8
 original = images.decode_bytes
-images.decode_bytes = lambda data, size: time.sleep(0.05) or original(data, size)
+images.decode_bytes = lambda data, size, *framing: time.sleep(0.05) or original(data, size, *framing)
 load_dataset("folder", sys.argv[1], echo=lambda line: None)
 """
 
@@ -129,7 +129,7 @@ def shared_worker(rank, world, init_file, folder, out_dir):
     try:
         decoded = []
         original = images.decode_bytes
-        images.decode_bytes = lambda data, size: decoded.append(size) or original(data, size)
+        images.decode_bytes = lambda data, size, *framing: decoded.append(size) or original(data, size, *framing)
         batches.PASS_BYTES = 2 ** 22  # read in batches of 4 MiB
 
         def status():

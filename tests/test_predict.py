@@ -116,10 +116,10 @@ def test_predicting_holds_two_batches_of_decoded_images(trained, monkeypatch):
     counts = dict(decoded=0, classified=0, most=0)
     real_decode, real_classify = images.decode_or_reason, inference.model_outputs
 
-    def counting_decode(path, size):
+    def counting_decode(path, size, **framing):
         counts["decoded"] += 1
         counts["most"] = max(counts["most"], counts["decoded"] - counts["classified"])
-        return real_decode(path, size)
+        return real_decode(path, size, **framing)
 
     def counting_classify(model, x, mean, std):
         if counts["decoded"]:  # the files' stream (the held-out images before it come from the cache)

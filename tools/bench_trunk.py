@@ -1,7 +1,7 @@
 """Images a second through a pretrained trunk, by engine: what train/pretrained.TrunkEngine runs on a CPU
 is chosen by this measurement (docs/pretrained.md).
 
-    python tools/bench_trunk.py                                    # Lite0 at 128 px, Lite2 at 160 px
+    python tools/bench_trunk.py                                    # Lite0 and Lite2 at their own sides
     python tools/bench_trunk.py --backbone efficientnet-lite2 --size 224 --batch 64
 
 Engines: torch eager in fp32 (channels last), torch with bf16 autocast (channels last), and
@@ -19,7 +19,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mtlc.train.pretrained import BACKBONES, onnx_session, trunk  # noqa: E402
+from mtlc.train.pretrained import BACKBONES, default_image_size, onnx_session, trunk  # noqa: E402
 
 
 def engines(name):
@@ -66,7 +66,7 @@ def main(backbones, size, batch, repeat):
     click.echo(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
                f"{torch.__version__}, batch {batch}, median of {repeat}")
     for name in backbones:
-        side = size or BACKBONES[name].image_size
+        side = size or default_image_size(name)
         x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(0))
         runs = engines(name)
         reference = runs["torch fp32"](x)

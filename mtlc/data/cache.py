@@ -27,6 +27,7 @@ from ..disk.seal import holds, seal, secret
 from ..disk.work import Work, remove_work
 from ..errors import UserError, WriteFailed
 from .cache_rows import Previous, SortedRows, entry_key
+from .framing import SQUASH
 from .images import pooled, read_for_cache
 from .mapped import mapped_images, release_pages
 
@@ -83,16 +84,17 @@ class JoinedPaths:
         return os.path.join(self.root, self.entries[i][0])
 
 
-def write_decoded(f, paths, size, progress, previous=None, start=0, digests=None, kept=lambda done, bad: None):
+def write_decoded(f, paths, size, progress, previous=None, start=0, digests=None, kept=lambda done, bad: None,
+                  framing=SQUASH):
     """The images of paths from `start` on, a batch at a time, written to f (anything with a write),
     the readable ones' rows one after another; kept(files done, [(index, reason)] so far) after each
     batch. A file that `previous` (an older cache) holds under the same path, size and times, or whose
     bytes have the digest of one of its rows, is copied from it; every other file is decoded. Returns
     ([(index in paths, reason)] of the files that failed, the digest of each file's bytes as hex (an
-    S32 array, empty where it could not be read; `digests` filled in where given))."""
+    S32 array, empty where it could not be read; `digests` filled in where given)); framed by `framing`."""
     old, same_row, old_digests, known = previous or (None, np.full(len(paths), -1), None, {})
     fresh = np.flatnonzero(same_row[start:] < 0) + start
-    stream = pooled(functools.partial(read_for_cache, size=size, known=known), (paths[i] for i in fresh), DECODE_BATCH)
+    stream = pooled(functools.partial(read_for_cache, size=size, known=known, framing=framing), (paths[i] for i in fresh), DECODE_BATCH)
     results, taken = {}, 0  # the stream's current batch by index in paths
     digests = np.zeros(len(paths), "S32") if digests is None else digests
     bad, block, reported = [], [], start
@@ -145,9 +147,9 @@ def content_fingerprint(named_digests):
 
 
 class DecodeCache:
-    """Decoded images of one group of files (a folder's training or test images at one size) in
-    three files named `<group>-<size>px-<key>`, keyed by the files' relative paths, sizes,
-    modification and change times and the image size: `.u8`, a header that holds the full key, then
+    """Decoded images of one group of files (a folder's training or test images at one size and
+    framing) in three files named `<group>-<size>px<framing's tag>-<key>`, keyed by the files'
+    relative paths, sizes, modification and change times, the image size and the framing: `.u8`, a header that holds the full key, then
     the readable images' uint8 rows (3, size, size) one after another; `.files.json`, the file of
     each row (its path, size, times and the digest of its bytes); `.json`, the counts, the
     unreadable files and the content fingerprint.
@@ -169,10 +171,14 @@ class DecodeCache:
     pixels). A file's name alone never selects a row: two folders' 000.bmp of one size and time are
     two files."""
 
-    def __init__(self, folder, group, size, entries, echo):
+    def __init__(self, folder, group, size, entries, echo, framing=SQUASH):
         self.folder, self.group, self.size, self.entries, self.echo = Path(folder), group, size, entries, echo
-        self.key = hashlib.sha256(json.dumps([CACHE_VERSION, size, entries]).encode()).hexdigest()
-        self.stem = f"{group}-{size}px-{self.key[:20]}"
+        self.framing = framing
+        # squash's key and names are those of before framings: its caches stay valid
+        framed = [framing.as_dict()] if framing != SQUASH else []
+        self.key = hashlib.sha256(json.dumps([CACHE_VERSION, size, entries, *framed]).encode()).hexdigest()
+        self.sized = f"{group}-{size}px{framing.tag}"  # the caches of one group, size and framing: sized-<key>
+        self.stem = f"{self.sized}-{self.key[:20]}"
         self.path, self.meta = self.folder / f"{self.stem}.u8", self.folder / f"{self.stem}.json"
         self.header = f"mtlc decode cache {CACHE_VERSION} {self.key}\n".encode().ljust(HEADER_BYTES)
 
@@ -221,7 +227,7 @@ class DecodeCache:
         very files of self.entries (same path, size and times) or files with known bytes; None
         where there is no such cache or any doubt about it (read's checks: this machine's own)."""
         metas = []
-        for m in self.folder.glob(f"{self.group}-{self.size}px-*.json"):
+        for m in self.folder.glob(f"{self.sized}-*.json"):
             with contextlib.suppress(OSError):
                 st = os.lstat(m)
                 if stat.S_ISREG(st.st_mode) and not m.name.endswith(".files.json") and m != self.meta:
@@ -306,7 +312,8 @@ class DecodeCache:
             work.state.update(done=upto, bad=[list(b) for b in failed + bad])
             work.commit()
 
-        bad, digests = write_decoded(images, paths, self.size, progress, previous, start=done, digests=digests, kept=keep)
+        bad, digests = write_decoded(images, paths, self.size, progress, previous, start=done, digests=digests, kept=keep,
+                                     framing=self.framing)
         work.commit(force=True)
         os.fsync(images.file.fileno())
         work.close()
@@ -334,7 +341,7 @@ class DecodeCache:
         temporary file, deleted when the run ends."""
         try:
             f = tempfile.TemporaryFile()
-            failed, digests = write_decoded(f, paths, self.size, progress)
+            failed, digests = write_decoded(f, paths, self.size, progress, framing=self.framing)
             f.flush()
         except OSError as exc:
             raise WriteFailed(Path(tempfile.gettempdir()) / "<temporary file>", exc) from None
@@ -346,11 +353,11 @@ class DecodeCache:
         """Delete this group's caches of other files at this size, and the temporary files and decodes
         kept that runs killed mid-write left behind (untouched for an hour: a running decode writes every
         few seconds)."""
-        for old in self.folder.glob(f"{self.group}-{self.size}px-*"):
+        for old in self.folder.glob(f"{self.sized}-*"):
             if not old.name.startswith(self.stem + "."):
                 with contextlib.suppress(OSError):  # a folder of that name (a folder from elsewhere) stays
                     old.unlink(missing_ok=True)
-        for tmp in self.folder.glob(f".{self.group}-{self.size}px-*"):
+        for tmp in self.folder.glob(f".{self.sized}-*"):
             with contextlib.suppress(OSError):
                 if time.time() - os.lstat(tmp).st_mtime > 3600:
                     remove_work(tmp) if tmp.name.endswith(WORK_SUFFIX) else tmp.unlink()
@@ -365,12 +372,12 @@ class CachedImages(NamedTuple):
     written: int          # bytes written to the cache: 0 on a hit
 
 
-def load_images(root, entries, group, size, echo):
+def load_images(root, entries, group, size, echo, framing=SQUASH):
     """The files of entries [(path relative to root, size, modification time, change time)]
-    (scan_images) decoded to uint8 images, through root's decode cache (a memory map: the images are
-    read when used): CachedImages."""
+    (scan_images) decoded to uint8 images framed by `framing`, through root's decode cache (a memory
+    map: the images are read when used): CachedImages."""
     from tqdm import tqdm
-    cache = DecodeCache(cache_dir(root), group, size, entries, echo)
+    cache = DecodeCache(cache_dir(root), group, size, entries, echo, framing)
     hit = cache.load()
     if hit is not None:
         return CachedImages(*hit, 0)

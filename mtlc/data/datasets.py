@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..errors import UserError
 from .layout import check_part_names, describe_loose, is_own_layout
 from .cache import cache_dir, content_fingerprint, load_images
+from .framing import SQUASH
 from .files import (
     OUTSIDE,
     count_other,
@@ -255,11 +256,11 @@ def listed(groups, classes):
     return Files([e for e, _ in pairs], torch.tensor([c for _, c in pairs], dtype=torch.long))
 
 
-def read_files(data_dir, files, group, size, echo):
+def read_files(data_dir, files, group, size, echo, framing=SQUASH):
     """(uint8 images (memory-mapped), labels, names relative to data_dir, content fingerprint, the
     digests of their files (a function)) of the readable files, through the decode cache, [(name,
-    reason)] of the others, bytes written to the cache."""
-    x, bad, content, digests, written = load_images(data_dir, files.entries, group, size, echo)
+    reason)] of the others, bytes written to the cache; framed by `framing`."""
+    x, bad, content, digests, written = load_images(data_dir, files.entries, group, size, echo, framing)
     names = [entry[0] for entry in files.entries]
     if not bad:
         return (x, files.labels, names, content, digests), bad, written
@@ -284,7 +285,8 @@ def checked_classes(data_dir, train_groups, test_groups, own):
     return classes, where
 
 
-def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None, restored=False):
+def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_listing=None, restored=False,
+                framing=SQUASH):
     """A user's images, in one of two layouts:
 
     - your own images: data_dir/labeled/<class>/** (every image labeled), data_dir/unlabeled/**
@@ -293,7 +295,7 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
     - the benchmark layout: data_dir/train/<class>/**, data_dir/test/<class>/** (--labels draws the
       labeled images from train, the rest are treated as unlabeled).
 
-    Images are RGB, resized to image_size, decoded on all cores once into the decode cache
+    Images are RGB, framed (framing.py) to image_size, decoded on all cores once into the decode cache
     (images.DecodeCache) and memory-mapped from it: the training images are one array, the test images another.
     Unreadable files end the run with one message listing them (exit 2) unless skip_bad. check_listing:
     called with {"train": names, "test": names} (relative to the folder) before anything is decoded."""
@@ -334,10 +336,10 @@ def load_folder(data_dir, image_size=32, skip_bad=False, echo=click.echo, check_
         check_listing(dict(train=[e[0] for e in train_files.entries],
                            test=[e[0] for e in test_files.entries] if test_files else []))
     (train_x, train_y, train_names, train_content, train_digests), bad, written = read_files(
-        data_dir, train_files, "train", image_size, echo)
+        data_dir, train_files, "train", image_size, echo, framing)
     if test_groups:
         (test_x, test_y, test_names, test_content, test_digests), bad_test, written_test = read_files(
-            data_dir, test_files, "test", image_size, echo)
+            data_dir, test_files, "test", image_size, echo, framing)
     else:
         test_x, test_y, test_names, test_content, test_digests, bad_test, written_test = (
             torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), [],
@@ -364,11 +366,12 @@ DATASETS = ("svhn", "cifar10", "digits", "folder")
 
 
 def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo, download=True, check_listing=None,
-                 restored=False):
+                 restored=False, framing=SQUASH):
     """A dataset by name; image_size and skip_bad (leave unreadable files out) apply to image folders,
     image_size to digits too (SVHN and CIFAR-10 are 32 x 32). download: fetch SVHN or CIFAR-10 where
     their files are missing (train_mt.py only); check_listing: load_folder's; restored: a checkpoint's
-    folder, whose files left out and skipped the run that trained it said (not said again)."""
+    folder, whose files left out and skipped the run that trained it said (not said again); framing:
+    how a folder's images become squares (framing.py)."""
     data_dir = Path(data_dir)
     if name in ("svhn", "cifar10") and image_size != 32:
         raise UserError(f"--image-size {image_size}: {name} is the paper's 32 x 32 (--image-size is for folder and digits)")
@@ -379,5 +382,5 @@ def load_dataset(name, data_dir, image_size=32, skip_bad=False, echo=click.echo,
     if name == "digits":
         return load_digits(image_size)
     if name == "folder":
-        return load_folder(data_dir, image_size, skip_bad, echo, check_listing, restored)
+        return load_folder(data_dir, image_size, skip_bad, echo, check_listing, restored, framing)
     raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

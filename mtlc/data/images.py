@@ -17,6 +17,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from ..disk.opening import read_regular
 from ..disk.spill import batched
 from .files import FORMATS, READ_AS, file_digest
+from .framing import SQUASH
 
 # What transparent pixels are composited on: white, as a document viewer or a web page shows them.
 BACKGROUND = (255, 255, 255)
@@ -171,13 +172,13 @@ def reduced(img, size):
     return small
 
 
-def decode_bytes(data, size):
-    """An image file's bytes as a uint8 (3, size, size) tensor: open_as_seen, then resized
-    (bilinear) to size x size. Training, the decode cache and predictions all decode through it.
-    Raises BadImage for anything that cannot be read, an image over PIL's decompression-bomb limit
-    included."""
+def decode_bytes(data, size, framing=SQUASH):
+    """An image file's bytes as a uint8 (3, size, size) tensor: open_as_seen, then framed (framing.py:
+    squashed, cropped or padded) to size x size. Training, the decode cache and predictions all decode
+    through it. Raises BadImage for anything that cannot be read, an image over PIL's
+    decompression-bomb limit included."""
     try:
-        img = open_as_seen(data, size).resize((size, size), Image.BILINEAR)
+        img = framing(open_as_seen(data, framing.decoded_side(size)), size)
     except BadImage:
         raise
     except Image.DecompressionBombError as exc:
@@ -187,10 +188,10 @@ def decode_bytes(data, size):
     return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
-def decode(path, size):
+def decode(path, size, framing=SQUASH):
     """One image file as a uint8 (3, size, size) tensor (read_file, decode_bytes); BadImage where
     it cannot be read."""
-    return decode_bytes(read_file(path), size)
+    return decode_bytes(read_file(path), size, framing)
 
 
 def thumbnail_jpeg(path, size, quality=70):
@@ -206,7 +207,7 @@ def thumbnail_jpeg(path, size, quality=70):
         return None
 
 
-def decode_or_reason(path, size):
+def decode_or_reason(path, size, framing=SQUASH):
     """(image, None, the digest of the file's bytes) or (None, why it cannot be read, the digest or
     None where not even its bytes could be read)."""
     try:
@@ -214,12 +215,12 @@ def decode_or_reason(path, size):
     except BadImage as exc:
         return None, str(exc), None
     try:
-        return decode_bytes(data, size), None, file_digest(data)
+        return decode_bytes(data, size, framing), None, file_digest(data)
     except BadImage as exc:
         return None, str(exc), file_digest(data)
 
 
-def read_for_cache(path, size, known):
+def read_for_cache(path, size, known, framing=SQUASH):
     """(image, or the row of an older cache that holds a file with the same bytes (known: {digest:
     row}), or None; None or why the file cannot be read; the digest of its bytes or None)."""
     try:
@@ -230,7 +231,7 @@ def read_for_cache(path, size, known):
     if digest in known:
         return known[digest], None, digest
     try:
-        return decode_bytes(data, size), None, digest
+        return decode_bytes(data, size, framing), None, digest
     except BadImage as exc:
         return None, str(exc), digest
 
@@ -252,11 +253,11 @@ def pooled(work, items, batch_size, workers=None):
             chunk = following
 
 
-def decode_batches(paths, size, batch_size, workers=None):
+def decode_batches(paths, size, batch_size, workers=None, framing=SQUASH):
     """Yield (paths, uint8 images (n, 3, size, size), {index in the batch: reason} for the files that
     failed, the digest of each file's bytes (None where they could not be read)) for consecutive
     batches of paths, the next batch decoding meanwhile (pooled). The images of failed files are zeros."""
-    for chunk, results in pooled(functools.partial(decode_or_reason, size=size), paths, batch_size, workers):
+    for chunk, results in pooled(functools.partial(decode_or_reason, size=size, framing=framing), paths, batch_size, workers):
         out = torch.zeros(len(chunk), 3, size, size, dtype=torch.uint8)
         failed = {}
         for i, (img, reason, _) in enumerate(results):

@@ -20,7 +20,7 @@ from .model import MIN_IMAGE_SIZE, ModelConfig
 from .networks import build_models
 from .objectives import OBJECTIVES
 from .embeddings import embed
-from .pretrained import BACKBONE_NAMES, CONVLARGE
+from .pretrained import BACKBONE_NAMES, CONVLARGE, HEADS
 from .settings import MAX_IMAGE_SIZE, MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
 from .trainer import make_optimizer
 
@@ -51,8 +51,9 @@ STATE_CHECKS = dict(
     student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
     reference_spread=lambda v: v is None or is_number(v),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
-    model_args=lambda v: (isinstance(v, dict) and set(v) - {"backbone", "trunk", "image_size"} == {"num_classes", "width",
-                                                                                            "bn_momentum"}
+    model_args=lambda v: (isinstance(v, dict) and set(v) - {"backbone", "trunk", "image_size", "head"} == {
+                              "num_classes", "width", "bn_momentum"} and v.get("head", "mlp") in HEADS
+                          and (v.get("head", "mlp") == "mlp" or v.get("backbone", CONVLARGE) != CONVLARGE)
                           and is_int(v["num_classes"], 2) and is_number(v["width"]) and 0 < v["width"] <= MAX_WIDTH
                           and is_number(v["bn_momentum"]) and 0 < v["bn_momentum"] <= 1
                           and v.get("backbone", CONVLARGE) in BACKBONE_NAMES and trained_trunk_args(v)))
@@ -113,8 +114,9 @@ def checked_state(state):
                          f"{config.num_classes} classes")
     # the network's settings build it, the run's feed it (kept features or images at a side): one network
     network, run = ModelConfig(**state["model_args"]), ModelConfig.of_run(config)
-    if (network.backbone, network.trunk, network.image_size) != (run.backbone, run.trunk, run.image_size):
-        raise ValueError("its network's backbone, trunk or image size (model_args) are not its run's")
+    if (network.backbone, network.trunk, network.image_size, network.head) != (run.backbone, run.trunk, run.image_size,
+                                                                               run.head):
+        raise ValueError("its network's backbone, trunk, image size or head (model_args) are not its run's")
     problem = (OBJECTIVES[config.consistency].state_problem(state["adaptive_threshold"], config.num_classes)
                or metrics_problem(state.get("metrics"), required=state["stage"] == "lc"))
     if problem:
@@ -232,7 +234,7 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu", strong=Fal
     where = data_dir or config.data_dir
     listing = None if config.files is None else (lambda now: check_names_held(config.files, now, where, config.skipped))
     data = load_dataset(config.dataset, where, config.decode_size, config.skip_bad_images, echo,
-                        download=False, check_listing=listing, restored=True)
+                        download=False, check_listing=listing, restored=True, framing=config.framed)
     if config.files is not None:
         check_same_files(config.files, data.files, where, config.contents, data.contents)
     n_train = len(data.train_y)
@@ -244,7 +246,7 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu", strong=Fal
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
     if ModelConfig.of_run(config).keeps_features:  # the trunk's features of them, kept or computed (on device)
         data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
-                              strong_views=config.strong_views if strong else 0)
+                              strong_views=config.strong_views if strong else 0, framing=config.framed)
     return data
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ..data.batches import image_batches
 from ..data.cache import CACHE_VERSION, cache_dir
 from ..data.cache_rows import SortedRows
+from ..data.framing import SQUASH
 from ..data.mapped import mapped_work_rows, release_pages
 from ..data.views import StrongAugment, max_shift, normalize, shift_and_flip
 from ..disk.work import Work
@@ -68,20 +69,22 @@ def trunk_input(images, image_size, backbone):
     return normalize(x.round().to(torch.uint8), mean, std)
 
 
-def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=0):
-    """The Features of `data` under the backbone: the rows kept of its images, the others computed
-    first; with strong_views, as many of FixMatch's strong views of each training image as well."""
+def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=0, framing=SQUASH):
+    """The Features of `data` (its images framed by `framing`) under the backbone: the rows kept of its
+    images, the others computed first; with strong_views, as many of FixMatch's strong views of each
+    training image as well."""
     backbone = BACKBONES[backbone_name]
     parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
-    train, test = kept_views(data, data_dir, backbone, image_size, VIEWS, parts, device, echo)
+    train, test = kept_views(data, data_dir, backbone, image_size, VIEWS, parts, device, echo, framing)
     strong = None
     if strong_views:
         names = tuple(f"strong {i + 1}" for i in range(strong_views))
-        (strong,) = kept_views(data, data_dir, backbone, image_size, names, {"train": parts["train"]}, device, echo)
+        (strong,) = kept_views(data, data_dir, backbone, image_size, names, {"train": parts["train"]}, device, echo,
+                               framing)
     return Features(train, test[:, :1], strong)
 
 
-def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo):
+def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo, framing=SQUASH):
     """The kept features (n, len(views), D) of the images of each part ({part: (images, keys)}) in
     these views (VIEWS, or strong ones: their own work folder), the missing ones computed first."""
     strong = views != VIEWS
@@ -90,7 +93,10 @@ def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo)
                keyed_by="file bytes" if data.digests else "pixels")
     if strong:
         key["strong"] = STRONG_VERSION
-    folder = cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px{f'-strong{len(views)}' if strong else ''}"
+    if framing != SQUASH:  # (squash's key is that of before framings: its features stay valid)
+        key["framing"] = framing.as_dict()
+    folder = (cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px{framing.tag}"
+              f"{f'-strong{len(views)}' if strong else ''}")
     # Another run computing or reading them: waited for (reading the kept features takes seconds).
     work = Work(folder, key, echo, wait=lambda: echo(f"waiting for another run that computes or reads the features "
                                                      f"in {folder}"))

@@ -35,12 +35,14 @@ class ModelConfig:
     backbone: str = "convlarge"
     trunk: str = "frozen"
     image_size: Optional[int] = None
+    head: str = "mlp"  # a pretrained trunk's head: mlp, or linear (fitted; pretrained.HEADS)
 
     @classmethod
     def of_run(cls, config):
+        from .objectives import OBJECTIVES
         trained = config.trunk == "trained"
         return cls(config.num_classes, config.width, config.bn_momentum, config.backbone, config.trunk,
-                   config.image_size if trained else None)
+                   config.image_size if trained else None, OBJECTIVES[config.consistency].head)
 
     @property
     def keeps_features(self):
@@ -51,6 +53,8 @@ class ModelConfig:
         """What a checkpoint keeps; the paper's network's without a backbone key and a frozen trunk's
         without trunk keys, as they always were."""
         values = dataclasses.asdict(self)
+        if values["head"] == "mlp":
+            del values["head"]
         if values["trunk"] == "frozen":
             del values["trunk"], values["image_size"]
         if values["backbone"] == "convlarge":

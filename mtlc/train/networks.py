@@ -13,7 +13,7 @@ def build_models(model_config, device, package_weights=True):
     else:
         trained_size = c.image_size if c.trunk == "trained" else None
         student, teacher = (PretrainedNet(c.backbone, c.num_classes, c.width, c.bn_momentum, trained_size,
-                                          package_weights).to(device) for _ in range(2))
+                                          package_weights, c.head).to(device) for _ in range(2))
     for p in teacher.parameters():
         p.requires_grad_(False)
     return student, teacher

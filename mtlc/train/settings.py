@@ -14,6 +14,7 @@ from typing import Optional, Union
 
 from ..data.batches import epoch_steps
 from ..data.datasets import DATASETS
+from ..data.framing import Framing
 from .model import MIN_IMAGE_SIZE
 from .objectives import CONSISTENCIES
 from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
@@ -87,6 +88,14 @@ def channel_values(positive):
     return lambda v: isinstance(v, list) and len(v) == 3 and all(is_number(x) and (x > 0 or not positive) for x in v)
 
 
+def framing_dict(v):
+    try:
+        Framing.of(v)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 def setting(check, *, before=NEVER):
     """A field with its check; before: its value in runs from before it was written (NEVER: always was)."""
     return dataclasses.field(metadata=dict(check=check, before=before))
@@ -156,6 +165,7 @@ class RunSettings(Settings):
     mean: list = setting(channel_values(positive=False))   # the training images' per-channel statistics
     std: list = setting(channel_values(positive=True))
     image_size: int = setting(integer(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), before=32)
+    framing: Optional[dict] = setting(framing_dict, before=None)  # how images become squares (None: squashed)
     skip_bad_images: bool = setting(flag, before=False)
     skipped: list = setting(is_names, before=[])        # the files --skip-bad-images left out (unreadable)
     files: Optional[dict] = setting(optional(lambda v: is_part_dict(v, is_names)), before=None)  # a folder's
@@ -218,6 +228,11 @@ class RunSettings(Settings):
     def steps_per_epoch(self, n_unlabeled):
         """The steps of this run's epoch over n_unlabeled images (batches.epoch_steps)."""
         return epoch_steps(n_unlabeled, self.unlabeled_batch, self.min_epoch_steps)
+
+    @property
+    def framed(self):
+        """The Framing its images are decoded with (data/framing.py)."""
+        return Framing.of(self.framing)
 
     @property
     def decode_size(self):

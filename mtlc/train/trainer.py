@@ -20,6 +20,7 @@ from ..data.views import augment, max_shift, normalization, normalize
 from ..disk.runs import rng_state
 from ..errors import TrainingFailed
 from .devices import Processes, average_buffers, sync
+from .fitted import FittedSteps
 from .graphed import GraphedSteps, resolve_step_mode
 from .inference import chance_verdict, chance_words, test_error
 from .lc import PairDistances, lc_features, lc_term
@@ -97,7 +98,10 @@ class Trainer:
         self.targets_forward = (compile_(student) if self.objective.targets_from() == "student"
                                 else self.teacher_forward)
         self.step_mode = resolve_step_mode(config.step_mode, device, procs.world, self.batches.resident_bytes)
-        self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
+        if self.objective.fitted:
+            self.steps = FittedSteps(self)
+        else:
+            self.steps = GraphedSteps(self) if self.step_mode == "graphed" else EagerSteps(self)
 
     def schedule(self, step):
         """(lr, lambda1 * r, lambda2 * r2) at a global step: r counts epochs from the start of MT,

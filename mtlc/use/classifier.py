@@ -5,7 +5,7 @@
     classifier = mtlc.load("runs/digits/lc.pt")
     predictions = classifier.predict(["photo.jpg", "more_photos/"])  # [Prediction(path, label, confidence, ...)]
 
-Images are read as training read them (the checkpoint's image size and normalization), a batch at a
+Images are read as training read them (the checkpoint's image size, framing and normalization), a batch at a
 time; confidences are calibrated on the checkpoint's held-out images where it has them and they can
 be read (`classifier.calibration`; else `classifier.uncalibrated` says why and they are the raw
 softmax).
@@ -21,6 +21,7 @@ import torch
 
 from ..data.layout import is_own_layout
 from ..data.files import ImageFiles, image_paths
+from ..data.framing import SQUASH
 from ..data.images import decode_batches
 from ..data.views import normalization
 from ..errors import UserError
@@ -85,7 +86,7 @@ class Classifier:
         self.device = checked_device(device)
         student, teacher = restore_models(state, self.device)
         self.model_name, self.model = model, (teacher if model == "teacher" else student)
-        self.classes, self.image_size = self.config.classes, self.config.image_size
+        self.classes, self.image_size, self.framing = self.config.classes, self.config.image_size, self.config.framed
         self.mean, self.std = normalization(self.config, self.device)
         self.calibration: Optional[Calibration] = None
         self.uncalibrated: Optional[str] = "not calibrated yet"
@@ -147,7 +148,7 @@ class Classifier:
         time (a generator)."""
         return predict_files(self.model, checked_paths(paths, "paths"), self.classes, self.image_size, self.mean,
                              self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature,
-                             unseen=self.unseen)
+                             unseen=self.unseen, framing=self.framing)
 
     def predict(self, targets, batch_size=256):
         """[Prediction] for the image files among targets (a file or a folder searched recursively, or a
@@ -158,7 +159,7 @@ class Classifier:
 
     def classify(self, images):
         """(class indices, calibrated probabilities (n, classes)) of uint8 images (n, 3, S, S) at the
-        checkpoint's image size."""
+        checkpoint's image size, framed as it frames them (self.framing)."""
         size = (3, self.image_size, self.image_size)
         if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.dim() == 4
                 and tuple(images.shape[1:]) == size):
@@ -204,13 +205,14 @@ class Prediction(NamedTuple):
         return self.outlier_ratio is not None and self.outlier_ratio > TRUNK_OUTLIER_MARGIN
 
 
-def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, unseen=None):
+def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, unseen=None,
+                  framing=SQUASH):
     """A Prediction for each path in order: the class, its probability with the logits divided by
     the temperature (calibration.py), the runner-up class and the pooled features. One batch of
     decoded images is held at a time, the next one decoding meanwhile. With UnseenHeads, the logits
     are those of the head that never saw the image."""
     device = next(model.parameters()).device
-    for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size):
+    for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size, framing=framing):
         ratios = None
         if unseen is not None:
             features, logits, ratios = unseen.outputs(x, [d or "0" * 32 for d in digests])
@@ -245,7 +247,8 @@ def labeled_features(state, model, device, data_dir=None, echo=lambda line: None
     if config.dataset == "folder" and is_own_layout(root):
         parts = []
         if (root / "labeled").is_dir():
-            for _, x, failed, _ in decode_batches(ImageFiles([root / "labeled"]), config.image_size, 256):
+            for _, x, failed, _ in decode_batches(ImageFiles([root / "labeled"]), config.image_size, 256,
+                                                  framing=config.framed):
                 readable = [i for i in range(len(x)) if i not in failed]
                 if readable:
                     parts.append(model_outputs(model, x[readable].to(device), mean, std)[0].cpu())

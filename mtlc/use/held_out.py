@@ -71,7 +71,7 @@ def restore_held_out(state, data_dir=None, echo=click.echo):
     test_files = listed([groups], config.classes)
     check_names_held(dict(files, train=[]), dict(train=[], test=[e[0] for e in test_files.entries]), where,
                      config.skipped)
-    (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config.image_size, echo)
+    (x, y, names, content, _), bad, _ = read_files(where, test_files, "test", config.image_size, echo, config.framed)
     if bad and not config.skip_bad_images:
         raise UserError(describe_bad(bad, where))
     check_same_files(files, dict(test=names), where, config.contents, dict(test=content), parts=("test",))

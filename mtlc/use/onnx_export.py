@@ -1,8 +1,9 @@
 """A checkpoint's classifier as ONNX (`evaluate.py --onnx model.onnx`), for an app or a service that
 has neither torch nor this package: the graph takes uint8 images (N, 3, H, W) at the checkpoint's
-image size, any N, and returns calibrated class probabilities (N, classes): the normalization of
-training and the calibration's temperature are inside it. The class names, the temperature and
-what it came from are in the model's metadata (`onnxruntime.InferenceSession(...).get_modelmeta()
+image size, framed as training framed them (the metadata's "framing": data/framing.py's squash,
+crop or pad), any N, and returns calibrated class probabilities (N, classes): the normalization of
+training and the calibration's temperature are inside it. The class names, the framing, the
+temperature and what it came from are in the model's metadata (`onnxruntime.InferenceSession(...).get_modelmeta()
 .custom_metadata_map`).
 """
 import copy
@@ -37,7 +38,9 @@ def metadata(classifier, checkpoint):
     """The model's metadata: what a user of the file needs besides the graph."""
     config = classifier.config
     return {"classes": json.dumps(classifier.classes), "image_size": str(classifier.image_size),
-            "input": f"{INPUT}: uint8 (N, 3, {classifier.image_size}, {classifier.image_size}), RGB",
+            "input": f"{INPUT}: uint8 (N, 3, {classifier.image_size}, {classifier.image_size}), RGB, each image "
+                     f"{classifier.framing.describe()}",
+            "framing": json.dumps(classifier.framing.as_dict()),
             "output": f"{OUTPUT}: float32 (N, {len(classifier.classes)}), calibrated, in the order of classes",
             "temperature": repr(classifier.temperature),
             "calibration": "temperature scaling on the checkpoint's held-out images" if classifier.calibration

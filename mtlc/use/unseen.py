@@ -72,9 +72,11 @@ def train_fold(state, data, split, device, name, estimate):
 
 
 def train_steps(trainer, steps, name, estimate):
-    """The steps, a bar on a terminal; in a log, the estimate's line and each head's end only."""
+    """The steps (a fitted head's: its fit), a bar on a terminal; in a log, the estimate's line and
+    each head's end only."""
+    trainer.steps.start_epoch(steps.start)
     for step in epoch_progress(steps, f"{name}, stage {trainer.stage.name}", sys.stderr.isatty(), estimate.echo):
-        trainer.train_step(step, *trainer.batches.views(step))
+        trainer.steps.step(step)
         estimate.tick()
     trainer.recompute_bn_means()
 

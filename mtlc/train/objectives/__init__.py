@@ -1,10 +1,13 @@
 """The unlabeled images' objectives, one file each behind one interface (base.Objective): Mean
-Teacher's (the paper's) and FixMatch's. A run names its objective by --consistency."""
+Teacher's (the paper's) and FixMatch's, trained by steps; and on a frozen pretrained trunk the fitted
+linear heads, the probe and its self-training. A run names its objective by --consistency."""
 from .base import Objective
 from .fixmatch import FixMatch
 from .mean_teacher import MeanTeacher
+from .probe import Probe
+from .self_training import SelfTraining
 
-OBJECTIVES = {objective.name: objective for objective in (MeanTeacher, FixMatch)}
+OBJECTIVES = {objective.name: objective for objective in (MeanTeacher, FixMatch, Probe, SelfTraining)}
 CONSISTENCIES = tuple(OBJECTIVES)
 # The settings some objective keeps of its own (the others refuse them on the command line).
 OWN_SETTINGS = tuple(sorted({key for o in OBJECTIVES.values() for key in o.defaults

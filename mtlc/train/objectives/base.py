@@ -2,7 +2,9 @@
 student's loss on the unlabeled images given a network's outputs on their weak views, which network
 that is, whether the student sees a strong view, what it adds to an epoch's record, and the state a
 checkpoint keeps of it. One objective is one file beside this one (mean_teacher.py, fixmatch.py);
-a third (FlexMatch, SoftMatch) is a new file and a line in objectives/__init__.py.
+a third (FlexMatch, SoftMatch) is a new file and a line in objectives/__init__.py. A fitted objective
+(probe.py, self_training.py) trains no step: on a frozen trunk's kept features its linear head is
+fitted in closed form (fit), once (train/fitted.py).
 """
 import torch
 
@@ -20,6 +22,9 @@ class Objective:
     # What LC on top of it did in this project's measurements, where stage 2's default lambda2 is to be
     # doubted (finetune_lc.py says so); None where LC helped or was level.
     lc_on_top = None
+    # The head it trains on a frozen trunk (pretrained.HEADS); fitted: by fit, not by steps.
+    head = "mlp"
+    fitted = False
 
     def __init__(self, config, device, world=1):
         self.config, self.device, self.world = config, device, world
@@ -33,6 +38,11 @@ class Objective:
         """(the unlabeled loss, the unlabeled images' classes by the targets' network, a float tensor
         of one value per key of `metrics`) of a step: logits of the student on its views (labeled images
         first), target_logits of the network targets_from names on the weak views (no gradient)."""
+        raise NotImplementedError
+
+    def fit(self, labeled, labels, unlabeled):
+        """A fitted objective's linear head (linear_heads.LinearHead) of float arrays: the labeled images'
+        features and classes, the unlabeled images' features."""
         raise NotImplementedError
 
     def no_metrics(self):

@@ -1,0 +1,64 @@
+"""Framing (data/framing.py): a pretrained trunk's view equals timm's evaluation transform of the same
+photo, the framings keep what they promise, and a run's framing reaches every path that decodes."""
+import numpy as np
+import pytest
+from PIL import Image
+
+from mtlc.data.framing import SQUASH, Framing
+from mtlc.data.images import decode_bytes
+
+
+def photo(w, h, seed=0):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+
+
+@pytest.mark.parametrize("size", [(400, 533), (533, 400), (260, 260), (32, 32), (1000, 90)])
+@pytest.mark.parametrize("name", ["tf_efficientnet_lite0", "tf_efficientnet_lite2"])
+def test_crop_is_timms_evaluation_transform(size, name):
+    timm = pytest.importorskip("timm")
+    cfg = timm.create_model(name, pretrained=False).pretrained_cfg
+    side = cfg["input_size"][-1]
+    transform = timm.data.create_transform(input_size=cfg["input_size"], crop_pct=cfg["crop_pct"],
+                                           interpolation=cfg["interpolation"], crop_mode="center")
+    resize_and_crop = transform.transforms[:2]  # then ToTensor and Normalize
+    img = photo(*size)
+    theirs = img
+    for t in resize_and_crop:
+        theirs = t(theirs)
+    ours = Framing("crop", cfg["crop_pct"], cfg["interpolation"])(img, side)
+    assert ours.size == (side, side)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_framings_keep_what_they_promise():
+    img = Image.new("RGB", (300, 100), (255, 0, 0))
+    img.paste((0, 0, 255), (0, 0, 100, 100))  # a blue left third
+    centre = np.asarray(Framing("crop", 1.0, "bicubic")(img, 30))
+    assert (centre[:, :, 0] > 200).all()  # the centre square: only red
+    squashed = np.asarray(SQUASH(img, 30))
+    assert (squashed[:, :5, 2] > 200).all() and (squashed[:, -5:, 0] > 200).all()  # all of it, squeezed
+    padded = np.asarray(Framing("pad", 1.0, "bilinear")(img, 30))
+    assert (padded[0, :, :] == 127).all() and (padded[15, -3:, 0] > 200).all()  # grey above, the photo across
+
+
+def test_decode_frames_the_file(tmp_path):
+    path = tmp_path / "wide.png"
+    img = Image.new("RGB", (300, 100), (255, 0, 0))
+    img.paste((0, 0, 255), (0, 0, 100, 100))
+    img.save(path)
+    data = path.read_bytes()
+    centre = decode_bytes(data, 20, Framing("crop", 1.0, "bicubic"))
+    assert centre.shape == (3, 20, 20) and int(centre[2].max()) < 60  # no blue in the centre square
+    assert int(decode_bytes(data, 20)[2, :, 0].min()) > 200  # squashed: the blue third is there
+
+
+def test_checkpoint_framing_round_trip_and_refusals():
+    f = Framing("crop", 0.89, "bicubic")
+    assert Framing.of(f.as_dict()) == f and Framing.of(None) == SQUASH
+    assert SQUASH.tag == "" and f.tag == "crop89bicubic"
+    for bad in (dict(mode="zoom", crop=1.0, interpolation="bilinear"), dict(mode="crop", crop=0.1, interpolation="bicubic"),
+                dict(mode="crop", crop=True, interpolation="bicubic"), dict(mode="crop", crop=float("nan"), interpolation="bicubic"),
+                dict(mode="crop", crop=1.0, interpolation="lanczos"), dict(mode="crop"), "crop", [1]):
+        with pytest.raises((ValueError, TypeError)):
+            Framing.of(bad)
