@@ -190,15 +190,15 @@ def main(**options):
                 refuse_auto(o.dataset)
             # chosen by the main process alone (a folder changing under a torchrun start cannot split them)
             backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo, o.trunk) if procs.main else None)
+        if backbone != CONVLARGE:
+            # the packages there (a frozen trunk's engine too), before any work: its view is timm's
+            weights_path(BACKBONES[backbone], device if o.trunk == "frozen" else None)
         o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone),
                        framing=framing_of(o.framing, backbone))
         check_image_size(o.image_size)
         check_trunk(o)
         objective_class = OBJECTIVES[objective_name_of(o)]
         o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_class))
-        if o.backbone != CONVLARGE:
-            # the packages there (a frozen trunk's engine too), before any work
-            weights_path(BACKBONES[o.backbone], device if o.trunk == "frozen" else None)
         objective = objective_settings(objective_name_of(o), cons_weight=o.cons_weight,
                                        unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})

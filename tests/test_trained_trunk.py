@@ -169,7 +169,7 @@ def test_a_checkpoint_whose_network_is_not_its_runs_is_refused_in_one_line(run, 
                          ("other-side", dict(state, model_args=dict(state["model_args"], image_size=64)))]:
         torch.save(edited, tmp_path / f"{name}.pt")
         result = invoke(evaluate, ["--ckpt", tmp_path / f"{name}.pt"])
-        assert result.exit_code == 2 and "its network's backbone, trunk or image size" in result.output, result.output
+        assert result.exit_code == 2 and "its network's backbone, trunk, image size or head" in result.output, result.output
 
 
 def test_a_trained_trunk_checkpoint_needs_timm_but_not_the_weights_package(run, monkeypatch):

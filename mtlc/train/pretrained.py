@@ -77,8 +77,9 @@ def default_image_size(backbone):
 
 # --framing: how a run's images become the squares its network takes (data/framing.py). trunk: as the
 # pretrained trunk saw ImageNet (timm's configuration: the centre crop_pct of the shorter side, its
-# interpolation); centre: the centre square; squash; pad. auto: trunk for a pretrained backbone,
-# squash for the paper's network (its datasets are square).
+# interpolation); centre: the centre square; pad (both by the trunk's interpolation); squash: resized
+# bilinearly whatever the aspect, as every run did before framings. auto: trunk for a pretrained
+# backbone, squash for the paper's network (its datasets are square).
 FRAMINGS = ("auto", "trunk", "centre", "squash", "pad")
 
 
@@ -91,7 +92,7 @@ def framing_of(choice, backbone):
         own = trunk_view(backbone)[0]
     if choice == "auto":
         choice = "squash" if backbone == CONVLARGE else "trunk"
-    return {"trunk": own, "centre": Framing("crop", 1.0, own.interpolation), "squash": Framing("squash", 1.0, own.interpolation),
+    return {"trunk": own, "centre": Framing("crop", 1.0, own.interpolation), "squash": SQUASH,
             "pad": Framing("pad", 1.0, own.interpolation)}[choice]
 
 
