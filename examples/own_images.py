@@ -192,33 +192,71 @@ def listed_images(classes_dir, labels, columns):
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="The folder to create.")
 @click.option("--per-class", type=int, default=10, show_default=True, help="Labeled images per class (a random draw).")
 @click.option("--test-share", type=click.FloatRange(0, 0.9), default=0.2, show_default=True,
-              help="The share of each class's groups held out as test/ (the same for every --seed).")
-@click.option("--seed", type=int, default=1, show_default=True,
-              help="Seed of the labeled draw and the unlabeled order (the draws of one dataset share test/).")
+              help="The share of each class's groups held out as test/.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the labeled draw (redraw: another one).")
 def photos(classes_dir, labels, columns, out, per_class, test_share, seed):
     """A public photo dataset as an own-images folder: test/ a --test-share of each class (split by
-    group, seed 0), labeled/ --per-class drawn from the rest by --seed, the others unlabeled/ (so an
-    unbalanced dataset stays unbalanced there)."""
-    items = listed_images(classes_dir, labels, columns)
+    group), every other image in unlabeled/ under a neutral name (so an unbalanced dataset stays
+    unbalanced there), then --per-class of each class drawn into labeled/<class>/ (redraw). The
+    truth file lists every image outside test/ as unlabeled/<name>."""
+    out = Path(out)
+    if out.exists():
+        raise click.UsageError(f"{out} exists; choose a new --out")
     by_class = {}
-    for f, c, g in items:
+    for f, c, g in listed_images(classes_dir, labels, columns):
         by_class.setdefault(c, {}).setdefault(g, []).append(f)
-    labeled, unlabeled, test = {}, [], {}
+    training, rows = [], []
     for c, groups in sorted(by_class.items()):
         names = sorted(groups)
         random.Random(f"test {c}").shuffle(names)
         held = round(test_share * len(names))
-        test[c] = [f for g in names[:held] for f in groups[g]]
-        rest = [f for g in names[held:] for f in groups[g]]
-        random.Random(f"{seed} {c}").shuffle(rest)
-        if len(rest) <= per_class:
-            raise click.UsageError(f"class {c} has {len(rest)} images outside test/: too few for --per-class {per_class}")
-        labeled[c] = rest[:per_class]
-        unlabeled += [(f, c) for f in rest[per_class:]]
-    write_folder(out, labeled, unlabeled, test, seed)
-    counts = sorted((sum(1 for _, k in unlabeled if k == c), c) for c in labeled)
-    click.echo(f"unlabeled per class: {', '.join(f'{c} {n}' for n, c in reversed(counts))} "
-               f"(largest / smallest {counts[-1][0] / max(1, counts[0][0]):.1f})")
+        (out / "test" / c).mkdir(parents=True)
+        for k, f in enumerate(f for g in names[:held] for f in groups[g]):
+            shutil.copyfile(f, out / "test" / c / f"t{k:05d}{f.suffix.lower()}")
+        training += [(f, c) for g in names[held:] for f in groups[g]]
+    random.Random(0).shuffle(training)
+    (out / "unlabeled").mkdir()
+    for k, (f, c) in enumerate(training):
+        shutil.copyfile(f, out / "unlabeled" / f"i{k:05d}{f.suffix.lower()}")
+        rows.append((f"unlabeled/i{k:05d}{f.suffix.lower()}", c))
+    truth = out.parent / f"{out.name}-truth.csv"
+    with open(truth, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([("path", "class")] + rows)
+    redraw_folder(out, truth, per_class, seed)
+
+
+def redraw_folder(data_dir, truth, per_class, seed):
+    """Every image of labeled/ back into unlabeled/, then per_class of each class (by seed) into labeled/<class>/."""
+    data_dir, classes = Path(data_dir), read_truth(truth)
+    for f in sorted((data_dir / "labeled").glob("*/*")) if (data_dir / "labeled").is_dir() else ():
+        os.rename(f, data_dir / "unlabeled" / f.name)
+    members = {}
+    for key, c in sorted(classes.items()):
+        members.setdefault(c, []).append(key.split("/")[-1])
+    counts = []
+    for c, names in sorted(members.items()):
+        if len(names) <= per_class:
+            raise click.UsageError(f"class {c} has {len(names)} images outside test/: too few for --per-class {per_class}")
+        (data_dir / "labeled" / c).mkdir(parents=True, exist_ok=True)
+        for name in random.Random(f"{seed} {c}").sample(names, per_class):
+            os.rename(data_dir / "unlabeled" / name, data_dir / "labeled" / c / name)
+        counts.append((len(names) - per_class, c))
+    counts.sort()
+    click.echo(f"{data_dir}: labeled draw {seed}, {per_class} a class; unlabeled per class: "
+               f"{', '.join(f'{c} {n}' for n, c in reversed(counts))} (largest / smallest "
+               f"{counts[-1][0] / max(1, counts[0][0]):.1f})")
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False), required=True,
+              help="A folder examples/own_images.py photos wrote.")
+@click.option("--truth", type=click.Path(exists=True, dir_okay=False), required=True, help="Its truth file.")
+@click.option("--per-class", type=int, default=10, show_default=True, help="Labeled images per class.")
+@click.option("--seed", type=int, required=True, help="Seed of the new draw.")
+def redraw(data_dir, truth, per_class, seed):
+    """Draw the labeled images of a photos folder again, in place: the same files move, so the decode
+    cache and the trunk's kept features serve every draw."""
+    redraw_folder(data_dir, truth, per_class, seed)
 
 
 LETTERS = "abdegnopqu"  # pairs a network can confuse: b d p q, a e o, n u

@@ -202,14 +202,18 @@ def difference_cell(d):
 @click.option("--max-error", type=float, default=2.0, help="The acceptance's --max-error, in %.")
 @click.option("--jobs", type=click.IntRange(min=1), default=2, help="Trainings at a time, one thread each.")
 @click.option("--stage-one-only", is_flag=True, help="Train and measure stage 1 alone (no LC, no control).")
+@click.option("--redraw", is_flag=True,
+              help="A folder of examples/own_images.py photos: each seed is also the draw of its labeled images "
+                   "(own_images.py redraw --seed, in place: the same files, their features kept), trained and "
+                   "measured before the next draw.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/objectives", help="Where the runs go.")
 @click.option("--record", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
 @click.option("--time-steps", type=click.IntRange(min=1), default=None, metavar="N",
               help="Instead of training: the cost of each objective's step (train_mt.py --benchmark N, in turn).")
 @click.option("--time-rounds", type=click.IntRange(min=1), default=5,
               help="With --time-steps: rounds over the objectives.")
-def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, stage_one_only, out, record, time_steps,
-         time_rounds):
+def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, stage_one_only, redraw, out, record,
+         time_steps, time_rounds):
     """Train every objective and seed (with LC and its control on top), then measure and compare them."""
     torch.set_num_threads(1)
     objectives = dict(o.split("=", 1) for o in objectives)
@@ -222,10 +226,15 @@ def main(dataset, data_dir, truth, objectives, seeds, width, max_error, jobs, st
                        f"{median / statistics.median(costs[base]):.3f} x {base}'s")
         return
     Path(out).mkdir(parents=True, exist_ok=True)
-    train_all(run_plan(dataset, data_dir, width, seeds, objectives, out, not stage_one_only), jobs, out)
     stages = {"mt": STAGES["mt"]} if stage_one_only else STAGES
-    results = {f"{name}-{s}": {stage: measure(Path(out) / f"{name}-{s}" / file, truth, max_error)
-                               for stage, file in stages.items()} for name in objectives for s in seeds}
+    results = {}
+    for draw in [[s] for s in seeds] if redraw else [seeds]:
+        if redraw:
+            subprocess.run([sys.executable, "examples/own_images.py", "redraw", "--data-dir", str(data_dir), "--truth",
+                            str(truth), "--seed", str(draw[0])], cwd=ROOT, check=True)
+        train_all(run_plan(dataset, data_dir, width, draw, objectives, out, not stage_one_only), jobs, out)
+        results.update({f"{name}-{s}": {stage: measure(Path(out) / f"{name}-{s}" / file, truth, max_error)
+                                        for stage, file in stages.items()} for name in objectives for s in draw})
     table, differences = compare(results, objectives, seeds)
     click.echo(f"teacher, mean +- std over seeds {', '.join(map(str, seeds))} (%): test error | error of the labels "
                f"for unlabeled images | --max-error {max_error:g} accepts | their actual error")
