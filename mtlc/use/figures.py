@@ -11,7 +11,7 @@ from ..data.views import normalization
 from ..disk.runs import atomic_write, read_metrics
 from ..errors import UserError
 from ..train.inference import outputs
-from .calibration import CONFIDENCE_LEVEL, error_upper_bound, ranked, search_test_level
+from .calibration import CONFIDENCE_LEVEL, error_upper_bound, ranked
 from .report import method_name
 
 
@@ -167,9 +167,8 @@ def plot_coverage(cal, max_error, threshold, out, title):
     conf, errors, counts = ranked(cal.confidence, cal.correct)
     fig, ax = plt.subplots(figsize=(6, 4.2))
     ax.plot(100.0 * counts / counts[-1], 100.0 * errors / counts, label="error of the most confident")
-    per_test = search_test_level(len(conf))
-    ax.plot(100.0 * counts / counts[-1], error_upper_bound(errors, counts, per_test), lw=0.8, ls="--",
-            label=f"its {per_test:.2%} upper bound (one test of the search; {CONFIDENCE_LEVEL:.0%} for all)")
+    ax.plot(100.0 * counts / counts[-1], error_upper_bound(errors, counts), lw=0.8, ls="--",
+            label=f"its {CONFIDENCE_LEVEL:.0%} upper bound (tested from the most confident down)")
     if max_error is not None:
         ax.axhline(max_error, color="grey", lw=0.8, label=f"--max-error {max_error:g}%")
     if threshold is not None:

@@ -309,9 +309,9 @@ def describe_acceptance(n_accepted, n, max_error, found, cal, unseen=False):
     if found is None:
         return (f"0 of {n:,} accepted: no confidence threshold keeps the error of the held-out images above it at "
                 f"most {max_error:g}% with {CONFIDENCE_LEVEL:.0%} confidence (from {cal.n:,} held-out {cal.source} "
-                f"images; fewer than about {images_needed(max_error, cal.n):,} held-out images at or above a threshold "
+                f"images; fewer than about {images_needed(max_error):,} held-out images at or above a threshold "
                 f"can never show it)")
     return (f"{n_accepted:,} of {n:,} accepted at an expected error of at most {max_error:g}% (threshold "
             f"{found.confidence:.4f}, from {cal.n:,} held-out images): {found.held_out:,} of the held-out "
             f"{cal.source} images are at or above it, {found.error:.1f}% of them wrong, at most {found.bound:.1f}% "
-            f"at the level of one test ({found.test_level:.2%}); {promise}")
+            f"at {CONFIDENCE_LEVEL:.0%} confidence; {promise}")
