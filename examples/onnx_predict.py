@@ -56,9 +56,9 @@ def framed(img, size, framing):
         return img.resize((size, size), method)
     if framing["mode"] == "pad":
         return ImageOps.pad(img, (size, size), method, color=(127, 127, 127))
-    scale = math.floor(size / framing["crop"]) / min(img.size)
-    img = img.resize((max(size, round(img.width * scale)), max(size, round(img.height * scale))), method)
-    left, top = (img.width - size) // 2, (img.height - size) // 2
+    short, (w, h) = decoded_side(size, framing), img.size  # timm's Resize then CenterCrop, torchvision's sums
+    img = img.resize((short, int(short * h / w)) if w <= h else (int(short * w / h), short), method)
+    left, top = int(round((img.width - size) / 2.0)), int(round((img.height - size) / 2.0))
     return img.crop((left, top, left + size, top + size))
 
 

@@ -193,8 +193,12 @@ def listed_images(classes_dir, labels, columns):
 @click.option("--per-class", type=int, default=10, show_default=True, help="Labeled images per class (a random draw).")
 @click.option("--test-share", type=click.FloatRange(0, 0.9), default=0.2, show_default=True,
               help="The share of each class's groups held out as test/.")
+@click.option("--imbalance", type=click.FloatRange(min=1), default=1.0, show_default=True,
+              help="Keep of the images outside test/ a share falling exponentially over the classes (in a fixed "
+                   "random order) so that the largest class has this many times the smallest's (CIFAR-10-LT's "
+                   "profile); 1: all of them.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the labeled draw (redraw: another one).")
-def photos(classes_dir, labels, columns, out, per_class, test_share, seed):
+def photos(classes_dir, labels, columns, out, per_class, test_share, imbalance, seed):
     """A public photo dataset as an own-images folder: test/ a --test-share of each class (split by
     group), every other image in unlabeled/ under a neutral name (so an unbalanced dataset stays
     unbalanced there), then --per-class of each class drawn into labeled/<class>/ (redraw). The
@@ -206,6 +210,8 @@ def photos(classes_dir, labels, columns, out, per_class, test_share, seed):
     for f, c, g in listed_images(classes_dir, labels, columns):
         by_class.setdefault(c, {}).setdefault(g, []).append(f)
     training, rows = [], []
+    order = sorted(by_class)
+    random.Random("imbalance").shuffle(order)
     for c, groups in sorted(by_class.items()):
         names = sorted(groups)
         random.Random(f"test {c}").shuffle(names)
@@ -213,7 +219,9 @@ def photos(classes_dir, labels, columns, out, per_class, test_share, seed):
         (out / "test" / c).mkdir(parents=True)
         for k, f in enumerate(f for g in names[:held] for f in groups[g]):
             shutil.copyfile(f, out / "test" / c / f"t{k:05d}{f.suffix.lower()}")
-        training += [(f, c) for g in names[held:] for f in groups[g]]
+        kept = [f for g in names[held:] for f in groups[g]]
+        share = imbalance ** (-order.index(c) / max(1, len(order) - 1))
+        training += [(f, c) for f in kept[:max(per_class + 1, round(share * len(kept)))]]
     random.Random(0).shuffle(training)
     (out / "unlabeled").mkdir()
     for k, (f, c) in enumerate(training):

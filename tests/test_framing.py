@@ -62,3 +62,21 @@ def test_checkpoint_framing_round_trip_and_refusals():
                 dict(mode="crop", crop=1.0, interpolation="lanczos"), dict(mode="crop"), "crop", [1]):
         with pytest.raises((ValueError, TypeError)):
             Framing.of(bad)
+
+
+@pytest.mark.parametrize("framing", [SQUASH, Framing("crop", 0.89, "bicubic"), Framing("crop", 1.0, "bicubic"),
+                                     Framing("pad", 1.0, "bicubic")])
+@pytest.mark.parametrize("size", [(400, 533), (90, 300)])
+def test_the_onnx_example_frames_a_photo_as_the_project_does(tmp_path, framing, size):
+    """examples/onnx_predict.py (PIL and numpy alone) prepares a file as decode_bytes does with the
+    framing the model's metadata names: an exported model given the same photo gives the same class."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("onnx_predict", Path(__file__).parents[1] / "examples" / "onnx_predict.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    path = tmp_path / "photo.jpg"
+    photo(*size, seed=3).save(path, quality=90)
+    ours = decode_bytes(path.read_bytes(), 64, framing).numpy()
+    theirs = example.prepared(path, 64, framing.as_dict())
+    assert np.array_equal(ours, theirs)

@@ -2,8 +2,10 @@
 "The trunk's own view"): each image of one or more own-images folders (examples/own_images.py,
 one per draw of the labeled images) is framed (mtlc/data/framing.py: squashed, centre-cropped or
 padded) at a side, embedded by the trunk as is and flipped, and the heads of mtlc/train/linear_heads.py
-are fitted on the labeled images' features: their test error and the error of their labels for
-the unlabeled images (the truth file's classes), per folder, then mean and standard error.
+are fitted on the labeled images' features, or a head of the project's trained by its own Trainer
+(--head fixmatch: stage 1 of a folder's default schedule, train_mt.py's settings; the teacher): their
+test error and the error of their labels for the unlabeled images (the truth file's classes), per
+folder, then mean and standard error.
 
     python tools/study_framing.py --data-dir data/own-food-1 --data-dir data/own-food-2 --data-dir data/own-food-3 \\
         --view squash:160 --view crop:260 --out runs/framing-food --record docs/framing-food.json
@@ -14,9 +16,11 @@ draws of a dataset (the same files) and a rerun embed each image once. One threa
 unless --threads.
 """
 import csv
+import functools
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,9 @@ from mtlc.train.pretrained import BACKBONES, TrunkEngine, trunk_view  # noqa: E4
 from mtlc.train import linear_heads as probe  # noqa: E402
 
 PARTS = ("labeled", "unlabeled", "test")
+# heads trained by steps, as train_mt.py's stage 1 trains them: (objective, --compress, views of each image)
+STEPPED = {"fixmatch": ("fixmatch", 1, 2), "mt": ("mt", 1, 2), "fixmatch-asis": ("fixmatch", 1, 1),
+           "fixmatch-half": ("fixmatch", 2, 2), "fixmatch-quarter": ("fixmatch", 4, 2)}
 
 
 def parse_view(text, backbone):
@@ -79,6 +86,61 @@ def embedded(paths, framing, side, backbone, engine, kept):
     return np.stack([kept[d] for d in digests]).astype(np.float32)
 
 
+class SteppedHead:
+    """A head of the project (an MLP on the features, width 1/8 as the README runs it) trained by its
+    own Trainer with `objective` for a folder's default stage 1 on features (n, 2, D) (as is, flipped):
+    labeled, then unlabeled, the test images' too. Predicts with the teacher."""
+
+    def __init__(self, objective, backbone, features, labels, test, test_labels, classes, side, seed=1, compress=1):
+        from mtlc.data.datasets import ImageData
+        from mtlc.train.devices import Processes
+        from mtlc.train.embeddings import Features
+        from mtlc.train.objectives import OBJECTIVES
+        from mtlc.train.presets import MIN_EPOCH_STEPS, preset, ramp_epochs
+        from mtlc.train.pretrained import normalization_of
+        from mtlc.train.settings import RunSettings
+        from mtlc.train.trainer import fresh_training, make_trainer
+        n_lab = int((labels >= 0).sum())
+        x = torch.from_numpy(features.astype(np.float16))
+        data = ImageData(torch.zeros(0), torch.from_numpy(labels), torch.zeros(0), torch.from_numpy(test_labels),
+                         classes, features=Features(x, torch.from_numpy(test.astype(np.float16))[:, :1]))
+        split = dict(labeled_idx=torch.arange(n_lab), unlabeled_idx=torch.arange(n_lab, len(labels)),
+                     val_idx=torch.zeros(0, dtype=torch.long))
+        defaults = OBJECTIVES[objective].defaults
+        spe = max(1, (len(labels) - n_lab) // defaults["unlabeled_batch"])
+        spe *= -(-MIN_EPOCH_STEPS // spe)
+        schedule = preset("folder", n_lab, spe, compress)
+        mean, std = normalization_of(backbone)
+        config = RunSettings.of(dict(  # the fields left out as runs from before them were: no files, eager, fp32
+            dataset="folder", data_dir=".", labels=n_lab, labeled_batch=32, width=0.125, num_classes=len(classes),
+            classes=classes, mean=mean, std=std, image_size=side, backbone=backbone, seed=seed, lr=0.05,
+            ema=schedule["ema"], consistency=objective, **{k: v for k, v in defaults.items()},
+            epochs=schedule["epochs"], decay_epochs=schedule["decay_epochs"],
+            cons_rampup=ramp_epochs("cons_rampup", schedule["epochs"] + schedule["decay_epochs"], spe),
+            lc_start_epoch=schedule["epochs"], bn_momentum=schedule["bn_momentum"], eval_every=10 ** 9,
+            min_epoch_steps=MIN_EPOCH_STEPS))
+        trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], "cpu"),
+                               torch.device("cpu"), Processes())
+        trainer.steps.start_epoch(0)
+        for step in range((config.epochs + config.decay_epochs) * trainer.steps_per_epoch):
+            trainer.steps.step(step)
+        trainer.recompute_bn_means()
+        self.teacher = trainer.teacher.eval()
+
+    def predict(self, x):
+        with torch.no_grad():
+            return self.teacher(torch.from_numpy(x).float())[1].argmax(1).numpy()
+
+
+def drawn(data_dir, draw):
+    """folder_files of a photos folder after its labeled images are drawn again (own_images.py redraw)."""
+    truth = Path(data_dir).parent / f"{Path(data_dir).name}-truth.csv"
+    subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "examples" / "own_images.py"), "redraw",
+                    "--data-dir", str(data_dir), "--truth", str(truth), "--seed", str(draw)], check=True,
+                   capture_output=True)
+    return folder_files(data_dir, truth)
+
+
 def errors(pred, truth):
     return 100 * float(np.mean(pred != truth))
 
@@ -92,20 +154,27 @@ def mean_se(values):
               help="An own-images folder; its truth file is <folder>-truth.csv beside it. Repeat for the draws.")
 @click.option("--view", "views", multiple=True, required=True, help="MODE[:CROP]:SIDE[:INTERPOLATION]; repeat.")
 @click.option("--backbone", type=click.Choice(list(BACKBONES)), default="efficientnet-lite2")
-@click.option("--head", "heads", multiple=True, default=("probe",), type=click.Choice(list(probe.HEADS)),
-              help="The heads fitted on each view's features (mtlc/train/linear_heads.py); repeat.")
+@click.option("--head", "heads", multiple=True, default=("probe",), type=click.Choice([*probe.HEADS, *STEPPED]),
+              help="The heads fitted on each view's features (mtlc/train/linear_heads.py), or trained by steps "
+                   "(fixmatch, mt: the project's Trainer); repeat.")
 @click.option("--features", type=click.Choice(["as-is", "flip-mean"]), multiple=True, default=("as-is",),
               help="The features a head takes: the image as is, or the mean of it and its mirror image.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Where the features are kept.")
 @click.option("--threads", type=int, default=1)
+@click.option("--redraw", "draws", type=int, multiple=True,
+              help="With a folder of examples/own_images.py photos: each of its draws of the labeled images in turn "
+                   "(own_images.py redraw --seed, in place); repeat.")
 @click.option("--record", type=click.Path(dir_okay=False), default=None, help="Write the results as JSON here.")
-def main(data_dirs, views, backbone, heads, features, out, threads, record):
+def main(data_dirs, views, backbone, heads, features, out, threads, draws, record):
     torch.set_num_threads(threads)
     backbone_spec = BACKBONES[backbone]
     engine = TrunkEngine(backbone, "cpu")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    folders = [(d, folder_files(d, Path(d).parent / f"{Path(d).name}-truth.csv")) for d in data_dirs]
+    # (a name, its files when asked for: a draw moves the files of the one before)
+    folders = [(d, functools.partial(folder_files, d, Path(d).parent / f"{Path(d).name}-truth.csv")) for d in data_dirs]
+    if draws:
+        folders = [(f"{d}@{draw}", functools.partial(drawn, d, draw)) for d in data_dirs for draw in draws]
     results = []
     for text in views:
         label, framing, side = parse_view(text, backbone)
@@ -113,7 +182,8 @@ def main(data_dirs, views, backbone, heads, features, out, threads, record):
         kept = dict(np.load(store)) if store.exists() else {}
         kept = {k: v for k, v in kept.items()}
         click.echo(f"{label}: {framing.describe()}, {side} px")
-        for data_dir, files in folders:
+        for data_dir, listing in folders:
+            files = listing()
             classes = sorted({c for _, c in files["labeled"]})
             x = {part: embedded([p for p, _ in files[part]], framing, side, backbone_spec, engine, kept) for part in PARTS}
             y = {part: np.array([classes.index(c) for _, c in files[part]]) for part in PARTS}
@@ -122,7 +192,17 @@ def main(data_dirs, views, backbone, heads, features, out, threads, record):
                 take = (lambda f: f[:, 0]) if kind == "as-is" else (lambda f: f.mean(1))
                 for head in heads:
                     started = time.perf_counter()
-                    fitted = probe.HEADS[head](take(x["labeled"]), y["labeled"], take(x["unlabeled"]), len(classes))
+                    if head in STEPPED:
+                        if kind != "as-is":
+                            continue  # it takes both views itself
+                        both = np.concatenate([x["labeled"], x["unlabeled"]])
+                        labels = np.concatenate([y["labeled"], np.full(len(y["unlabeled"]), -1)])
+                        objective, compress, views = STEPPED[head]
+                        fitted = SteppedHead(objective, backbone, both[:, :views], labels, x["test"], y["test"], classes,
+                                             side, compress=compress)
+                    else:
+                        fitted = probe.HEADS[head](take(x["labeled"]), y["labeled"], take(x["unlabeled"]),
+                                                   len(classes))
                     row = dict(view=label, framing=framing.as_dict(), side=side, features=kind, head=head,
                                folder=str(data_dir), test_error=errors(fitted.predict(take(x["test"])), y["test"]),
                                labels_error=errors(fitted.predict(take(x["unlabeled"])), y["unlabeled"]),
