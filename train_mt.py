@@ -36,7 +36,7 @@ from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, cons
                                    objective_options)
 from mtlc.train.options import (Number, given_on_command_line, moved_inputs, note_ignored_by_resume, resumed_curves,
                                 run_options, speed_options, tensorboard_option)
-from mtlc.train.embeddings import embed, views_of
+from mtlc.train.embeddings import embed
 from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
 from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, FRAMINGS,
                                    MAX_STRONG_VIEWS, PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone,
@@ -213,7 +213,7 @@ def main(**options):
         if ModelConfig.of_run(config).keeps_features:
             data.features = procs.main_first(lambda: embed(data, o.data_dir, o.backbone, o.image_size, device,
                                                            procs.echo, strong_views=config.strong_views,
-                                                           framing=config.framed, views=views_of(config)))
+                                                           framing=config.framed))
         trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
                                device, procs)
         if o.benchmark:

@@ -90,7 +90,6 @@ def test_a_fitted_run_writes_scikit_learns_head(tmp_path, objective):
     assert state["model_args"]["head"] == "linear" and state["epoch"] == 1 and state["step"] == 1
     data = restore_data(state, echo=lambda line: None)
     lab, unl = state["labeled_idx"], state["unlabeled_idx"]
-    assert data.features.train.shape[1] == 1  # the images as they are: a fitted head takes no flipped view
     features = data.features.train[:, 0].float().numpy()
     fit = linear_heads.linear_probe if objective == "probe" else (
         lambda x, y, u, k: linear_heads.self_trained(x, y, u, k, correct_prior=True))

@@ -38,9 +38,11 @@ from mtlc.train.pretrained import BACKBONES, TrunkEngine, trunk_view  # noqa: E4
 from mtlc.train import linear_heads as probe  # noqa: E402
 
 PARTS = ("labeled", "unlabeled", "test")
-# heads trained by steps, as train_mt.py's stage 1 trains them: (objective, --compress, views of each image)
-STEPPED = {"fixmatch": ("fixmatch", 1, 2), "mt": ("mt", 1, 2), "fixmatch-asis": ("fixmatch", 1, 1),
-           "fixmatch-half": ("fixmatch", 2, 2), "fixmatch-quarter": ("fixmatch", 4, 2)}
+# heads trained by steps, as train_mt.py's stage 1 trains them: (objective, --compress, views of each image,
+# settings other than the objective's defaults)
+STEPPED = {"fixmatch": ("fixmatch", 1, 2, {}), "mt": ("mt", 1, 2, {}), "fixmatch-asis": ("fixmatch", 1, 1, {}),
+           "fixmatch-half": ("fixmatch", 2, 2, {}), "fixmatch-quarter": ("fixmatch", 4, 2, {}),
+           "fixmatch-half-095": ("fixmatch", 2, 2, dict(threshold=0.95))}
 
 
 def parse_view(text, backbone):
@@ -91,7 +93,8 @@ class SteppedHead:
     own Trainer with `objective` for a folder's default stage 1 on features (n, 2, D) (as is, flipped):
     labeled, then unlabeled, the test images' too. Predicts with the teacher."""
 
-    def __init__(self, objective, backbone, features, labels, test, test_labels, classes, side, seed=1, compress=1):
+    def __init__(self, objective, backbone, features, labels, test, test_labels, classes, side, seed=1, compress=1,
+                 settings=None):
         from mtlc.data.datasets import ImageData
         from mtlc.train.devices import Processes
         from mtlc.train.embeddings import Features
@@ -106,7 +109,7 @@ class SteppedHead:
                          classes, features=Features(x, torch.from_numpy(test.astype(np.float16))[:, :1]))
         split = dict(labeled_idx=torch.arange(n_lab), unlabeled_idx=torch.arange(n_lab, len(labels)),
                      val_idx=torch.zeros(0, dtype=torch.long))
-        defaults = OBJECTIVES[objective].defaults
+        defaults = {**OBJECTIVES[objective].defaults, **(settings or {})}
         spe = max(1, (len(labels) - n_lab) // defaults["unlabeled_batch"])
         spe *= -(-MIN_EPOCH_STEPS // spe)
         schedule = preset("folder", n_lab, spe, compress)
@@ -197,9 +200,9 @@ def main(data_dirs, views, backbone, heads, features, out, threads, draws, recor
                             continue  # it takes both views itself
                         both = np.concatenate([x["labeled"], x["unlabeled"]])
                         labels = np.concatenate([y["labeled"], np.full(len(y["unlabeled"]), -1)])
-                        objective, compress, views = STEPPED[head]
+                        objective, compress, views, settings = STEPPED[head]
                         fitted = SteppedHead(objective, backbone, both[:, :views], labels, x["test"], y["test"], classes,
-                                             side, compress=compress)
+                                             side, compress=compress, settings=settings)
                     else:
                         fitted = probe.HEADS[head](take(x["labeled"]), y["labeled"], take(x["unlabeled"]),
                                                    len(classes))

@@ -19,7 +19,7 @@ from ..errors import UserError
 from .model import MIN_IMAGE_SIZE, ModelConfig
 from .networks import build_models
 from .objectives import OBJECTIVES
-from .embeddings import embed, views_of
+from .embeddings import embed
 from .pretrained import BACKBONE_NAMES, CONVLARGE, HEADS
 from .settings import MAX_IMAGE_SIZE, MAX_WIDTH, METRIC_NUMBERS, RunSettings, is_int, is_number
 from .trainer import make_optimizer
@@ -246,8 +246,7 @@ def restore_data(state, data_dir=None, echo=click.echo, device="cpu", strong=Fal
                         f"{config.num_classes} and {len(split)} in the checkpoint)")
     if ModelConfig.of_run(config).keeps_features:  # the trunk's features of them, kept or computed (on device)
         data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
-                              strong_views=config.strong_views if strong else 0, framing=config.framed,
-                              views=views_of(config))
+                              strong_views=config.strong_views if strong else 0, framing=config.framed)
     return data
 
 

@@ -30,7 +30,6 @@ from .pretrained import BACKBONES, TrunkEngine
 from .progress import epoch_progress
 
 VIEWS = ("as is", "flipped")  # of each image; a run's test images take the first
-AS_IS = VIEWS[:1]  # a fitted head's (objectives/probe.py, self_training.py): half the trunk's time
 EMBED_BATCH = 64
 # The strong views' recipe (data/views.py's StrongAugment on a shift_and_flip), part of their work's key
 STRONG_VERSION = 2
@@ -47,12 +46,6 @@ class Features:
     train: torch.Tensor
     test: torch.Tensor
     strong: torch.Tensor = None
-
-
-def views_of(config):
-    """The views a run embeds: AS_IS for a fitted head, which takes no other; else VIEWS."""
-    from .objectives import OBJECTIVES
-    return AS_IS if OBJECTIVES[config.consistency].fitted else VIEWS
 
 
 def image_keys(data, part):
@@ -76,13 +69,13 @@ def trunk_input(images, image_size, backbone):
     return normalize(x.round().to(torch.uint8), mean, std)
 
 
-def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=0, framing=SQUASH, views=VIEWS):
-    """The Features of `data` (its images framed by `framing`) under the backbone in `views` (VIEWS, or
-    AS_IS alone): the rows kept of its images, the others computed first; with strong_views, as many
-    of FixMatch's strong views of each training image as well."""
+def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=0, framing=SQUASH):
+    """The Features of `data` (its images framed by `framing`) under the backbone: the rows kept of its
+    images, the others computed first; with strong_views, as many of FixMatch's strong views of each
+    training image as well."""
     backbone = BACKBONES[backbone_name]
     parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
-    train, test = kept_views(data, data_dir, backbone, image_size, views, parts, device, echo, framing)
+    train, test = kept_views(data, data_dir, backbone, image_size, VIEWS, parts, device, echo, framing)
     strong = None
     if strong_views:
         names = tuple(f"strong {i + 1}" for i in range(strong_views))
@@ -93,8 +86,8 @@ def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=
 
 def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo, framing=SQUASH):
     """The kept features (n, len(views), D) of the images of each part ({part: (images, keys)}) in
-    these views (VIEWS, AS_IS, or strong ones: each their own work folder), the missing ones computed first."""
-    strong = views[0].startswith("strong")
+    these views (VIEWS, or strong ones: their own work folder), the missing ones computed first."""
+    strong = views != VIEWS
     key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, features=backbone.features,
                views=list(views), image_size=image_size, decoded=CACHE_VERSION,
                keyed_by="file bytes" if data.digests else "pixels")
@@ -103,7 +96,7 @@ def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo,
     if framing != SQUASH:  # (squash's key is that of before framings: its features stay valid)
         key["framing"] = framing.as_dict()
     folder = (cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px{framing.tag}"
-              f"{f'-strong{len(views)}' if strong else ''}{'-asis' if views == AS_IS else ''}")
+              f"{f'-strong{len(views)}' if strong else ''}")
     # Another run computing or reading them: waited for (reading the kept features takes seconds).
     work = Work(folder, key, echo, wait=lambda: echo(f"waiting for another run that computes or reads the features "
                                                      f"in {folder}"))
@@ -189,7 +182,7 @@ def compute(work, todo, backbone, image_size, device, echo):
             release_pages(x)  # memory holds a batch, not every image read so far
         batch_keys = np.array([k[position] for _, k, position in batch], "S32")
         inputs = (strong_inputs(images, len(views), batch_keys, image_size, backbone) if strong
-                  else weak_inputs(images, image_size, backbone)[:len(views)])
+                  else weak_inputs(images, image_size, backbone))
         rows = torch.stack([model(x) for x in inputs], 1)
         sync(device)
         features.write(rows.flatten(1).to(torch.float16).cpu().numpy().tobytes())
