@@ -193,8 +193,10 @@ def main(**options):
         if backbone != CONVLARGE:
             # the packages there (a frozen trunk's engine too), before any work: its view is timm's
             weights_path(BACKBONES[backbone], device if o.trunk == "frozen" else None)
-        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone),
-                       framing=framing_of(o.framing, backbone))
+        # chosen by the main process alone, as the backbone is
+        framing = procs.from_main(framing_of(o.framing, backbone, o.data_dir if o.dataset == "folder" else None,
+                                             procs.echo) if procs.main else None)
+        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone), framing=framing)
         check_image_size(o.image_size)
         check_trunk(o)
         objective_class = OBJECTIVES[objective_name_of(o)]

@@ -80,3 +80,19 @@ def test_the_onnx_example_frames_a_photo_as_the_project_does(tmp_path, framing, 
     ours = decode_bytes(path.read_bytes(), 64, framing).numpy()
     theirs = example.prepared(path, 64, framing.as_dict())
     assert np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("size, mode", [((32, 32), "squash"), ((120, 90), "squash"), ((300, 200), "crop"),
+                                        ((200, 150), "crop")])
+def test_auto_crops_photos_and_squashes_small_images_whole(tmp_path, size, mode):
+    """--framing auto on a pretrained trunk: the trunk's own crop for photos, the whole image squashed
+    where their median shorter side is under half the trunk's (Lite0's 224: 112 px), and it says why."""
+    pytest.importorskip("timm")
+    from fakedata import write_own_folder
+    from mtlc.train.pretrained import framing_of, trunk_view
+    write_own_folder(tmp_path / "d", n_labeled=3, n_unlabeled=6, n_test=0, size=size)
+    said = []
+    framing = framing_of("auto", "efficientnet-lite0", tmp_path / "d", said.append)
+    assert framing.mode == mode and len(said) == 1 and f"median shorter side is {min(size)} px" in said[0]
+    assert framing == (SQUASH if mode == "squash" else trunk_view("efficientnet-lite0")[0])
+    assert framing_of("pad", "efficientnet-lite0", tmp_path / "d", said.append).mode == "pad" and len(said) == 1

@@ -78,20 +78,34 @@ def default_image_size(backbone):
 # --framing: how a run's images become the squares its network takes (data/framing.py). trunk: as the
 # pretrained trunk saw ImageNet (timm's configuration: the centre crop_pct of the shorter side, its
 # interpolation); centre: the centre square; pad (both by the trunk's interpolation); squash: resized
-# bilinearly whatever the aspect, as every run did before framings. auto: trunk for a pretrained
-# backbone, squash for the paper's network (its datasets are square).
+# bilinearly whatever the aspect, as every run did before framings. auto: squash for the paper's
+# network (its datasets are square); for a pretrained trunk, trunk, but squash for small images
+# (SMALL_IMAGES): measured on six photo folders and CIFAR-10's (docs/pretrained.md).
 FRAMINGS = ("auto", "trunk", "centre", "squash", "pad")
+# A folder's images are small where the median shorter side of a sample is under this share of the
+# trunk's side: upscaled that much they are all content, and the trunk's crop cut CIFAR-10's 32 px
+# photos' labels 3.3 points worse (docs/pretrained.md).
+SMALL_IMAGES = 0.5
 
 
-def framing_of(choice, backbone):
-    """The Framing a run's --framing choice gives with this network."""
+def framing_of(choice, backbone, data_dir=None, echo=lambda line: None):
+    """The Framing a run's --framing choice gives with this network; auto on a pretrained trunk looks
+    at a sample of data_dir's images (data/sides.py) and says what it chose and why."""
     from ..data.framing import SQUASH, Framing
-    if backbone == CONVLARGE:
-        own = SQUASH
-    else:
-        own = trunk_view(backbone)[0]
-    if choice == "auto":
-        choice = "squash" if backbone == CONVLARGE else "trunk"
+    own = SQUASH if backbone == CONVLARGE else trunk_view(backbone)[0]
+    if choice == "auto" and backbone == CONVLARGE:
+        choice = "squash"
+    elif choice == "auto":
+        from ..data.sides import folder_side
+        side, trunk_side = folder_side(data_dir) if data_dir else None, trunk_view(backbone)[1]
+        small = side is not None and side < SMALL_IMAGES * trunk_side
+        choice = "squash" if small else "trunk"
+        if side is not None:
+            echo(f"train_mt: --framing auto: the images' median shorter side is {side:g} px, "
+                 + (f"under half the trunk's {trunk_side}: small images, squashed whole to the square (the trunk's "
+                    f"crop cut CIFAR-10's worse)" if small else
+                    f"so each is framed as the trunk saw ImageNet: {own.describe()} (--framing squash|centre|pad "
+                    f"frames otherwise)"))
     return {"trunk": own, "centre": Framing("crop", 1.0, own.interpolation), "squash": SQUASH,
             "pad": Framing("pad", 1.0, own.interpolation)}[choice]
 
