@@ -196,7 +196,8 @@ def main(**options):
         # chosen by the main process alone, as the backbone is
         framing = procs.from_main(framing_of(o.framing, backbone, o.data_dir if o.dataset == "folder" else None,
                                              procs.echo) if procs.main else None)
-        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone), framing=framing)
+        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone, framing),
+                       framing=framing)
         check_image_size(o.image_size)
         check_trunk(o)
         objective_class = OBJECTIVES[objective_name_of(o)]

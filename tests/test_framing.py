@@ -95,4 +95,6 @@ def test_auto_crops_photos_and_squashes_small_images_whole(tmp_path, size, mode)
     framing = framing_of("auto", "efficientnet-lite0", tmp_path / "d", said.append)
     assert framing.mode == mode and len(said) == 1 and f"median shorter side is {min(size)} px" in said[0]
     assert framing == (SQUASH if mode == "squash" else trunk_view("efficientnet-lite0")[0])
+    from mtlc.train.pretrained import default_image_size
+    assert default_image_size("efficientnet-lite0", framing) == (128 if mode == "squash" else 224)  # the side of before
     assert framing_of("pad", "efficientnet-lite0", tmp_path / "d", said.append).mode == "pad" and len(said) == 1

