@@ -202,8 +202,8 @@ def main(**options):
         check_trunk(o)
         objective_class = OBJECTIVES[objective_name_of(o)]
         o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_class))
-        objective = objective_settings(objective_name_of(o), cons_weight=o.cons_weight,
-                                       unlabeled_batch=o.unlabeled_batch,
+        objective = objective_settings(objective_name_of(o), o.backbone != CONVLARGE and o.trunk == "frozen",
+                                       cons_weight=o.cons_weight, unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         # a pretrained trunk upscales the 32-px datasets itself (embeddings.trunk_input, PretrainedNet)
@@ -396,10 +396,11 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
     return config
 
 
-def objective_settings(consistency, **given):
-    """The settings of the unlabeled objective: those given, else the objective's defaults
-    (its file's); the settings of another objective's own are refused."""
-    defaults = OBJECTIVES[consistency].defaults
+def objective_settings(consistency, frozen=False, **given):
+    """The settings of the unlabeled objective: those given, else the objective's defaults (its file's;
+    frozen: a head on a frozen pretrained trunk's, where they differ); the settings of another
+    objective's own are refused."""
+    defaults = {**OBJECTIVES[consistency].defaults, **(OBJECTIVES[consistency].frozen_defaults if frozen else {})}
     wrong = [key for key, value in given.items() if value is not None and key not in defaults]
     if wrong:
         owner = next(name for name, o in OBJECTIVES.items() if wrong[0] in o.defaults)

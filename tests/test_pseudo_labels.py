@@ -146,8 +146,23 @@ def test_adaptive_threshold_follows_freematch():
     assert fixmatch(0.95, 3).state_dict() is None
 
 
+def test_the_global_adaptive_threshold_is_freematchs_tau_for_every_class():
+    """adaptive-global: the same tau as adaptive, for every class alike (no lower threshold for a class
+    predicted less often: no push towards equal classes)."""
+    torch.manual_seed(0)
+    per_class, alike = fixmatch("adaptive", 3), fixmatch("adaptive-global", 3)
+    for _ in range(5):
+        source = torch.randn(40, 3) * 4 + torch.tensor([3.0, 0.0, 0.0])  # class 0 predicted most
+        probs = torch.softmax(source, 1)
+        per_class.unlabeled_loss(torch.randn(40, 3), source, 0)
+        _, targets, (above,) = alike.unlabeled_loss(torch.randn(40, 3), source, 0)
+        assert above.item() == pytest.approx((probs.max(1).values >= alike.confidence).float().mean().item())
+    assert torch.equal(alike.confidence, per_class.confidence)
+    assert (per_class.confidence * per_class.class_means / per_class.class_means.max())[1] < alike.confidence
+
+
 def test_threshold_values():
-    assert is_threshold(0.95) and is_threshold(1) and is_threshold("adaptive")
+    assert is_threshold(0.95) and is_threshold(1) and is_threshold("adaptive") and is_threshold("adaptive-global")
     assert not any(is_threshold(v) for v in (0, -0.1, 1.01, float("nan"), True, "0.9", None))
 
 
@@ -157,6 +172,8 @@ def test_fixmatch_defaults_are_the_measured_choices_and_mt_stays_the_presets_obj
     fixmatch = objective_settings("fixmatch", **unset)
     assert (fixmatch["threshold"], fixmatch["pseudo_labels"], fixmatch["cons_weight"]) == ("adaptive", "teacher", 1.0)
     assert objective_settings("fixmatch", **dict(unset, threshold=0.95))["threshold"] == 0.95
+    assert objective_settings("fixmatch", True, **unset)["threshold"] == "adaptive-global"  # a frozen trunk's head
+    assert objective_settings("fixmatch", True, **dict(unset, threshold="adaptive"))["threshold"] == "adaptive"
     assert all(CONSISTENCY[d] == "mt" for d in ("svhn", "cifar10", "digits")) and objective_settings("mt", **unset)["cons_weight"] == 100.0
 
 

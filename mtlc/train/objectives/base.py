@@ -16,6 +16,7 @@ class Objective:
     help = ""                # what it does, in --consistency's help
     strong_view = False      # the student sees a strong view of the unlabeled images (views.StrongAugment)
     defaults = {}            # its own defaults of the run's settings (cons_weight, unlabeled_batch, ...)
+    frozen_defaults = {}     # those that differ for a head on a frozen pretrained trunk's features
     # What it adds to every epoch's record, {key: (the epoch line's label, the TensorBoard group)}: the
     # epoch's mean of the values unlabeled_loss returns, in this order.
     metrics = {}

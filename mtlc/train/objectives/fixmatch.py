@@ -61,6 +61,9 @@ class FixMatch(Objective):
             "confidence clears --threshold.")
     strong_view = True
     defaults = dict(cons_weight=1.0, unlabeled_batch=128, threshold="adaptive", pseudo_labels="teacher")
+    # On a frozen trunk's features FreeMatch's per-class thresholds pushed the labels of unbalanced folders
+    # towards equal classes: 15 points worse on HAM10000, level on balanced ones (docs/pretrained.md).
+    frozen_defaults = dict(threshold="adaptive-global")
     metrics = {"above_threshold": ("above", "pseudo_labels")}  # the share of unlabeled images it trains on
     lc_on_top = "on top of FixMatch LC has not helped in this project's measurements (docs/better-labels.md)"
 
@@ -79,7 +82,8 @@ class FixMatch(Objective):
                               "adaptive: FreeMatch's self-adaptive threshold, global and per class, starting low and "
                               "rising with the network's confidence (a class predicted less often gets a lower one), or "
                               "adaptive-global: its global part alone, the same for every class. "
-                              f"{cls.default_help('threshold')}"),
+                              f"[default: fixmatch adaptive; on a frozen pretrained trunk "
+                              f"{cls.frozen_defaults['threshold']}]"),
             click.option("--pseudo-labels", type=click.Choice(PSEUDO_LABEL_SOURCES), default=None,
                          help="fixmatch: the network whose prediction on the weak view is the pseudo-label: the EMA "
                               "teacher, or the student itself (FixMatch's), without gradient. "
