@@ -172,7 +172,7 @@ def test_fixmatch_defaults_are_the_measured_choices_and_mt_stays_the_presets_obj
     fixmatch = objective_settings("fixmatch", **unset)
     assert (fixmatch["threshold"], fixmatch["pseudo_labels"], fixmatch["cons_weight"]) == ("adaptive", "teacher", 1.0)
     assert objective_settings("fixmatch", **dict(unset, threshold=0.95))["threshold"] == 0.95
-    assert objective_settings("fixmatch", True, **unset)["threshold"] == "adaptive-global"  # a frozen trunk's head
+    assert objective_settings("fixmatch", True, **unset)["threshold"] == 0.95  # a frozen trunk's head
     assert objective_settings("fixmatch", True, **dict(unset, threshold="adaptive"))["threshold"] == "adaptive"
     assert all(CONSISTENCY[d] == "mt" for d in ("svhn", "cifar10", "digits")) and objective_settings("mt", **unset)["cons_weight"] == 100.0
 
