@@ -37,9 +37,14 @@ def photo(seed, size=(48, 40)):
     return Image.fromarray(small).resize(size, Image.BICUBIC)
 
 
-def test_near_copies_are_found_and_unrelated_images_left_alone(tmp_path):
+@pytest.mark.parametrize("size", [32, 260])
+def test_near_copies_are_found_and_unrelated_images_left_alone(tmp_path, size, monkeypatch):
     """A copy resized to 80% and saved as a JPEG of quality 70, and one with its brightness moved, are
-    found at the cache's size; 60 unrelated photos pair with nothing."""
+    found at the cache's size (a pretrained trunk's 260 px compared at COMPARE_SIDE, never at more);
+    60 unrelated photos pair with nothing."""
+    from mtlc.data import copies
+    sides, real = [], copies.compared
+    monkeypatch.setattr(copies, "compared", lambda x: sides.append(real(x).shape[-1]) or real(x))
     paths = []
     for i in range(60):
         paths.append(tmp_path / f"{i}.png")
@@ -48,10 +53,11 @@ def test_near_copies_are_found_and_unrelated_images_left_alone(tmp_path):
     original.resize((38, 32), Image.BILINEAR).save(tmp_path / "resized.jpg", quality=70)
     Image.eval(original, lambda v: min(255, v + 20)).save(tmp_path / "brighter.png")
     paths += [tmp_path / "resized.jpg", tmp_path / "brighter.png"]
-    images = torch.stack([decode(p, 32) for p in paths])
+    images = torch.stack([decode(p, size) for p in paths])
     assert sorted((i, j) for i, j, _ in near_pairs(images)) == [(7, 60), (7, 61), (60, 61)]
     found = copies_in(images[60:], images[:60])
     assert [(i, j) for i, j, _ in found] == [(0, 7), (1, 7)]
+    assert set(sides) == {min(size, copies.COMPARE_SIDE)}
 
 
 def test_flat_images_copy_only_flat_images_of_their_own_colour():

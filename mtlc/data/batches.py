@@ -138,8 +138,13 @@ class BatchStream:
 
 
 def seed_step(seed, step, rank=0):
-    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone."""
-    torch.manual_seed(seed * 1_000_003 + step + (rank << 40))
+    """Seed the global generators for one step: dropout and augmentation depend on (seed, step, rank) alone.
+    As torch.manual_seed, but the CUDA generators only once CUDA is in use: torch.manual_seed queues their
+    seeding with a formatted stack each time, 0.7 ms of a 9 ms step of a head on a trunk's features."""
+    value = seed * 1_000_003 + step + (rank << 40)
+    torch.random.default_generator.manual_seed(value)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(value)
 
 
 class Batches:
