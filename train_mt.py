@@ -41,7 +41,7 @@ from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_
 from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, FRAMINGS,
                                    MAX_STRONG_VIEWS, PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone,
                                    default_image_size, framing_of, normalization_of, strong_views_of, weights_path)
-from mtlc.train.settings import RunSettings
+from mtlc.train.settings import MAX_IMAGE_SIZE, RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
 
@@ -128,7 +128,7 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
                    "are embedded ahead with the rest, and the student sees one of them at random; 0: its strong view is "
                    "the weak one's features with half of them dropped. Each view costs one more pass of the trunk "
                    f"over the training images, once. [default: {STRONG_VIEWS}]")
-@click.option("--image-size", type=click.IntRange(min=16), default=None,
+@click.option("--image-size", type=click.IntRange(min=16, max=MAX_IMAGE_SIZE), default=None,
               help="Images are framed (--framing) to this many pixels square (folder and digits; svhn and cifar10 are "
                    "32, which a pretrained backbone sees upscaled to this). The network pools globally, so 64 or 96 "
                    "work, at 4x or 9x the compute; the augmentation's shift scales with it. Evaluation and prediction "

@@ -250,3 +250,21 @@ def test_a_large_gather_lets_the_mapped_pages_go_every_gather_rows(monkeypatch):
     assert torch.equal(batches.ImageRows(train, test).gather(idx), torch.cat([train, test])[idx])
     in_train = int((idx < 700).sum())
     assert released == [700] * -(-in_train // 100) + [300] * -(-(650 - in_train) // 100)
+
+
+def test_a_decode_cache_larger_than_the_free_space_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    """--image-size 10000 wrote 10.8 GB before anything said so: the cache's size is weighed against its
+    disk's free space first (refused in one line, nothing written), and a large one is said."""
+    from collections import namedtuple
+    from mtlc.data import cache
+    write_own_folder(tmp_path / "d")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(cache.shutil, "disk_usage", lambda path: usage(10 ** 12, 0, 10 ** 5))
+    with pytest.raises(UserError, match=r"decoding \d+ images at 96 px takes .* GB free: free some space"):
+        load_dataset("folder", tmp_path / "d", image_size=96, echo=quiet)
+    assert not list((tmp_path / "d" / "mtlc-cache").glob("*"))
+    said = []
+    monkeypatch.setattr(cache, "LARGE_CACHE", 1)
+    monkeypatch.setattr(cache.shutil, "disk_usage", lambda path: usage(10 ** 12, 0, 10 ** 11))
+    load_dataset("folder", tmp_path / "d", image_size=96, echo=said.append)
+    assert any("the decode cache of" in line and "GB free" in line for line in said), said

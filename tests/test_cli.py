@@ -227,6 +227,22 @@ def test_eps_auto_is_chosen_printed_and_stored(mt_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("zeroed, message", [((".g", ".bias"), "features have collapsed"),
+                                             ((".v",), "features are not finite")])
+def test_a_collapsed_stage_one_ends_stage_two_in_one_line(mt_run, tmp_path, zeroed, message):
+    """A network that learned nothing (every gain and bias 0: every image's features the same, every
+    distance 0) leaves LC nothing to cluster, and one whose features are NaN (weight norm of a zero
+    direction) nothing to measure: exit 2, said, no traceback (the eps summary divided by zero)."""
+    state = torch.load(mt_run / "mt.pt", weights_only=True)
+    for net in ("student", "teacher"):
+        state[net] = {k: torch.zeros_like(v) if k.endswith(zeroed) else v for k, v in state[net].items()}
+    torch.save(state, tmp_path / "collapsed.pt")
+    res = run("finetune_lc.py", "--ckpt", tmp_path / "collapsed.pt", "--epochs", "1", "--decay-epochs", "0",
+              "--out", tmp_path / "lc")
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.slow
 def test_all_neighbours_is_reported(mt_run, tmp_path):
     """eps above every distance: said at LC's start, once for the epochs, and in the metrics."""
     res = run("finetune_lc.py", "--ckpt", mt_run / "mt.pt", "--eps", "1e6", "--eps-scale", "fixed", "--lc-pairs", "all",

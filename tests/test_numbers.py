@@ -29,6 +29,14 @@ def test_a_number_option_refuses_what_is_no_number_to_compute_with(script, optio
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("size", ["10000", "1025", "15"])
+def test_an_image_size_no_network_here_uses_is_refused_before_any_work(size, tmp_path):
+    """--image-size 10000 wrote a 10.8 GB decode cache before the trunk failed at it: bounded at both ends."""
+    result = invoke(train_mt, ["--dataset", "folder", "--data-dir", tmp_path, "--image-size", size, "--out", tmp_path / "out"])
+    assert result.exit_code == 2 and "Invalid value for '--image-size'" in result.output and "16<=x<=1024" in result.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "mtlc-cache").exists()
+
+
 def test_zero_and_ordinary_numbers_still_pass():
     from mtlc.train.options import Number
     assert Number(min=0).convert("0", None, None) == 0.0 and Number().convert("1e-300", None, None) == 1e-300

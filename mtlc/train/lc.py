@@ -148,7 +148,9 @@ class PairDistances:
         """Medians of same- and different-class d2, their ratio (lower: tighter clusters relative to
         their separation), the mean d2 (the feature scale) and, given eps, the neighbour fraction."""
         same, different = self.same.median().item(), self.different.median().item()
-        result = dict(d2_same_median=same, d2_different_median=different, d2_ratio=same / different,
+        # collapsed features (every distance 0) have no ratio: NaN, as the ratio of nothing to nothing
+        result = dict(d2_same_median=same, d2_different_median=different,
+                      d2_ratio=same / different if different > 0 else float("nan"),
                       d2_mean=self.mean_d2)
         if eps is not None:
             result.update(eps=eps, neighbour_fraction=self.neighbour_fraction(eps))
@@ -188,6 +190,14 @@ def neighbourhood_at_start(eps, student, batches, split_forward=False):
     """(eps, the distances at LC's start): 'auto' becomes the cut-off where the labeled pairs'
     same-class and different-class distances part (auto_eps)."""
     distances = PairDistances.of_batches(lc_features(student, batches, split_forward))
+    pairs = (distances.same, distances.different, distances.lc_pairs)
+    if not all(d.isfinite().all() for d in pairs):
+        raise UserError("stage 1's features are not finite in the first batches (a network that diverged), so LC "
+                        "cannot measure them; train stage 1 again (evaluate.py --ckpt on it shows its error)")
+    if not any(d.any() for d in pairs):
+        raise UserError("stage 1's features have collapsed: every pair of images lies at distance 0 in the first "
+                        "batches (a network that learned nothing), so LC has no clusters to act on; train stage 1 "
+                        "again (evaluate.py --ckpt on it shows its error)")
     start = dict(eps_auto=eps == "auto")
     if eps == "auto":
         eps = auto_eps(distances)

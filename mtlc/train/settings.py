@@ -20,8 +20,10 @@ from .objectives import CONSISTENCIES
 from .objectives.fixmatch import PSEUDO_LABEL_SOURCES, is_threshold
 from .pretrained import BACKBONE_NAMES, CONVLARGE, MAX_STRONG_VIEWS, TRUNKS
 
-# The largest image size a checkpoint may name: each image is decoded at it (3 x size^2 bytes).
-MAX_IMAGE_SIZE = 4096
+# The largest image size a run may take or a checkpoint name: each image is decoded at it (3 x size^2
+# bytes: 3 MB at 1,024 px), and no network here gains beyond it (a pretrained trunk's own side is 224-260,
+# ConvLarge's 32).
+MAX_IMAGE_SIZE = 1024
 # The widest network a checkpoint may name (the paper's is 1): each layer is built before its weights load.
 MAX_WIDTH = 16
 # What a metrics record may hold that the scripts read, by name: a number (or None: an error not measured).
