@@ -28,7 +28,7 @@ from mtlc.data.files import is_image_name
 from mtlc.data.splits import measured_pool, true_classes
 from mtlc.disk.command_line import OnceEach, given_options
 from mtlc.disk.console import robust_streams
-from mtlc.disk.outputs import check_outputs
+from mtlc.disk.outputs import check_outputs, written_at
 from mtlc.errors import UserError
 from mtlc.train.checkpoints import checkpoint_split, load_checkpoint, restore_data, restore_models
 from mtlc.train.devices import pick_device
@@ -68,6 +68,10 @@ def job_option(*args, needs, not_with=(), **kwargs):
 OTHER_OUTPUTS = ("table", "curves", "tsne", "distances", "confusion", "pool_error")
 # The outputs that replace a file only where it is what they write (earlier predictions, an earlier audit):
 # the start of their first line.
+# The files evaluate.py writes, by field of its options: each where its link leads (outputs.written_at).
+OUTPUT_OPTIONS = dict(csv_path="--csv", review="--review", audit="--audit", coverage="--coverage", confusion="--confusion",
+                      table="--table", plot="--plot", tsne="--tsne", distances="--distances",
+                      label_studio="--label-studio", onnx="--onnx")
 OWN_KINDS = {"--csv": ",".join(CSV_HEADER), "--audit": ",".join(AUDIT_HEADER[:2])}
 
 
@@ -277,6 +281,7 @@ def main(more_paths, **options):
     o = o._replace(**({"predict_paths": o.predict_paths + more_paths} if o.predict_paths
                       else {"ckpts": o.ckpts + more_paths}))
     check_request(click.get_current_context(), o)
+    o = o._replace(**{field: written_at(option, getattr(o, field)) for field, option in OUTPUT_OPTIONS.items()})
     check_outputs_of(o, [])  # before any checkpoint is read
     torch.manual_seed(o.seed)
     device = pick_device(o.device)

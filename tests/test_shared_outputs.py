@@ -61,8 +61,9 @@ def test_a_folder_of_someone_elses_under_a_work_folders_name_is_left_alone(train
 
 def test_a_csv_output_replaces_only_a_csv_of_its_own_kind(trained, tmp_path):
     """--csv over a labels file corrected by hand (or any file it did not write): refused before any
-    work, the file as it was; over its own earlier predictions, over an empty file and through a link
-    (the link is replaced, not its file): written."""
+    work, the file as it was; over its own earlier predictions and over an empty file: written. Through
+    a link, the file it leads to is the output (the link stays): refused where that is the labels file,
+    written where it is a CSV of its own."""
     folder, ckpt = trained
     args = ["--ckpt", ckpt, "--predict", folder / "unlabeled"]
     labels = tmp_path / "labels.csv"
@@ -75,8 +76,43 @@ def test_a_csv_output_replaces_only_a_csv_of_its_own_kind(trained, tmp_path):
         assert invoke(evaluate, [*args, "--csv", target]).exit_code == 0
         assert len(read_rows(target.read_text())) == 24
     (tmp_path / "link.csv").symlink_to(labels)
-    assert invoke(evaluate, [*args, "--csv", tmp_path / "link.csv"]).exit_code == 0
-    assert labels.read_text() == "path,label\nunlabeled/u0000.png,cat\n"
+    assert invoke(evaluate, [*args, "--csv", tmp_path / "link.csv"]).exit_code == 2
+    assert labels.read_text() == "path,label\nunlabeled/u0000.png,cat\n" and (tmp_path / "link.csv").is_symlink()
+    (tmp_path / "own.csv").symlink_to(tmp_path / "p.csv")
+    assert invoke(evaluate, [*args, "--csv", tmp_path / "own.csv"]).exit_code == 0
+    assert (tmp_path / "own.csv").is_symlink() and len(read_rows((tmp_path / "p.csv").read_text())) == 24
+
+
+@pytest.mark.parametrize("leads_to", ["/dev/stdout", "/dev/null", "fifo", "folder", "loop"])
+def test_an_output_through_a_link_to_no_file_is_refused_and_the_link_stays(trained, tmp_path, leads_to):
+    """--csv /dev/stdout said "wrote /dev/stdout" and left a plain file there for the whole machine (the
+    finished file renamed over the link): a link to a stream, device, pipe, folder or itself is refused in
+    one line, before any work, the link as it was and nothing created beside what it leads to."""
+    folder, ckpt = trained
+    link = tmp_path / "out.csv"
+    if leads_to == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+    elif leads_to == "folder":
+        (tmp_path / "folder").mkdir()
+    target = link if leads_to == "loop" else tmp_path / leads_to if leads_to in ("fifo", "folder") else leads_to
+    link.symlink_to(target)
+    before = sorted(os.listdir(tmp_path)), sorted(os.listdir("/dev"))
+    for option in ("--csv", "--review", "--label-studio"):
+        res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", option, link])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert (f"{option} {link} is a link" in res.output and len(res.output.strip().splitlines()) == 1
+                or leads_to == "folder" and "is a directory" in res.output), res.output  # click's own refusal
+    assert os.readlink(link) == str(target) and (sorted(os.listdir(tmp_path)), sorted(os.listdir("/dev"))) == before
+
+
+def test_written_at_follows_a_link_to_a_file_or_to_nothing_yet(tmp_path):
+    (tmp_path / "real.csv").write_text("x")
+    (tmp_path / "a").symlink_to(tmp_path / "real.csv")
+    (tmp_path / "b").symlink_to(tmp_path / "not-yet.csv")
+    assert outputs.written_at("--csv", str(tmp_path / "a")) == str(tmp_path / "real.csv")
+    assert outputs.written_at("--csv", tmp_path / "b") == tmp_path / "not-yet.csv"
+    assert outputs.written_at("--csv", tmp_path / "plain.csv") == tmp_path / "plain.csv"
+    assert outputs.written_at("--csv", None) is None
 
 
 def test_an_audit_output_replaces_only_an_audit(tmp_path):

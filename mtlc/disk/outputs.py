@@ -47,6 +47,42 @@ def not_a_file(path):
         "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
+def written_at(option, path):
+    """Where an output named `path` is written: path itself, or, where path is a link, the file the link
+    leads to, so that the link stays (an output never replaces a link it did not make); a link that
+    leads nowhere yet names the file to create. A link to what is not a file (a terminal, a device,
+    a pipe, a folder) is refused in one line: an output is written whole beside its file, then renamed
+    onto it, which no stream can take."""
+    if not path or not os.path.islink(path):
+        return path
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG  # nothing at its end yet
+    except OSError as exc:  # a loop of links, one that cannot be read
+        raise UserError(f"{option} {path} is a link that cannot be followed ({exc.strerror}): give the output "
+                        f"another name") from None
+    target = os.path.realpath(path)
+    if not stat.S_ISREG(mode) or through_streams(path):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a pipe, device or terminal"
+        raise UserError(f"{option} {path} is a link to {kind} ({target}), not to a file of its own: outputs are "
+                        f"written as files; give the output another name (and copy the file there once written)")
+    return type(path)(target)
+
+
+def through_streams(path, hops=40):
+    """Whether a link leads through /dev or /proc (/dev/stdout to /proc/self/fd/1 to whatever the
+    process's stdout is: a terminal, a pipe, a file deleted or not), where no output is written."""
+    hop = os.path.abspath(path)
+    for _ in range(hops):
+        if hop.startswith(("/dev/", "/proc/")):
+            return True
+        if not os.path.islink(hop):
+            return False
+        hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
+    return True
+
+
 def same_file(a, b):
     """Whether two paths name one file: the same file where both exist (links, hard links and
     another spelling of a name resolved), else the same absolute path, links resolved."""

@@ -24,6 +24,7 @@ from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 from ..disk.json_arrays import JSON_SPACE, json_array_items
+from ..disk.outputs import written_at
 from ..errors import UserError
 
 FROM_NAME, TO_NAME = "label", "image"  # the Choices control and the Image object of labeling_config
@@ -299,7 +300,7 @@ def write_project(tasks_path, predictions, classes, root, model_version):
     config (config_path), each written whole or not at all; returns the number of tasks. A file at
     the config's path is replaced only where it is a labeling config (this command's, before)."""
     from ..disk.runs import atomic_write  # imports torch: label.py, which reads exports, does not need it
-    config = config_path(tasks_path)
+    config = written_at("--label-studio's labeling config", config_path(tasks_path))
     if os.path.lexists(config) and not is_labeling_config(config):
         raise UserError(f"{config} is there and is no labeling config: --label-studio writes its config there; "
                         f"move that file or give the tasks another name")
