@@ -248,3 +248,26 @@ def test_a_temperature_that_does_not_lower_the_error_says_so():
     assert "1.76% -> 2.05% (cross-fitted; no lower: the raw confidences were as well calibrated)" in worse
     better = describe_calibration(dict(summary, ece_before=4.53, ece_after=1.55))
     assert "4.53% -> 1.55% (cross-fitted);" in better
+
+
+def test_no_confidence_above_what_the_held_out_images_can_support():
+    """A temperature fitted on 20 held-out images whose one mistake is a near tie gave 1.0000 (T 0.09 in
+    the issue): every confidence is capped at (1 - 0.95)^(1/n), the most n images can vouch for,
+    in the CSV's rounding, and the summary says it. Simulated: a network whose accuracy is exactly
+    the ceiling gets all n held-out images right (the only way n images show that much) in 5% of
+    draws: the ceiling is the Clopper-Pearson bound, not a looser one."""
+    from mtlc.use.calibration import supported_confidence
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 20)
+    logits = np.full((20, 3), -10.0)
+    logits[np.arange(20), labels] = 10.0
+    logits[0] = [0.0, 0.0, 0.0]
+    logits[0, (labels[0] + 1) % 3] = 0.01  # the one mistake, by a hair
+    cal = Calibration.fit(logits, labels, "test")
+    assert confidences(logits, cal.temperature)[1].max() == 1.0 and cal.ceiling == supported_confidence(20) == 0.8608
+    assert cal.confidence.max() == 0.8608 and cal.summary()["confidence_ceiling"] == 0.8608
+    for n in (20, 100, 1000):
+        ceiling = supported_confidence(n)
+        all_right = (rng.random((20000, n)) < ceiling).all(1).mean()
+        assert 0.045 < all_right < 0.055, (n, all_right)  # 5%, the binomial error of 20,000 draws 0.15%
+    assert supported_confidence(0) == 1.0

@@ -58,6 +58,7 @@ def test_onnx_metadata_names_the_classes_and_the_calibration(exported):
     found = session(path).get_modelmeta().custom_metadata_map
     assert json.loads(found["classes"]) == classifier.classes
     assert float(found["temperature"]) == classifier.temperature
+    assert float(found["confidence_ceiling"]) == classifier.ceiling < 1 and found["answers"] == classifier.answers
     assert found["model"] == "teacher" and found["image_size"] == str(classifier.image_size)
     assert found == meta
     inputs = session(path).get_inputs()

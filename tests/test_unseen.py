@@ -93,6 +93,15 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     assert result.exit_code == 0, result.output
     assert result.output.count("kept from before") == 4
     assert "each image was predicted by a head that never saw it" in result.output
+    # the Python API gives each image the class and confidence of the CSV where asked for these heads,
+    # and says which network answers either way
+    import mtlc
+    same = mtlc.load(run / "run" / "lc.pt", device="cpu", unseen=True)
+    assert same.answers.startswith("4 heads trained as the checkpoint's was")
+    for p in same.predict([run / "d" / "unlabeled"]):
+        assert (p.label, p.confidence) == (by_name[str(p.path)]["prediction"], float(by_name[str(p.path)]["confidence"]))
+    own = mtlc.load(run / "run" / "lc.pt", device="cpu", calibrate=False)
+    assert own.unseen is None and own.answers.startswith("the checkpoint's own teacher, which trained on its unlabeled")
 
 
 @pytest.mark.parametrize("margin", [0.0, 1e9])
@@ -126,7 +135,7 @@ def test_an_image_farther_from_the_labeled_ones_than_they_are_apart_is_never_acc
 
 
 def evaluate_key(run):
-    from mtlc.use.predict import checkpoint_identity
+    from mtlc.use.classifier import checkpoint_identity
     return checkpoint_identity(run / "run" / "lc.pt")
 
 

@@ -22,7 +22,7 @@ from mtlc.data.splits import true_classes  # noqa: E402
 from mtlc.train.checkpoints import load_checkpoint  # noqa: E402
 from mtlc.use.calibration import confidences  # noqa: E402
 from mtlc.use.classifier import Classifier  # noqa: E402
-from mtlc.use.predict import checkpoint_identity  # noqa: E402
+from mtlc.use.classifier import checkpoint_identity  # noqa: E402
 from mtlc.use.unseen import hashed_fold  # noqa: E402
 
 

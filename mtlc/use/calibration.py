@@ -33,6 +33,13 @@ disagreements: what is left is the images it already agreed with (simulated, ben
 either way the promise breaks in nearly every draw). So an image label.py relabeled is counted as an
 error of the model whatever it predicts: an upper bound on its true error, which keeps the promise
 (and costs acceptance in proportion to the images relabeled). The temperature is fitted on the others.
+
+A confidence is never higher than the held-out images can vouch for: at most (1 - 0.95)^(1/n), the
+one-sided 95% lower bound on the accuracy of a network that got all n trusted held-out images right
+(Clopper-Pearson; 0.861 from 20 images, 0.997 from 1,000). A temperature fitted on a handful of
+images that all fall right (0.09 from 20 gave 1.0000) would otherwise claim an error they cannot
+show; the ceiling lies above the network's true accuracy in at most 5% of draws of its held-out
+images, whatever that accuracy (simulated in tests/test_calibration.py).
 """
 import math
 from dataclasses import dataclass
@@ -87,12 +94,18 @@ def fitted_or_one(logits, labels):
         return 1.0
 
 
-def confidences(logits, temperature=1.0):
+def confidences(logits, temperature=1.0, ceiling=1.0):
     """(predicted class, its probability) per row of logits after dividing them by the temperature,
-    the probability rounded as the CSV writes it."""
+    the probability at most the ceiling (supported_confidence) and rounded as the CSV writes it."""
     probs = torch.softmax(torch.as_tensor(logits, dtype=torch.float64) / temperature, 1)
     top = probs.max(1)
-    return top.indices.numpy(), np.round(top.values.numpy(), DECIMALS)
+    return top.indices.numpy(), np.round(np.minimum(top.values.numpy(), ceiling), DECIMALS)
+
+
+def supported_confidence(n, level=CONFIDENCE_LEVEL):
+    """The highest confidence n held-out images support (module docstring): (1 - level)^(1/n), rounded
+    down as the CSV writes confidences; 1 without any (the raw softmax, said as such)."""
+    return math.floor((1 - level) ** (1 / n) * 10 ** DECIMALS) / 10 ** DECIMALS if n else 1.0
 
 
 def expected_calibration_error(confidence, correct, bins=ECE_BINS):
@@ -219,11 +232,16 @@ class Calibration:
             temperature, uncalibrated = fit_temperature(logits[trusted], labels[trusted]), None
         except NoTemperature as exc:
             temperature, uncalibrated = 1.0, str(exc)
-        predicted, confidence = confidences(logits, temperature)
+        predicted, confidence = confidences(logits, temperature, supported_confidence(int(trusted.sum())))
         correct = (predicted == labels) & trusted
         before, after = (cross_fitted_ece(logits[trusted], labels[trusted]) if uncalibrated is None else (np.nan, np.nan))
         return cls(source, len(labels), temperature, before, after, errors_at_coverage(confidence, correct),
                    confidence, correct, uncalibrated, int((~trusted).sum()))
+
+    @property
+    def ceiling(self):
+        """The highest confidence these held-out images support (supported_confidence)."""
+        return supported_confidence(self.n - self.relabeled)
 
     def threshold(self, max_error):
         return acceptance_threshold(self.confidence, self.correct, max_error)
@@ -231,6 +249,7 @@ class Calibration:
     def summary(self):
         return dict(held_out=self.source, n_held_out=self.n, relabeled_counted_wrong=self.relabeled,
                     temperature=None if self.uncalibrated else self.temperature, uncalibrated=self.uncalibrated,
+                    confidence_ceiling=self.ceiling,
                     ece_before=None if self.uncalibrated else self.ece_before,
                     ece_after=None if self.uncalibrated else self.ece_after,
                     error_at_coverage={str(c): e for c, e in self.coverage_errors.items()})

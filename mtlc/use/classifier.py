@@ -24,6 +24,7 @@ from ..data.files import ImageFiles, image_paths
 from ..data.framing import SQUASH
 from ..data.images import decode_batches
 from ..data.views import normalization
+from ..disk.opening import identity
 from ..errors import UserError
 from ..train.checkpoints import load_checkpoint, restore_data, restore_models
 from ..train.devices import pick_device
@@ -91,6 +92,20 @@ class Classifier:
         self.calibration: Optional[Calibration] = None
         self.uncalibrated: Optional[str] = "not calibrated yet"
         self.unseen = None  # UnseenHeads: where set, each image is predicted by a head that never saw it
+        self.why_not_unseen = None  # why load(unseen=True) could not have them
+
+    @property
+    def answers(self):
+        """Which network answers, in words: the checkpoint's own head, or the heads that never saw an image."""
+        if self.unseen is not None:
+            return (f"{len(self.unseen.heads)} heads trained as the checkpoint's was, each image answered by one that "
+                    f"never trained on it (evaluate.py --predict's)")
+        own = f"the checkpoint's own {self.model_name}"
+        if ModelConfig.of_run(self.config).keeps_features and len(self.state["unlabeled_idx"]):
+            own += (", which trained on its unlabeled images and is surer of them than of others (for those, "
+                    "mtlc.load(..., unseen=True) or evaluate.py --predict"
+                    + (f": {self.why_not_unseen}" if self.why_not_unseen else "") + ")")
+        return own
 
     @property
     def strays(self):
@@ -100,6 +115,11 @@ class Classifier:
     @property
     def temperature(self):
         return self.calibration.temperature if self.calibration else 1.0
+
+    @property
+    def ceiling(self):
+        """The highest confidence the held-out images support (calibration.supported_confidence)."""
+        return self.calibration.ceiling if self.calibration else 1.0
 
     def calibrate(self, data_dir=None, echo=lambda line: None):
         """Fit the temperature on the checkpoint's held-out images (data.restore_held_out, from its
@@ -147,7 +167,7 @@ class Classifier:
         """A Prediction for each file of paths (one path, or a list of them), in order, a batch at a
         time (a generator)."""
         return predict_files(self.model, checked_paths(paths, "paths"), self.classes, self.image_size, self.mean,
-                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature,
+                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature, ceiling=self.ceiling,
                              unseen=self.unseen, framing=self.framing)
 
     def predict(self, targets, batch_size=256):
@@ -167,21 +187,32 @@ class Classifier:
             raise ValueError(f"images must be a uint8 tensor of shape (n, {', '.join(map(str, size))}), not "
                              f"{getattr(images, 'dtype', '')} {shape}")
         logits = outputs(self.model, images, self.mean, self.std)[1]
-        probabilities = torch.softmax(logits.double() / self.temperature, 1)
+        probabilities = torch.softmax(logits.double() / self.temperature, 1).clamp(max=self.ceiling)
         return probabilities.argmax(1), probabilities
 
 
-def load(path, *, model="teacher", device="auto", calibrate=True, data_dir=None):
+def checkpoint_identity(path):
+    """What tells a checkpoint file from any other and from itself after a change (cache.identity)."""
+    return [os.path.abspath(path), *identity(os.stat(path))]
+
+
+def load(path, *, model="teacher", device="auto", calibrate=True, data_dir=None, unseen=False):
     """The Classifier of a checkpoint (a .pt of train_mt.py or finetune_lc.py), calibrated on its
-    held-out images where it can be (calibrate=True)."""
+    held-out images where it can be (calibrate=True). unseen=True: for a head on a frozen trunk, the
+    heads of `evaluate.py --predict` answer instead (unseen.py: each image by one that never trained
+    on it; trained on the first call, then kept), so that both give an image one class and one
+    confidence; where they cannot be had, the checkpoint's own head, and `answers` says why."""
     path, model, device = checked_path(path, "path"), checked_model(model), checked_device(device)
     if data_dir is not None:
         checked_path(data_dir, "data_dir")
-    if not isinstance(calibrate, bool):
-        raise TypeError(f"calibrate must be True or False, not {calibrate!r}")
+    for name, value in (("calibrate", calibrate), ("unseen", unseen)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, not {value!r}")
     classifier = Classifier(load_checkpoint(path), model=model, device=device)
-    if calibrate:
+    why_not = classifier.calibrate_unseen(checkpoint_identity(path), data_dir) if unseen and calibrate else None
+    if calibrate and classifier.unseen is None:
         classifier.calibrate(data_dir)
+    classifier.why_not_unseen = why_not
     return classifier
 
 
@@ -205,10 +236,10 @@ class Prediction(NamedTuple):
         return self.outlier_ratio is not None and self.outlier_ratio > TRUNK_OUTLIER_MARGIN
 
 
-def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, unseen=None,
-                  framing=SQUASH):
+def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, ceiling=1.0,
+                  unseen=None, framing=SQUASH):
     """A Prediction for each path in order: the class, its probability with the logits divided by
-    the temperature (calibration.py), the runner-up class and the pooled features. One batch of
+    the temperature (calibration.py) and at most the ceiling, the runner-up class and the pooled features. One batch of
     decoded images is held at a time, the next one decoding meanwhile. With UnseenHeads, the logits
     are those of the head that never saw the image."""
     device = next(model.parameters()).device
@@ -218,7 +249,7 @@ def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=25
             features, logits, ratios = unseen.outputs(x, [d or "0" * 32 for d in digests])
         else:
             features, logits = (t.cpu() for t in model_outputs(model, x.to(device), mean, std))
-        predicted, confidence = confidences(logits, temperature)
+        predicted, confidence = confidences(logits, temperature, ceiling)
         runner_up = logits.topk(min(2, logits.shape[1]), dim=1).indices[:, -1]
         for i, path in enumerate(chunk):
             if i in failed:

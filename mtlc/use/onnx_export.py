@@ -19,19 +19,21 @@ OPSET = 18
 
 
 class CalibratedProbabilities(torch.nn.Module):
-    """uint8 images -> softmax(logits / T) of a network in eval mode, normalized as in training."""
+    """uint8 images -> softmax(logits / T) of a network in eval mode, normalized as in training, each
+    probability at most the ceiling the held-out images support (calibration.supported_confidence)."""
 
-    def __init__(self, model, mean, std, temperature):
+    def __init__(self, model, mean, std, temperature, ceiling):
         super().__init__()
         self.model = model
         self.register_buffer("mean", mean.float().view(1, -1, 1, 1))
         self.register_buffer("std", std.float().view(1, -1, 1, 1))
         self.register_buffer("inverse_temperature", torch.tensor(1.0 / temperature, dtype=torch.float32))
+        self.ceiling = float(ceiling)
 
     def forward(self, images):
         x = (images.float() / 255.0 - self.mean) / self.std
         _, logits = self.model(x)
-        return torch.softmax(logits.float() * self.inverse_temperature, dim=1)
+        return torch.softmax(logits.float() * self.inverse_temperature, dim=1).clamp(max=self.ceiling)
 
 
 def metadata(classifier, checkpoint):
@@ -42,10 +44,10 @@ def metadata(classifier, checkpoint):
                      f"{classifier.framing.describe()}",
             "framing": json.dumps(classifier.framing.as_dict()),
             "output": f"{OUTPUT}: float32 (N, {len(classifier.classes)}), calibrated, in the order of classes",
-            "temperature": repr(classifier.temperature),
+            "temperature": repr(classifier.temperature), "confidence_ceiling": repr(classifier.ceiling),
             "calibration": "temperature scaling on the checkpoint's held-out images" if classifier.calibration
             else f"none ({classifier.uncalibrated}): the raw softmax",
-            "model": classifier.model_name, "checkpoint": str(checkpoint), "dataset": str(config.dataset),
+            "model": classifier.model_name, "answers": classifier.answers, "checkpoint": str(checkpoint), "dataset": str(config.dataset),
             "stage": str(classifier.state.get("stage")), "producer": "mtlc (MT+LC)"}
 
 
@@ -58,7 +60,7 @@ def export_onnx(classifier, path, checkpoint=""):
     except ImportError:
         raise UserError("--onnx needs the onnx and onnxscript packages: pip install onnx onnxscript") from None
     module = CalibratedProbabilities(copy.deepcopy(classifier.model).cpu(), classifier.mean.cpu(),
-                                     classifier.std.cpu(), classifier.temperature).eval()
+                                     classifier.std.cpu(), classifier.temperature, classifier.ceiling).eval()
     size = classifier.image_size
     example = torch.zeros(2, 3, size, size, dtype=torch.uint8)
     with torch.no_grad():

@@ -21,14 +21,13 @@ from tqdm import tqdm
 
 from ..data.files import ImageFiles, describe_hidden, describe_others
 from ..disk.console import is_text, path_text, shown, stdout_rows
-from ..disk.opening import identity
 from ..disk.runs import atomic_write
 from ..disk.work import Work, claimed, work_folder
 from ..errors import UserError
 from ..train.checkpoints import restore_data
 from ..train.model import ModelConfig
 from . import label_studio
-from .classifier import Classifier, labeled_features
+from .classifier import Classifier, checkpoint_identity, labeled_features
 from .figures import plot_coverage
 from .outliers import OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN
 from .prediction_rows import PredictionStore, is_accepted, write_rows
@@ -123,7 +122,7 @@ def predicted(path, state, device, o, listed, output, studio, claim):
         bar.close()
         return report(path, o, tally, files.others, summary, found, cal)
     key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
-               temperature=classifier.temperature, listing=listing, features=bool(o.suggest_n),
+               temperature=classifier.temperature, ceiling=classifier.ceiling, listing=listing, features=bool(o.suggest_n),
                unseen=classifier.unseen is not None, strays=classifier.strays)
     with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None, claim) as kept:
         if kept.done:
@@ -255,11 +254,6 @@ def kept_predictions(output, key, feature_dim, claim=None):
         work = Work(folder, key, echo=say, claim=claim)
         with work.kept_if_interrupted("the predictions made so far"):
             yield PredictionStore(work, feature_dim)
-
-
-def checkpoint_identity(path):
-    """What tells a checkpoint file from any other and from itself after a change (cache.identity)."""
-    return [os.path.abspath(path), *identity(os.stat(path))]
 
 
 def report(path, o, tally, others, summary, found, cal, suggested=None):
