@@ -139,6 +139,45 @@ def evaluate_key(run):
     return checkpoint_identity(run / "run" / "lc.pt")
 
 
+@pytest.mark.parametrize("kept_digests", [True, False])
+def test_images_moved_or_renamed_within_the_folder_keep_the_heads_and_their_answers(run, tmp_path, monkeypatch,
+                                                                                     kept_digests):
+    """The README's loop: --predict, then two unlabeled images moved into labeled/<class>/ (label.py's
+    way: the same name) and, where the checkpoint keeps each file's digest, one renamed; the next --predict
+    takes the 4 heads up as they were (nothing trains) and gives every image the class and confidence it
+    had. A checkpoint from before the digests finds moves by name. An image whose bytes changed: trained again."""
+    folder = tmp_path / "d"
+    shutil.copytree(run / "d", folder, ignore=shutil.ignore_patterns("mtlc-cache"))
+    ckpt = tmp_path / "lc.pt"
+    state = torch.load(run / "run" / "lc.pt", weights_only=True)
+    assert state["train_digests"].shape == (len(state["config"]["files"]["train"]), 16)
+    if not kept_digests:
+        del state["train_digests"]
+    torch.save(state, ckpt)
+    args = ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--data-dir", folder]
+    first = invoke(evaluate, [*args, "--csv", tmp_path / "before.csv"])
+    assert first.exit_code == 0 and first.output.count(" of 4 trained") == 4, first.output
+    before = {r["blake2b"]: r for r in read_rows((tmp_path / "before.csv").read_text(), more=("like_no_class",))}
+    images = sorted((folder / "unlabeled").glob("*.png"))
+    for image in images[:2]:
+        image.rename(folder / "labeled" / state["config"]["classes"][0] / image.name)
+    if kept_digests:
+        images[2].rename(images[2].with_name("renamed.png"))
+    monkeypatch.setattr(unseen, "train_fold", lambda *a: pytest.fail("trained again"))
+    again = invoke(evaluate, [*args, folder / "labeled", "--csv", tmp_path / "after.csv"])
+    assert again.exit_code == 0 and again.output.count("kept from before") == 4, again.output
+    after = read_rows((tmp_path / "after.csv").read_text(), more=("like_no_class",))
+    assert len(after) == len(before) - 2 + len(list((folder / "labeled").rglob("*.png")))  # the labeled images too
+    for row in after:
+        if row["blake2b"] in before:
+            assert (row["prediction"], row["confidence"]) == (before[row["blake2b"]]["prediction"],
+                                                              before[row["blake2b"]]["confidence"])
+    images[3].write_bytes(images[4].read_bytes())  # other bytes under a training image's name
+    monkeypatch.undo()
+    changed = invoke(evaluate, [*args, "--csv", tmp_path / "changed.csv"])
+    assert changed.exit_code == 0 and "the images it trained on are predicted by the checkpoint itself" in changed.output
+
+
 def test_where_the_training_images_changed_the_checkpoint_predicts_and_says_why(run, tmp_path):
     folder = tmp_path / "d"
     shutil.copytree(run / "d", folder, ignore=shutil.ignore_patterns("mtlc-cache"))

@@ -50,6 +50,8 @@ STATE_CHECKS = dict(
     labeled_idx=is_index, unlabeled_idx=is_index, val_idx=is_index,
     student=finite_weights, teacher=finite_weights, optimizer=lambda v: isinstance(v, dict),
     reference_spread=lambda v: v is None or is_number(v),
+    train_digests=lambda v: v is None or (isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 2
+                                          and v.shape[1] == 16),
     rng=lambda v: isinstance(v, dict), config=lambda v: isinstance(v, dict),
     model_args=lambda v: (isinstance(v, dict) and set(v) - {"backbone", "trunk", "image_size", "head"} == {
                               "num_classes", "width", "bn_momentum"} and v.get("head", "mlp") in HEADS

@@ -8,6 +8,7 @@ device). The epoch loop is epochs.py's.
 import time
 
 import click
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
@@ -75,6 +76,7 @@ class Trainer:
                                strong_view=self.objective.strong_view)
         self.steps_per_epoch = self.batches.stream.steps_per_epoch
         self.test_x, self.test_y = data.inputs("test"), data.test_y  # read a batch at a time when evaluated
+        self.train_digests = digest_rows(data)
         self.clean_test = unleaked_test(config, data.files and data.files["test"])  # the test images that are no copy of a training one
         self.precision = config.precision
         self.all_neighbours_reported = False
@@ -264,7 +266,8 @@ class Trainer:
                     optimizer=optimizer, stage=self.stage.name, epoch=epoch, step=step,
                     model_args=ModelConfig.of_run(self.config).as_dict(), config=self.config.as_dict(), **self.split,
                     rng=rng_state(), reference_spread=self.reference_spread, metrics=metrics,
-                    adaptive_threshold=self.objective.state_dict())
+                    adaptive_threshold=self.objective.state_dict(),
+                    **({} if self.train_digests is None else dict(train_digests=self.train_digests)))
 
     def errors(self):
         """Errors (%) of student and teacher on the test set if there is one, on their own labeled
@@ -352,6 +355,16 @@ def fresh_training(config, data, labeled_idx, device):
                       if first_labeled.dtype == torch.uint8 else normalize(first_labeled, mean, std))
     teacher.load_state_dict(student.state_dict())
     return student, teacher, make_optimizer(student, config.lr)
+
+
+def digest_rows(data):
+    """The digest of each training image's file as raw bytes (n, 16), uint8, or None without files: kept in
+    the checkpoint, so that its images are found again by their bytes wherever they are moved to
+    (moved_images.py)."""
+    if not data.digests:
+        return None
+    hexes = np.asarray(data.digests["train"](), "S32")
+    return torch.from_numpy(np.frombuffer(bytes.fromhex(b"".join(hexes).decode()), np.uint8).reshape(-1, 16).copy())
 
 
 def make_trainer(name, config, data, split, training, device, procs, *, reference_spread=None, true_classes=None,

@@ -120,7 +120,9 @@ class UnseenHeads:
         root, trained or taken up from where this machine kept them; `model_name` the teacher or the
         student of each; `model` the checkpoint's own (what the pooled features are of)."""
         folder = cache_dir(root) / f"unseen-{hashlib.sha256(repr(checkpoint_key).encode()).hexdigest()[:16]}"
-        work = Work(folder, dict(step="unseen heads", checkpoint=checkpoint_key, folds=FOLDS, contents=data.contents),
+        # the heads train on the training images alone: the test images' moves and bytes leave them as they are
+        work = Work(folder, dict(step="unseen heads", checkpoint=checkpoint_key, folds=FOLDS,
+                                 contents=data.contents and data.contents["train"]),
                     echo, wait=lambda: echo(f"waiting for another run that trains or reads the heads in {folder}"))
         try:
             todo = FOLDS - len(work.state.get("folds", []))

@@ -1,0 +1,83 @@
+"""A checkpoint's training images found again where they were moved within its folder.
+
+label.py moves an image from unlabeled/ to labeled/<class>/ (or from one class folder to another)
+under its own name; a person may rename one. The checkpoint's own files are then gone by name, though
+every byte of them is still in the folder, and the features of a frozen trunk are kept by bytes. Here
+each training file of the checkpoint is matched to a file of the folder now: by its bytes where the
+checkpoint keeps each file's digest (runs since it does: moves and renames alike), else by the same
+name or a file new since whose name ends the same (as label.py moves them). The match holds only
+where every matched file holds the bytes the checkpoint's content fingerprint says, so that a file
+edited or replaced is never taken for the image that trained. The
+checkpoint's split is then given in the folder's rows of now, and each matched image takes the label
+it trained with (an image moved from unlabeled/ trained without one). New files are rows no split
+names. Only the heads that never saw an image (use/unseen.py) need this: they train again as the
+checkpoint did, on the same images with the same labels.
+"""
+import numpy as np
+import torch
+
+from ..data.cache import content_fingerprint
+from ..data.cache_rows import SortedRows
+from ..data.datasets import load_dataset
+from ..errors import UserError
+from .embeddings import embed
+
+SPLITS = ("labeled_idx", "unlabeled_idx", "val_idx")
+
+
+def matched_rows(then, now, digests, digests_then=None):
+    """The row of now (a list of names; digests: their rows' digests, hex) of each name of then: by its
+    bytes where the checkpoint kept them (digests_then, raw (n, 16)), else by name, else by the end of
+    its name among the names new since (as label.py moves them); None where one has no match."""
+    if digests_then is not None:
+        wanted = np.array([bytes(row).hex().encode() for row in digests_then.numpy()], "S32")
+        rows = SortedRows(np.asarray(digests, "S32")).rows(wanted)
+        return rows if len(rows) == len(then) and (rows >= 0).all() else None
+    at = {name: i for i, name in enumerate(now)}
+    taken = set(then)
+    waiting = {}
+    for i, name in enumerate(now):
+        if name not in taken:
+            waiting.setdefault(name.rsplit("/", 1)[-1], []).append(i)
+    rows = []
+    for name in then:
+        if name in at:
+            rows.append(at[name])
+        elif waiting.get(name.rsplit("/", 1)[-1]):
+            rows.append(waiting[name.rsplit("/", 1)[-1]].pop())
+        else:
+            return None
+    return np.array(rows, dtype=np.int64)
+
+
+def label_then(name, classes):
+    """The label a training file trained with, from its name then: its class folder's, or -1 (unlabeled/)."""
+    part, _, rest = name.partition("/")
+    return classes.index(rest.split("/", 1)[0]) if part in ("labeled", "train") else -1
+
+
+def restore_moved(state, data_dir=None, echo=lambda line: None, device="cpu", strong=False):
+    """(the checkpoint's state with its split in the rows of the folder now, the folder's dataset with
+    the labels they trained with and the frozen trunk's features) where its training images were moved
+    or renamed within the folder (module docstring); UserError where they cannot be had: a file gone,
+    or one whose bytes changed."""
+    config = state["config"]
+    where = data_dir or config.data_dir
+    if config.files is None or not config.contents:
+        raise UserError("the checkpoint holds no fingerprint of its images' bytes")
+    data = load_dataset(config.dataset, where, config.decode_size, config.skip_bad_images, echo, download=False,
+                        restored=True, framing=config.framed)
+    if data.classes != config.classes:
+        raise UserError(f"the class folders are {', '.join(data.classes)} now, {', '.join(config.classes)} then")
+    then, digests = config.files["train"], np.asarray(data.digests["train"]())
+    rows = matched_rows(then, data.files["train"], digests, state.get("train_digests"))
+    if rows is None or content_fingerprint(zip(then, (d.decode() for d in digests[rows]))) != config.contents["train"]:
+        raise UserError("some of its training images are gone or hold other bytes")
+    rows = torch.from_numpy(rows)
+    state = dict(state, **{key: rows[state[key]] for key in SPLITS})
+    data.train_y = data.train_y.clone()
+    data.train_y[rows] = torch.tensor([label_then(name, config.classes) for name in then], dtype=torch.long)
+    data.contents = dict(data.contents, train=config.contents["train"])
+    data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
+                          strong_views=config.strong_views if strong else 0, framing=config.framed)
+    return state, data
