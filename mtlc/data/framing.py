@@ -13,6 +13,8 @@ from PIL import Image, ImageOps
 MODES = ("squash", "crop", "pad")
 INTERPOLATIONS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 PAD_GREY = (127, 127, 127)  # what a padded image's border is: the middle of the range, near 0 once normalized
+# A crop whose whole resize would hold more than this many times its square resizes only the square (a strip).
+STRIP = 16
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,13 @@ class Framing:
         short = self.decoded_side(side)
         w, h = img.size
         size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
-        resized = img.resize(size, method)
         left, top = int(round((size[0] - side) / 2.0)), int(round((size[1] - side) / 2.0))
-        return resized.crop((left, top, left + side, top + side))
+        if size[0] * size[1] > STRIP * side * side:
+            # a strip (10,000 x 20, 1 x 100,000): its whole resize would take gigabytes for the square
+            # it keeps, so only that square's part of the image is resized
+            sx, sy = w / size[0], h / size[1]
+            return img.resize((side, side), method, box=(left * sx, top * sy, (left + side) * sx, (top + side) * sy))
+        return img.resize(size, method).crop((left, top, left + side, top + side))
 
     @property
     def tag(self):
