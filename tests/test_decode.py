@@ -127,3 +127,20 @@ def test_same_decode_for_training_and_predictions(tmp_path):
     Image.fromarray(rgb, "RGB").save(tmp_path / "x.png")
     ((_, batch, failed, _),) = images.decode_batches([tmp_path / "x.png"], SIZE, 4)
     assert not failed and torch.equal(batch[0], decode(tmp_path / "x.png", SIZE))
+
+
+def test_a_damaged_exif_block_decodes_without_pils_warning():
+    """PIL warns once per tag and decode thread of a photo whose EXIF block claims more bytes than the file
+    holds (Food-101's photos: six lines of "Tag data larger than file" in a first run); the pixels are
+    read as stored, and the warning is not the user's to act on."""
+    import io
+    import warnings
+    from mtlc.data.images import decode_bytes
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "PNG")
+    with warnings.catch_warnings(record=True) as seen:
+        decode_bytes(buffer.getvalue(), 8)
+        warnings.warn_explicit("Tag data larger than file. Skipping tag 271", UserWarning, "TiffImagePlugin.py", 946,
+                               module="PIL.TiffImagePlugin")
+        warnings.warn_explicit("another library's", UserWarning, "other.py", 1, module="other")
+    assert [str(w.message) for w in seen] == ["another library's"]

@@ -8,6 +8,7 @@ import functools
 import io
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -115,6 +116,10 @@ def open_as_seen(data, size):
     (Image.MAX_IMAGE_PIXELS), checked from the header before decoding."""
     if not data:
         raise BadImage("an empty file (0 bytes)")
+    # A photo's EXIF block that claims more bytes than the file holds ("Tag data larger than file") is
+    # read as far as it goes; PIL's warning of it, per tag and decode thread, is nothing a user can act on.
+    # Set here, not at import: a filter set inside a caller's catch_warnings (pytest's) ends with it.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin")
     try:
         img = Image.open(io.BytesIO(data), formats=FORMATS)
     except UnidentifiedImageError:
