@@ -277,3 +277,63 @@ def test_a_first_embedding_of_a_folder_with_copies_keeps_its_rows_in_place(tmp_p
         assert mapped._MAPS.get(part.untyped_storage().data_ptr()) is not None
     names = data.files["train"]
     assert torch.equal(features.train[names.index("unlabeled/again.png")], features.train[names.index("unlabeled/u0000.png")])
+
+
+# Embeds a folder's images 4 at a time, each batch a quarter of a second and committed, then prints how
+# many images the trunk saw: killed in the middle, or two of it at once on one folder.
+SLOW_EMBED = """
+import sys, time
+import torch
+from mtlc.data.datasets import load_dataset
+from mtlc.disk import work
+from mtlc.train import embeddings
+embeddings.EMBED_BATCH, work.COMMIT_EVERY = 4, 0.0
+seen = []
+class Slow(embeddings.TrunkEngine):
+    def __call__(self, x):
+        seen.append(len(x)), time.sleep(0.12)
+        return super().__call__(x)
+embeddings.TrunkEngine = Slow
+data = load_dataset("folder", sys.argv[1], 32, echo=lambda line: None)
+embeddings.embed(data, sys.argv[1], "efficientnet-lite0", 32, torch.device("cpu"), lambda line: None)
+print("computed", sum(seen) // 2)
+"""
+
+
+def test_an_embedding_killed_goes_on_and_two_at_once_compute_each_image_once(tmp_path, monkeypatch):
+    """kill -9 in the middle of a first embedding: the next run computes only the images not kept, and
+    the features are those of an embedding never interrupted. Two runs started together on one folder:
+    one computes, the other waits and reads, and every image's features are computed once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    write_own_folder(tmp_path / "d", n_labeled=6, n_unlabeled=30, n_test=4, size=(40, 30))
+    load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)  # decoded first: the kill falls in embedding
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_EMBED, str(tmp_path / "d")], cwd=ROOT, stdout=subprocess.PIPE)
+    work = tmp_path / "d" / "mtlc-cache" / "embed-efficientnet-lite0-32px"
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((work / embeddings.KEYS).exists() and (work / embeddings.KEYS).stat().st_size
+                                          >= 2 * 4 * 32 and (work / "manifest.json").exists()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    data = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
+    total = len(data.train_y) + len(data.test_y)
+    computed = []
+    real = embeddings.compute
+    monkeypatch.setattr(embeddings, "compute", lambda work, todo, *a: computed.append(len(todo)) or real(work, todo, *a))
+    said = []
+    resumed = embeddings.embed(data, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), said.append)
+    assert 0 < computed[0] < total and any("going on after" in line for line in said), (computed, said)
+    monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "fresh"))
+    whole = embeddings.embed(load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None), tmp_path / "d",
+                             BACKBONE, 32, torch.device("cpu"), said.append)
+    assert torch.equal(resumed.train, whole.train) and torch.equal(resumed.test, whole.test)
+    monkeypatch.delenv("MTLC_CACHE_DIR")
+    shutil.rmtree(work)
+    both = [subprocess.Popen([sys.executable, "-c", SLOW_EMBED, str(tmp_path / "d")], cwd=ROOT, stdout=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    counts = sorted(int(p.communicate(timeout=300)[0].split()[-1]) for p in both)
+    assert [p.returncode for p in both] == [0, 0] and counts == [0, total], counts
