@@ -31,17 +31,16 @@ from mtlc.train.checkpoints import checkpoint_split, restore_data, restore_train
 from mtlc.train.curves import check_folder
 from mtlc.train.devices import processes, resolve_precision
 from mtlc.train.epochs import run_stage
-from mtlc.train.model import ModelConfig, check_image_size
-from mtlc.train.objectives import (CONSISTENCIES, OBJECTIVES, OWN_SETTINGS, consistency_help, objective_help,
-                                   objective_options)
+from mtlc.train.model import ModelConfig
+from mtlc.train.network_choice import chosen_network
+from mtlc.train.objectives import CONSISTENCIES, OBJECTIVES, consistency_help, objective_help, objective_options
 from mtlc.train.options import (Number, given_on_command_line, moved_inputs, note_ignored_by_resume, resumed_curves,
                                 run_options, speed_options, tensorboard_option)
 from mtlc.train.embeddings import embed
 from mtlc.train.presets import (BACKBONE, CONSISTENCY, FROZEN_HEAD_COMPRESS, MIN_EPOCH_STEPS, MIN_RAMP_STEPS, PRESETS,
                                 preset, preset_help, stage_lengths)
-from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, BACKBONES, CONVLARGE, CONVLARGE_IMAGE_SIZE, FRAMINGS,
-                                   MAX_STRONG_VIEWS, PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, auto_backbone,
-                                   default_image_size, framing_of, normalization_of, strong_views_of, weights_path)
+from mtlc.train.pretrained import (AUTO, BACKBONE_NAMES, CONVLARGE, CONVLARGE_IMAGE_SIZE, FRAMINGS,
+                                   MAX_STRONG_VIEWS, PHOTO_BACKBONE, STRONG_VIEWS, TRUNKS, normalization_of)
 from mtlc.train.settings import MAX_IMAGE_SIZE, RunSettings
 from mtlc.train.trainer import fresh_training, make_trainer
 from mtlc.use.report import objective_name
@@ -186,29 +185,7 @@ def main(**options):
             check_part_names(o.data_dir)  # before --labels is asked of a layout read wrong
         own = o.dataset == "folder" and is_own_layout(o.data_dir)
         check_labels(o, own)
-        backbone = o.backbone or BACKBONE[o.dataset]
-        if backbone == AUTO:
-            if o.dataset != "folder":
-                refuse_auto(o.dataset)
-            # chosen by the main process alone (a folder changing under a torchrun start cannot split them)
-            backbone = procs.from_main(auto_backbone(o.data_dir, device, procs.echo, o.trunk) if procs.main else None)
-        if backbone != CONVLARGE:
-            # the packages there (a frozen trunk's engine too), before any work: its view is timm's
-            weights_path(BACKBONES[backbone], device if o.trunk == "frozen" else None)
-        # chosen by the main process alone, as the backbone is
-        framing = procs.from_main(framing_of(o.framing, backbone, o.data_dir if o.dataset == "folder" else None,
-                                             procs.echo) if procs.main else None)
-        o = o._replace(backbone=backbone, image_size=o.image_size or default_image_size(backbone, framing),
-                       framing=framing)
-        check_image_size(o.image_size)
-        check_trunk(o)
-        objective_class = OBJECTIVES[objective_name_of(o)]
-        frozen_head = o.backbone != CONVLARGE and o.trunk == "frozen" and not objective_class.fitted
-        o = o._replace(strong_views=strong_views_of(o.strong_views, o.backbone, o.trunk, objective_class),
-                       compress=o.compress or (FROZEN_HEAD_COMPRESS if frozen_head and o.dataset == "folder" else 1.0))
-        objective = objective_settings(objective_name_of(o), o.backbone != CONVLARGE and o.trunk == "frozen",
-                                       cons_weight=o.cons_weight, unlabeled_batch=o.unlabeled_batch,
-                                       **{key: options[key] for key in OWN_SETTINGS})
+        o, objective = chosen_network(o, procs, device, options)
         existing = existing_outputs(out, REPLACED if outputs == OUTPUTS else outputs, o.overwrite)
         # a pretrained trunk upscales the 32-px datasets itself (embeddings.trunk_input, PretrainedNet)
         decode_size = 32 if o.backbone != CONVLARGE and o.dataset in ("svhn", "cifar10") else o.image_size
@@ -240,37 +217,8 @@ def stage_two_beside(out, overwrite):
     return stale
 
 
-def check_trunk(o):
-    """--trunk trained: only with a pretrained backbone (--backbone auto may have chosen none); a
-    fitted objective (a linear head fitted on kept features) only on a frozen one, without the options
-    of a schedule of steps."""
-    if o.trunk == "trained" and o.backbone == CONVLARGE:
-        raise UserError(f"--trunk trained trains a pretrained backbone's trunk with its head; the network here is "
-                        f"{CONVLARGE}, trained from scratch (name --backbone {' or '.join(BACKBONES)})")
-    objective = OBJECTIVES[objective_name_of(o)]
-    if objective.fitted and (o.backbone == CONVLARGE or o.trunk == "trained"):
-        raise UserError(f"--consistency {objective.name} fits a linear head on a frozen pretrained trunk's features; "
-                        f"this run trains {o.backbone if o.backbone == CONVLARGE else 'a trained trunk'}: choose "
-                        f"{' or '.join(n for n, ob in OBJECTIVES.items() if not ob.fitted)}")
-    stepped = [name for name in ("epochs", "decay_epochs", "cons_rampup", "cons_weight", "unlabeled_batch",
-                                 "lc_start_epoch", "compress") if getattr(o, name) not in (None, 1.0)]
-    if objective.fitted and stepped:
-        raise UserError(f"--{stepped[0].replace('_', '-')}: --consistency {objective.name} fits its head once, "
-                        f"without steps or a schedule; leave it out")
-
-
 def strong_said(n):
     return f", {n} strong view{'s' * (n > 1)} embedded ahead" if n else ""
-
-
-def objective_name_of(o):
-    return o.consistency or CONSISTENCY[o.dataset]
-
-
-def refuse_auto(dataset):
-    """--backbone auto with a dataset of the paper's: no folder of images to look at."""
-    raise UserError(f"--backbone auto chooses for a folder's images; for --dataset {dataset} name one of "
-                    f"{', '.join(BACKBONE_NAMES)}")
 
 
 def check_labels(o, own):
@@ -398,22 +346,6 @@ def run_config(o, data, split, labels, objective, relabeled, procs, device):
                f"{f' ({o.framing.describe()})' if config.framed != SQUASH else ''}, "
                f"{'' if o.backbone == CONVLARGE else f'{o.backbone} ({o.trunk}{strong_said(o.strong_views)}), '}{head}")
     return config
-
-
-def objective_settings(consistency, frozen=False, **given):
-    """The settings of the unlabeled objective: those given, else the objective's defaults (its file's;
-    frozen: a head on a frozen pretrained trunk's, where they differ); the settings of another
-    objective's own are refused."""
-    defaults = {**OBJECTIVES[consistency].defaults, **(OBJECTIVES[consistency].frozen_defaults if frozen else {})}
-    wrong = [key for key, value in given.items() if value is not None and key not in defaults]
-    if wrong:
-        owner = next(name for name, o in OBJECTIVES.items() if wrong[0] in o.defaults)
-        raise UserError(f"--{wrong[0].replace('_', '-')} goes with --consistency {owner}, not {consistency}")
-    # Every objective's own settings are kept in every config (their defaults where another objective runs).
-    settings = {key: value for o in OBJECTIVES.values() for key, value in o.defaults.items() if key in OWN_SETTINGS}
-    settings["consistency"] = consistency
-    settings.update({key: given[key] if given[key] is not None else value for key, value in defaults.items()})
-    return settings
 
 
 def milestones(config):

@@ -167,7 +167,7 @@ def test_threshold_values():
 
 
 def test_fixmatch_defaults_are_the_measured_choices_and_mt_stays_the_presets_objective():
-    from train_mt import objective_settings
+    from mtlc.train.network_choice import objective_settings
     unset = dict(threshold=None, pseudo_labels=None, cons_weight=None, unlabeled_batch=None)
     fixmatch = objective_settings("fixmatch", **unset)
     assert (fixmatch["threshold"], fixmatch["pseudo_labels"], fixmatch["cons_weight"]) == ("adaptive", "teacher", 1.0)

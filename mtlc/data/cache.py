@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -23,6 +22,7 @@ import torch
 from ..disk.json_arrays import json_array_items
 from ..disk.opening import check_folder, identity, read_kept
 from ..disk.outputs import CACHE_DIR_NAME, WORK_SUFFIX
+from ..disk.room import check_room
 from ..disk.runs import atomic_write
 from ..disk.seal import holds, seal, secret
 from ..disk.work import Work, remove_work
@@ -43,8 +43,6 @@ CACHE_VERSION = 6
 HEADER_BYTES = 128
 # Images decoded (and written to the cache) at a time: 1,024 at 96 px are 28 MB.
 DECODE_BATCH = 1024
-# A decode cache this large is said before it is written (10,000 photos at 260 px are 2 GB).
-LARGE_CACHE = 1e9
 KEPT_IMAGES = "images.u8"  # the rows decoded so far, in a decode's work folder
 # A cache that cannot be written for these reasons ends the run (the next write would fail too);
 # for others (no permission) training goes on without it.
@@ -261,7 +259,9 @@ class DecodeCache:
         (WriteFailed)."""
         previous = self.previous() if self.folder.is_dir() else None
         n_same = int((previous.same_row >= 0).sum()) if previous else 0
-        self.check_room(len(paths))
+        check_room(self.folder, HEADER_BYTES + len(paths) * 3 * self.size ** 2,
+                   f"decoding {len(paths):,} images at {self.size} px", "set MTLC_CACHE_DIR to a larger disk, or take "
+                   "a smaller --image-size", self.echo)
         if len(paths) - n_same > 1000:
             self.echo(f"decoding {len(paths) - n_same:,} images of {root} (once: they are cached for the next runs"
                       + ("; a file whose bytes the previous cache holds, moved or renamed, is copied from it" * bool(previous))
@@ -296,20 +296,6 @@ class DecodeCache:
         with read_cache_file(self.path) as f:
             return (mapped_images(f, count, self.size, HEADER_BYTES), bad, content, lambda: rows,
                     os.fstat(f.fileno()).st_size)
-
-    def check_room(self, count):
-        """Refuse, before anything is written, a cache larger than its disk's free space (and the work
-        folder's copy beside it); say the size of a large one."""
-        need = HEADER_BYTES + count * 3 * self.size ** 2
-        where = next(p for p in (self.folder, *self.folder.parents) if p.exists())
-        free = shutil.disk_usage(where).free
-        if need > free:
-            raise UserError(f"decoding {count:,} images at {self.size} px takes {need / 1e9:.1f} GB in {self.folder}, "
-                            f"which has {free / 1e9:.1f} GB free: free some space, set MTLC_CACHE_DIR to a larger "
-                            f"disk, or take a smaller --image-size")
-        if need > LARGE_CACHE:
-            self.echo(f"the decode cache of {count:,} images at {self.size} px takes {need / 1e9:.1f} GB in "
-                      f"{self.folder} ({free / 1e9:.1f} GB free)")
 
     def decode_into(self, work, paths, progress, previous):
         """Decode paths (write_decoded) into the Work's file KEPT_IMAGES, the header first, going on
