@@ -472,7 +472,11 @@ def score(truth, predictions, accepted_only):
     """Accuracy of predictions against the classes kept aside (paths matched by their last two parts)."""
     classes = read_truth(truth)
     with open(predictions, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if key(r["path"]) in classes and (not accepted_only or r["accepted"] == "1")]
+        known = [r for r in csv.DictReader(f) if key(r["path"]) in classes]
+    rows = [r for r in known if not accepted_only or r["accepted"] == "1"]
+    if known and not rows:
+        click.echo("0 predictions accepted: nothing to score")
+        return
     if not rows:
         raise click.UsageError(f"no {'accepted ' if accepted_only else ''}path of {predictions} is in {truth}")
     right = sum(r["prediction"] == classes[key(r["path"])] for r in rows)
