@@ -114,7 +114,9 @@ def check_outputs_of(o, states):
     outputs = dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
                         "--distances", "--label-studio", "--label-studio's labeling config", "--onnx"),
                        (o.csv_path, o.review, o.audit, o.coverage, o.confusion, o.table, o.plot, o.tsne, o.distances,
-                        o.label_studio, o.label_studio and str(studio_config_path(o.label_studio)), o.onnx)))
+                        o.label_studio, o.label_studio and written_at("--label-studio's labeling config",
+                                                                      str(studio_config_path(o.label_studio))),
+                        o.onnx)))
     inputs = {**{f"--ckpt {c}": c for c in o.ckpts}, **{f"--curves {c}": c for c in o.curves}, "--truth": o.truth,
               **{f"--predict {p}": p for p in o.predict_paths if not Path(p).is_dir()}}
     images = [(o.data_dir or state["config"].data_dir, files["train"] + files["test"], f"the images of {path}'s folder")
@@ -280,8 +282,8 @@ def main(more_paths, **options):
     o = given_options(options)
     o = o._replace(**({"predict_paths": o.predict_paths + more_paths} if o.predict_paths
                       else {"ckpts": o.ckpts + more_paths}))
-    check_request(click.get_current_context(), o)
     o = o._replace(**{field: written_at(option, getattr(o, field)) for field, option in OUTPUT_OPTIONS.items()})
+    check_request(click.get_current_context(), o)  # --table's format from the name of the file it writes
     check_outputs_of(o, [])  # before any checkpoint is read
     torch.manual_seed(o.seed)
     device = pick_device(o.device)

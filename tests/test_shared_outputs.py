@@ -105,6 +105,22 @@ def test_an_output_through_a_link_to_no_file_is_refused_and_the_link_stays(train
     assert os.readlink(link) == str(target) and (sorted(os.listdir(tmp_path)), sorted(os.listdir("/dev"))) == before
 
 
+def test_a_link_into_a_stream_by_a_folder_link_or_dot_dots_is_refused(tmp_path, trained):
+    """/proc/self/fd as a folder link (fd/1), and ../../dev/fd/1: streams all the same; and the labeling
+    config beside --label-studio's tasks, a link to /dev/null, is refused before any work."""
+    (tmp_path / "fd").symlink_to("/proc/self/fd")
+    up = "../" * len(tmp_path.parts)
+    (tmp_path / "rel").symlink_to(f"{up}dev/fd/1")
+    for path in (tmp_path / "fd" / "1", tmp_path / "rel"):
+        with pytest.raises(UserError, match="is a link to"):
+            outputs.written_at("--csv", path)
+    folder, ckpt = trained
+    (tmp_path / "t.label-config.xml").symlink_to("/dev/null")
+    res = invoke(evaluate, ["--ckpt", ckpt, "--predict", folder / "unlabeled", "--label-studio", tmp_path / "t.json"])
+    assert res.exit_code == 2 and "labeling config" in res.output and "predicted" not in res.output, res.output
+    assert not (tmp_path / "t.json").exists()
+
+
 def test_written_at_follows_a_link_to_a_file_or_to_nothing_yet(tmp_path):
     (tmp_path / "real.csv").write_text("x")
     (tmp_path / "a").symlink_to(tmp_path / "real.csv")

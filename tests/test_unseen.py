@@ -242,3 +242,16 @@ def test_a_link_in_place_of_the_heads_folder_is_refused_in_one_line_and_left_alo
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert str(folder) in result.output and not (tmp_path / "p.csv").exists()
     assert [p.name for p in elsewhere.iterdir()] == ["mine.txt"]
+
+
+def test_copies_of_one_image_each_keep_a_row_of_their_own():
+    """Two training files of the same bytes, one moved: each name takes a row of its own (its own name's
+    where that holds its bytes), never one row twice; names outnumbering the rows of their bytes: none."""
+    from mtlc.train.moved_images import matched_rows
+    hexes = [b"aa" * 16, b"aa" * 16, b"cc" * 16]
+    kept = torch.tensor(np.frombuffer(bytes.fromhex(b"".join(hexes).decode()), np.uint8).reshape(3, 16))
+    then = ["labeled/cat/x.png", "unlabeled/y.png", "unlabeled/z.png"]
+    now = ["labeled/cat/x.png", "labeled/dog/y2.png", "unlabeled/z.png"]
+    assert matched_rows(then, now, np.array(hexes, "S32"), kept).tolist() == [0, 1, 2]
+    assert matched_rows(then, ["labeled/cat/x.png", "unlabeled/z.png"], np.array([hexes[0], hexes[2]], "S32"),
+                        kept) is None

@@ -259,7 +259,9 @@ class DecodeCache:
         (WriteFailed)."""
         previous = self.previous() if self.folder.is_dir() else None
         n_same = int((previous.same_row >= 0).sum()) if previous else 0
-        check_room(self.folder, HEADER_BYTES + len(paths) * 3 * self.size ** 2,
+        kept = self.folder / f".{self.stem}{WORK_SUFFIX}" / KEPT_IMAGES  # an interrupted decode's rows, on disk
+        kept_bytes = kept.stat().st_size if kept.is_file() else 0
+        check_room(self.folder, HEADER_BYTES + len(paths) * 3 * self.size ** 2 - kept_bytes,
                    f"decoding {len(paths):,} images at {self.size} px", "set MTLC_CACHE_DIR to a larger disk, or take "
                    "a smaller --image-size", self.echo)
         if len(paths) - n_same > 1000:

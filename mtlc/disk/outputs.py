@@ -75,6 +75,8 @@ def through_streams(path, hops=40):
     process's stdout is: a terminal, a pipe, a file deleted or not), where no output is written."""
     hop = os.path.abspath(path)
     for _ in range(hops):
+        # its folder as the OS resolves it: a link to /proc/self/fd, or ../../dev, is there too
+        hop = os.path.join(os.path.realpath(os.path.dirname(hop)), os.path.basename(hop))
         if hop.startswith(("/dev/", "/proc/")):
             return True
         if not os.path.islink(hop):

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from ..data.cache import content_fingerprint
-from ..data.cache_rows import SortedRows
 from ..data.datasets import load_dataset
 from ..errors import UserError
 from .embeddings import embed
@@ -29,11 +28,9 @@ def matched_rows(then, now, digests, digests_then=None):
     """The row of now (a list of names; digests: their rows' digests, hex) of each name of then: by its
     bytes where the checkpoint kept them (digests_then, raw (n, 16)), else by name, else by the end of
     its name among the names new since (as label.py moves them); None where one has no match."""
-    if digests_then is not None:
-        wanted = np.array([bytes(row).hex().encode() for row in digests_then.numpy()], "S32")
-        rows = SortedRows(np.asarray(digests, "S32")).rows(wanted)
-        return rows if len(rows) == len(then) and (rows >= 0).all() else None
     at = {name: i for i, name in enumerate(now)}
+    if digests_then is not None:
+        return rows_by_bytes(then, at, np.asarray(digests, "S32"), digests_then)
     taken = set(then)
     waiting = {}
     for i, name in enumerate(now):
@@ -48,6 +45,27 @@ def matched_rows(then, now, digests, digests_then=None):
         else:
             return None
     return np.array(rows, dtype=np.int64)
+
+
+def rows_by_bytes(then, at, digests, digests_then):
+    """matched_rows by the digests the checkpoint kept: each name of then takes its own name's row where
+    that holds its bytes, else another row of those bytes no other name took (copies of one image are
+    rows of their own); None where the names outnumber the rows of some bytes."""
+    if len(digests_then) != len(then):
+        return None
+    wanted = [bytes(row).hex().encode() for row in digests_then.numpy()]
+    rows = np.array([at.get(name, -1) for name in then], dtype=np.int64)
+    rows[[r < 0 or digests[r] != d for r, d in zip(rows, wanted)]] = -1
+    free = {}
+    taken = set(rows[rows >= 0].tolist())
+    for i in np.flatnonzero(np.isin(digests, [d for r, d in zip(rows, wanted) if r < 0])).tolist():
+        if i not in taken:
+            free.setdefault(digests[i], []).append(i)
+    for k in np.flatnonzero(rows < 0).tolist():
+        if not free.get(wanted[k]):
+            return None
+        rows[k] = free[wanted[k]].pop(0)
+    return rows
 
 
 def label_then(name, classes):

@@ -36,7 +36,8 @@ error of the model whatever it predicts: an upper bound on its true error, which
 
 A confidence is never higher than the held-out images can vouch for: at most (1 - 0.95)^(1/n), the
 one-sided 95% lower bound on the accuracy of a network that got all n trusted held-out images right
-(Clopper-Pearson; 0.861 from 20 images, 0.997 from 1,000). A temperature fitted on a handful of
+(Clopper-Pearson; 0.861 from 20 images, 0.997 from 1,000; with fewer than 20 no temperature is fitted
+and the raw softmax is said to be uncalibrated). A temperature fitted on a handful of
 images that all fall right (0.09 from 20 gave 1.0000) would otherwise claim an error they cannot
 show; the ceiling lies above the network's true accuracy in at most 5% of draws of its held-out
 images, whatever that accuracy (simulated in tests/test_calibration.py).
@@ -104,8 +105,11 @@ def confidences(logits, temperature=1.0, ceiling=1.0):
 
 def supported_confidence(n, level=CONFIDENCE_LEVEL):
     """The highest confidence n held-out images support (module docstring): (1 - level)^(1/n), rounded
-    down as the CSV writes confidences; 1 without any (the raw softmax, said as such)."""
-    return math.floor((1 - level) ** (1 / n) * 10 ** DECIMALS) / 10 ** DECIMALS if n else 1.0
+    down as the CSV writes confidences; 1 with fewer than MIN_CALIBRATION_IMAGES, whose confidences are
+    the raw softmax, said as such (and a ceiling under 0.5 would tie a top class with the next)."""
+    if n < MIN_CALIBRATION_IMAGES:
+        return 1.0
+    return math.floor((1 - level) ** (1 / n) * 10 ** DECIMALS) / 10 ** DECIMALS
 
 
 def expected_calibration_error(confidence, correct, bins=ECE_BINS):

@@ -191,8 +191,8 @@ class Classifier:
             raise ValueError(f"images must be a uint8 tensor of shape (n, {', '.join(map(str, size))}), not "
                              f"{getattr(images, 'dtype', '')} {shape}")
         logits = outputs(self.model, images, self.mean, self.std)[1]
-        probabilities = torch.softmax(logits.double() / self.temperature, 1).clamp(max=self.ceiling)
-        return probabilities.argmax(1), probabilities
+        probabilities = torch.softmax(logits.double() / self.temperature, 1)
+        return probabilities.argmax(1), probabilities.clamp(max=self.ceiling)
 
 
 def checkpoint_identity(path):
