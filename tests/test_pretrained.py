@@ -127,6 +127,7 @@ def test_features_are_kept_per_image_label_py_moves_cost_nothing_new_images_only
     assert pixels.train.shape == (5, 2, 1280) and pixels.test.shape == (0, 1, 1280) and computed[-1] == 5
 
 
+@pytest.mark.slow
 def test_a_backbone_run_trains_finetunes_predicts_and_exports(backbone_folder, tmp_path):
     run = tmp_path / "run"
     args = ["--dataset", "folder", "--data-dir", backbone_folder / "d", "--backbone", BACKBONE, "--image-size", "32",
@@ -300,6 +301,7 @@ print("computed", sum(seen) // 2)
 """
 
 
+@pytest.mark.slow
 def test_an_embedding_killed_goes_on_and_two_at_once_compute_each_image_once(tmp_path, monkeypatch):
     """kill -9 in the middle of a first embedding: the next run computes only the images not kept, and
     the features are those of an embedding never interrupted. Two runs started together on one folder:

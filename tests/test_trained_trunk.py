@@ -58,6 +58,7 @@ def test_a_trained_trunk_resizes_images_to_its_side_and_takes_gradients():
     assert all(p.grad is not None for p in net.trunk.parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_finetune_predict_audit_onnx_and_load_take_the_trained_trunk(run, tmp_path, monkeypatch):
     ckpt = run / "run" / "mt.pt"
     result = invoke(finetune_lc, ["--ckpt", ckpt, "--epochs", "1", "--decay-epochs", "1"])

@@ -139,6 +139,7 @@ def evaluate_key(run):
     return checkpoint_identity(run / "run" / "lc.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kept_digests", [True, False])
 def test_images_moved_or_renamed_within_the_folder_keep_the_heads_and_their_answers(run, tmp_path, monkeypatch,
                                                                                      kept_digests):
