@@ -66,12 +66,12 @@ def job_option(*args, needs, not_with=(), **kwargs):
 
 # What a one-checkpoint job (--predict, --audit, --onnx) does not take beside it.
 OTHER_OUTPUTS = ("table", "curves", "tsne", "distances", "confusion", "pool_error")
+# The files evaluate.py writes, by field of its options: each where its link leads (outputs.written_at).
+OUTPUT_OPTIONS = dict(csv_path="--csv", review="--review", audit="--audit", coverage="--coverage",
+                      confusion="--confusion", table="--table", plot="--plot", tsne="--tsne", distances="--distances",
+                      label_studio="--label-studio", onnx="--onnx")
 # The outputs that replace a file only where it is what they write (earlier predictions, an earlier audit):
 # the start of their first line.
-# The files evaluate.py writes, by field of its options: each where its link leads (outputs.written_at).
-OUTPUT_OPTIONS = dict(csv_path="--csv", review="--review", audit="--audit", coverage="--coverage", confusion="--confusion",
-                      table="--table", plot="--plot", tsne="--tsne", distances="--distances",
-                      label_studio="--label-studio", onnx="--onnx")
 OWN_KINDS = {"--csv": ",".join(CSV_HEADER), "--audit": ",".join(AUDIT_HEADER[:2])}
 
 
@@ -111,12 +111,9 @@ def check_request(ctx, o):
 def check_outputs_of(o, states):
     """Exit 2 where an output would replace an input, another output, a file the tools keep or (the
     checkpoints loaded: states) an image of a checkpoint's folder or a file of another kind than it writes."""
-    outputs = dict(zip(("--csv", "--review", "--audit", "--coverage", "--confusion", "--table", "--plot", "--tsne",
-                        "--distances", "--label-studio", "--label-studio's labeling config", "--onnx"),
-                       (o.csv_path, o.review, o.audit, o.coverage, o.confusion, o.table, o.plot, o.tsne, o.distances,
-                        o.label_studio, o.label_studio and written_at("--label-studio's labeling config",
-                                                                      str(studio_config_path(o.label_studio))),
-                        o.onnx)))
+    outputs = {option: getattr(o, field) for field, option in OUTPUT_OPTIONS.items()}
+    config = "--label-studio's labeling config"
+    outputs[config] = o.label_studio and written_at(config, str(studio_config_path(o.label_studio)))
     inputs = {**{f"--ckpt {c}": c for c in o.ckpts}, **{f"--curves {c}": c for c in o.curves}, "--truth": o.truth,
               **{f"--predict {p}": p for p in o.predict_paths if not Path(p).is_dir()}}
     images = [(o.data_dir or state["config"].data_dir, files["train"] + files["test"], f"the images of {path}'s folder")

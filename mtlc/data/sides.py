@@ -4,6 +4,7 @@ trunk saw ImageNet, its border left out; an image far smaller than the trunk's s
 against Lite2's 260) is all content, upscaled many times, and cropping it lost 3 to 5 points of the
 labels' error there (docs/pretrained.md).
 """
+import io
 import statistics
 
 from PIL import Image
@@ -15,7 +16,6 @@ from .sample import SAMPLE, sampled_paths, training_folders
 
 def shorter_side(path):
     """The shorter side of an image file, from its header; None where it cannot be read."""
-    import io
     try:
         with Image.open(io.BytesIO(read_regular(path)), formats=FORMATS) as img:
             return min(img.size)

@@ -37,10 +37,10 @@ error of the model whatever it predicts: an upper bound on its true error, which
 A confidence is never higher than the held-out images can vouch for: at most (1 - 0.95)^(1/n), the
 one-sided 95% lower bound on the accuracy of a network that got all n trusted held-out images right
 (Clopper-Pearson; 0.861 from 20 images, 0.997 from 1,000; with fewer than 20 no temperature is fitted
-and the raw softmax is said to be uncalibrated). A temperature fitted on a handful of
-images that all fall right (0.09 from 20 gave 1.0000) would otherwise claim an error they cannot
-show; the ceiling lies above the network's true accuracy in at most 5% of draws of its held-out
-images, whatever that accuracy (simulated in tests/test_calibration.py).
+and the raw softmax is said to be uncalibrated). A temperature fitted on a few images whose mistakes
+are near ties (T 0.09 from 20 gave 1.0000) would otherwise claim an error no held-out result of that
+size can show. It is the Clopper-Pearson bound and no looser: a network exactly that accurate gets
+all n right in 5% of draws (simulated in tests/test_calibration.py).
 """
 import math
 from dataclasses import dataclass
@@ -236,7 +236,8 @@ class Calibration:
             temperature, uncalibrated = fit_temperature(logits[trusted], labels[trusted]), None
         except NoTemperature as exc:
             temperature, uncalibrated = 1.0, str(exc)
-        predicted, confidence = confidences(logits, temperature, supported_confidence(int(trusted.sum())))
+        ceiling = supported_confidence(int(trusted.sum()))  # as Calibration.ceiling: the held-out images trusted
+        predicted, confidence = confidences(logits, temperature, ceiling)
         correct = (predicted == labels) & trusted
         before, after = (cross_fitted_ece(logits[trusted], labels[trusted]) if uncalibrated is None else (np.nan, np.nan))
         return cls(source, len(labels), temperature, before, after, errors_at_coverage(confidence, correct),

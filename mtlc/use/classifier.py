@@ -171,8 +171,8 @@ class Classifier:
         """A Prediction for each file of paths (one path, or a list of them), in order, a batch at a
         time (a generator)."""
         return predict_files(self.model, checked_paths(paths, "paths"), self.classes, self.image_size, self.mean,
-                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature, ceiling=self.ceiling,
-                             unseen=self.unseen, framing=self.framing)
+                             self.std, batch_size=checked_batch_size(batch_size), temperature=self.temperature,
+                             ceiling=self.ceiling, unseen=self.unseen, framing=self.framing)
 
     def predict(self, targets, batch_size=256):
         """[Prediction] for the image files among targets (a file or a folder searched recursively, or a
@@ -243,8 +243,8 @@ class Prediction(NamedTuple):
 def predict_files(model, paths, classes, image_size, mean, std, *, batch_size=256, temperature=1.0, ceiling=1.0,
                   unseen=None, framing=SQUASH):
     """A Prediction for each path in order: the class, its probability with the logits divided by
-    the temperature (calibration.py) and at most the ceiling, the runner-up class and the pooled features. One batch of
-    decoded images is held at a time, the next one decoding meanwhile. With UnseenHeads, the logits
+    the temperature (calibration.py) and at most the ceiling, the runner-up class and the pooled
+    features. One batch of decoded images is held at a time, the next one decoding meanwhile. With UnseenHeads, the logits
     are those of the head that never saw the image."""
     device = next(model.parameters()).device
     for chunk, x, failed, digests in decode_batches(paths, image_size, batch_size, framing=framing):

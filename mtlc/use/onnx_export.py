@@ -47,7 +47,8 @@ def metadata(classifier, checkpoint):
             "temperature": repr(classifier.temperature), "confidence_ceiling": repr(classifier.ceiling),
             "calibration": "temperature scaling on the checkpoint's held-out images" if classifier.calibration
             else f"none ({classifier.uncalibrated}): the raw softmax",
-            "model": classifier.model_name, "answers": classifier.answers, "checkpoint": str(checkpoint), "dataset": str(config.dataset),
+            "model": classifier.model_name, "answers": classifier.answers, "checkpoint": str(checkpoint),
+            "dataset": str(config.dataset),
             "stage": str(classifier.state.get("stage")), "producer": "mtlc (MT+LC)"}
 
 

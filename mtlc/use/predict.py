@@ -122,8 +122,8 @@ def predicted(path, state, device, o, listed, output, studio, claim):
         bar.close()
         return report(path, o, tally, files.others, summary, found, cal)
     key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
-               temperature=classifier.temperature, ceiling=classifier.ceiling, listing=listing, features=bool(o.suggest_n),
-               unseen=classifier.unseen is not None, strays=classifier.strays)
+               temperature=classifier.temperature, ceiling=classifier.ceiling, listing=listing,
+               features=bool(o.suggest_n), unseen=classifier.unseen is not None, strays=classifier.strays)
     with kept_predictions(output, key, classifier.model.feature_dim if o.suggest_n else None, claim) as kept:
         if kept.done:
             say(f"going on from {kept.work.folder}: {kept.done:,} of {count:,} images were predicted before")
