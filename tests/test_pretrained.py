@@ -85,7 +85,8 @@ def test_features_are_computed_once_kept_sealed_and_made_again_when_meddled_with
     assert torch.equal(again.train, first.train)
     monkeypatch.undo()
     original = first.train.clone()  # (the map shows the file as it is: meddled with below)
-    kept = next((backbone_folder / "d" / "mtlc-cache").glob("embed-*")) / embeddings.ROWS
+    kept = next((backbone_folder / "d" / "mtlc-cache").glob("embed-*px")) / embeddings.ROWS  # the training images'
+    assert (kept.parent.parent / f"{kept.parent.name}-as-is" / embeddings.ROWS).stat().st_size == len(data.test_y) * 1280 * 2
     raw = bytearray(kept.read_bytes())
     raw[100] ^= 0xFF
     kept.write_bytes(bytes(raw))
@@ -114,13 +115,13 @@ def test_features_are_kept_per_image_label_py_moves_cost_nothing_new_images_only
         assert computed == []
         for name, features in zip(after.files["train"], moved.train):
             assert torch.equal(features, renamed[name])
-    assert (next((tmp_path / "d" / "mtlc-cache").glob("embed-*")) / "order-train.f16").is_file()
-    shutil.copy(tmp_path / "d" / "test" / "dog" / "0.png", tmp_path / "d" / "unlabeled" / "copy.png")
+    assert (next((tmp_path / "d" / "mtlc-cache").glob("embed-*px")) / "order-train.f16").is_file()
+    shutil.copy(tmp_path / "d" / "unlabeled" / "u0003.png", tmp_path / "d" / "unlabeled" / "copy.png")
     write_own_folder(tmp_path / "new", n_labeled=1, n_unlabeled=0, n_test=0, size=(40, 30), seed=5)
     shutil.copy(tmp_path / "new" / "labeled" / "owl" / "0.png", tmp_path / "d" / "unlabeled" / "new.png")
     grown = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
     embeddings.embed(grown, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
-    assert computed == [1]  # the copy of a test image was kept already; the new one was not
+    assert computed == [1]  # the copy of a training image was kept already; the new one was not
     digits = load_dataset("digits", tmp_path / "digits", 32, echo=lambda line: None)
     digits.train_x, digits.test_x = digits.train_x[:5], digits.test_x[:0]
     pixels = embeddings.embed(digits, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), lambda line: None)
@@ -281,7 +282,7 @@ def test_a_first_embedding_of_a_folder_with_copies_keeps_its_rows_in_place(tmp_p
 
 
 # Embeds a folder's images 4 at a time, each batch a quarter of a second and committed, then prints how
-# many images the trunk saw: killed in the middle, or two of it at once on one folder.
+# many image views the trunk saw: killed in the middle, or two of it at once on one folder.
 SLOW_EMBED = """
 import sys, time
 import torch
@@ -297,7 +298,7 @@ class Slow(embeddings.TrunkEngine):
 embeddings.TrunkEngine = Slow
 data = load_dataset("folder", sys.argv[1], 32, echo=lambda line: None)
 embeddings.embed(data, sys.argv[1], "efficientnet-lite0", 32, torch.device("cpu"), lambda line: None)
-print("computed", sum(seen) // 2)
+print("computed", sum(seen))  # image views
 """
 
 
@@ -322,19 +323,19 @@ def test_an_embedding_killed_goes_on_and_two_at_once_compute_each_image_once(tmp
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     data = load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None)
-    total = len(data.train_y) + len(data.test_y)
+    total = 2 * len(data.train_y) + len(data.test_y)  # views: the training images' two, the test images' one
     computed = []
     real = embeddings.compute
     monkeypatch.setattr(embeddings, "compute", lambda work, todo, *a: computed.append(len(todo)) or real(work, todo, *a))
     said = []
     resumed = embeddings.embed(data, tmp_path / "d", BACKBONE, 32, torch.device("cpu"), said.append)
-    assert 0 < computed[0] < total and any("going on after" in line for line in said), (computed, said)
+    assert 0 < computed[0] < len(data.train_y) and any("going on after" in line for line in said), (computed, said)
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "fresh"))
     whole = embeddings.embed(load_dataset("folder", tmp_path / "d", 32, echo=lambda line: None), tmp_path / "d",
                              BACKBONE, 32, torch.device("cpu"), said.append)
     assert torch.equal(resumed.train, whole.train) and torch.equal(resumed.test, whole.test)
     monkeypatch.delenv("MTLC_CACHE_DIR")
-    shutil.rmtree(work)
+    shutil.rmtree(work), shutil.rmtree(f"{work}-as-is")
     both = [subprocess.Popen([sys.executable, "-c", SLOW_EMBED, str(tmp_path / "d")], cwd=ROOT, stdout=subprocess.PIPE,
                              text=True) for _ in range(2)]
     counts = sorted(int(p.communicate(timeout=300)[0].split()[-1]) for p in both)

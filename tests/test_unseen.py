@@ -55,10 +55,11 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     state = load_checkpoint(run / "run" / "lc.pt")
     splits, real = {}, unseen.train_fold
 
-    def recorded(state, data, split, device, name, estimate):
+    def recorded(state, data, split, device, name, estimate, bar):
         splits[name] = split
-        return real(state, data, split, device, name, estimate)
+        return real(state, data, split, device, name, estimate, bar)
     monkeypatch.setattr(unseen, "train_fold", recorded)
+    monkeypatch.setattr(unseen, "cpu_workers", lambda *a: 1)  # recorded in this process
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "p.csv"
     result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--csv", out,
@@ -87,7 +88,7 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
         name = str(run / "d" / data.files["train"][row])
         assert by_name[name]["prediction"] == state["config"].classes[int(logits.argmax())]
     # kept: a second run trains no head, and runs no trunk on the checkpoint's own images (their features are kept)
-    monkeypatch.setattr(unseen, "train_fold", lambda *a: pytest.fail("trained again"))
+    monkeypatch.setattr(unseen, "train_fold", lambda *a, **k: pytest.fail("trained again"))
     monkeypatch.setattr(pretrained.PretrainedNet, "features", lambda *a: pytest.fail("the trunk ran"))
     result = invoke(evaluate, ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "test", "--max-error", "60"])
     assert result.exit_code == 0, result.output
@@ -164,7 +165,7 @@ def test_images_moved_or_renamed_within_the_folder_keep_the_heads_and_their_answ
         image.rename(folder / "labeled" / state["config"]["classes"][0] / image.name)
     if kept_digests:
         images[2].rename(images[2].with_name("renamed.png"))
-    monkeypatch.setattr(unseen, "train_fold", lambda *a: pytest.fail("trained again"))
+    monkeypatch.setattr(unseen, "train_fold", lambda *a, **k: pytest.fail("trained again"))
     again = invoke(evaluate, [*args, folder / "labeled", "--csv", tmp_path / "after.csv"])
     assert again.exit_code == 0 and again.output.count("kept from before") == 4, again.output
     after = read_rows((tmp_path / "after.csv").read_text(), more=("like_no_class",))
@@ -210,18 +211,19 @@ def test_heads_interrupted_while_one_trains_keep_those_done_and_the_next_run_tra
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
     trained, real = [], unseen.train_fold
 
-    def stopped_in_the_third(state, data, split, device, name, estimate):
+    def stopped_in_the_third(state, data, split, device, name, estimate, bar):
         trained.append(name)
         if len(trained) == 3:
             raise KeyboardInterrupt
-        return real(state, data, split, device, name, estimate)
+        return real(state, data, split, device, name, estimate, bar)
     monkeypatch.setattr(unseen, "train_fold", stopped_in_the_third)
+    monkeypatch.setattr(unseen, "cpu_workers", lambda *a: 1)  # recorded in this process
     args = ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--csv", tmp_path / "p.csv"]
     result = invoke(evaluate, args)
     assert result.exit_code != 0 and "the heads trained so far are kept" in result.output
     assert not (tmp_path / "p.csv").exists()
     trained.clear()
-    monkeypatch.setattr(unseen, "train_fold", lambda *a: trained.append(a[4]) or real(*a))
+    monkeypatch.setattr(unseen, "train_fold", lambda *a, **k: trained.append(a[4]) or real(*a, **k))
     result = invoke(evaluate, args)
     assert result.exit_code == 0, result.output
     assert trained == ["head 3 of 4", "head 4 of 4"] and result.output.count("kept from before") == 2
@@ -256,3 +258,24 @@ def test_copies_of_one_image_each_keep_a_row_of_their_own():
     assert matched_rows(then, now, np.array(hexes, "S32"), kept).tolist() == [0, 1, 2]
     assert matched_rows(then, ["labeled/cat/x.png", "unlabeled/z.png"], np.array([hexes[0], hexes[2]], "S32"),
                         kept) is None
+
+
+def test_heads_trained_two_at_once_are_those_trained_one_after_another(run, monkeypatch, tmp_path):
+    """On a CPU the heads train one a core, in forked processes of one thread (train/forked.py):
+    the same heads as one after another in this process, each kept as it ends."""
+    state = load_checkpoint(run / "run" / "lc.pt")
+    data = restore_data(state, echo=lambda line: None)
+    threads, heads, lines = torch.get_num_threads(), {}, []
+    torch.set_num_threads(1)  # as each forked process's
+    try:
+        for workers in (1, 2):
+            monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / f"cache{workers}"))
+            monkeypatch.setattr(unseen, "cpu_workers", lambda *a, n=workers: n)
+            heads[workers] = unseen.UnseenHeads.trained(state, data, run / "d", evaluate_key(run), "teacher", None,
+                                                        torch.device("cpu"), lines.append)
+    finally:
+        torch.set_num_threads(threads)
+    for one, other in zip(heads[1].heads, heads[2].heads):
+        assert np.array_equal(unseen.flat(one), unseen.flat(other))
+    assert sum("; 2 at once" in line for line in lines) == 1
+    assert sum(line.endswith(" of 4 trained") for line in lines) == 8

@@ -6,8 +6,9 @@ their bytes, so that only features this machine computed are ever used. Each row
 tells its image: the digest of its file's bytes (a folder: the decode cache's), else of its decoded
 pixels. A run computes only the rows of images not kept yet: label.py's moves (the same files
 under other names) cost nothing, new images only theirs, and an embedding cut short goes on where it
-stopped. The rows are float16, memory-mapped: each image in two views (as is, and flipped left to
-right: the augmentation a frozen trunk's features can still take); the test images' first view.
+stopped. The rows are float16, memory-mapped: each training image in two views (as is, and flipped
+left to right: the augmentation a frozen trunk's features can still take); the test images, which
+are only ever seen as they are, in that view alone and a work of their own.
 """
 import functools
 import hashlib
@@ -29,7 +30,8 @@ from .devices import sync
 from .pretrained import BACKBONES, TrunkEngine
 from .progress import epoch_progress
 
-VIEWS = ("as is", "flipped")  # of each image; a run's test images take the first
+VIEWS = ("as is", "flipped")  # of each training image
+TEST_VIEWS = VIEWS[:1]  # of each test image
 EMBED_BATCH = 64
 # The strong views' recipe (data/views.py's StrongAugment on a shift_and_flip), part of their work's key
 STRONG_VERSION = 2
@@ -75,19 +77,22 @@ def embed(data, data_dir, backbone_name, image_size, device, echo, strong_views=
     training image as well."""
     backbone = BACKBONES[backbone_name]
     parts = {part: (x, image_keys(data, part)) for part, x in (("train", data.train_x), ("test", data.test_x))}
-    train, test = kept_views(data, data_dir, backbone, image_size, VIEWS, parts, device, echo, framing)
+    (train,) = kept_views(data, data_dir, backbone, image_size, VIEWS, {"train": parts["train"]}, device, echo,
+                          framing)
+    (test,) = kept_views(data, data_dir, backbone, image_size, TEST_VIEWS, {"test": parts["test"]}, device, echo,
+                         framing)
     strong = None
     if strong_views:
         names = tuple(f"strong {i + 1}" for i in range(strong_views))
         (strong,) = kept_views(data, data_dir, backbone, image_size, names, {"train": parts["train"]}, device, echo,
                                framing)
-    return Features(train, test[:, :1], strong)
+    return Features(train, test, strong)
 
 
 def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo, framing=SQUASH):
     """The kept features (n, len(views), D) of the images of each part ({part: (images, keys)}) in
-    these views (VIEWS, or strong ones: their own work folder), the missing ones computed first."""
-    strong = views != VIEWS
+    these views (VIEWS, TEST_VIEWS or strong ones: a work folder each), the missing ones computed first."""
+    strong = views[0].startswith("strong")
     key = dict(step="embed", backbone=backbone.name, weights=backbone.sha256, features=backbone.features,
                views=list(views), image_size=image_size, decoded=CACHE_VERSION,
                keyed_by="file bytes" if data.digests else "pixels")
@@ -95,8 +100,8 @@ def kept_views(data, data_dir, backbone, image_size, views, parts, device, echo,
         key["strong"] = STRONG_VERSION
     if framing != SQUASH:  # (squash's key is that of before framings: its features stay valid)
         key["framing"] = framing.as_dict()
-    folder = (cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px{framing.tag}"
-              f"{f'-strong{len(views)}' if strong else ''}")
+    views_tag = {VIEWS: "", TEST_VIEWS: "-as-is"}.get(views, f"-strong{len(views)}")
+    folder = cache_dir(data_dir) / f"embed-{backbone.name}-{image_size}px{framing.tag}{views_tag}"
     # Another run computing or reading them: waited for (reading the kept features takes seconds).
     work = Work(folder, key, echo, wait=lambda: echo(f"waiting for another run that computes or reads the features "
                                                      f"in {folder}"))
@@ -182,7 +187,7 @@ def compute(work, todo, backbone, image_size, device, echo):
             release_pages(x)  # memory holds a batch, not every image read so far
         batch_keys = np.array([k[position] for _, k, position in batch], "S32")
         inputs = (strong_inputs(images, len(views), batch_keys, image_size, backbone) if strong
-                  else weak_inputs(images, image_size, backbone))
+                  else weak_inputs(images, image_size, backbone)[:len(views)])
         rows = torch.stack([model(x) for x in inputs], 1)
         sync(device)
         features.write(rows.flatten(1).to(torch.float16).cpu().numpy().tobytes())
@@ -192,7 +197,7 @@ def compute(work, todo, backbone, image_size, device, echo):
 
 
 def weak_inputs(images, image_size, backbone):
-    """The trunk's inputs of VIEWS: the images as they are, and flipped left to right."""
+    """The trunk's inputs of VIEWS: the images as they are, and flipped left to right (TEST_VIEWS: the first)."""
     inputs = trunk_input(images, image_size, backbone)
     return [inputs, inputs.flip(3)]
 

@@ -22,6 +22,7 @@ from ..data.splits import true_classes
 from ..data.views import normalization, normalize
 from ..disk.work import Work
 from ..train.devices import Processes
+from ..train.forked import cpu_workers, each_at_once
 from ..train.inference import model_outputs
 from ..train.model import ModelConfig
 from ..train.networks import build_models
@@ -55,27 +56,28 @@ def fold_settings(config, n_checkpoint, n_fold, first_steps):
                                       lc_rampup=lc.lc_rampup * per_epoch, eval_every=NEVER, mt_step=first_steps))
 
 
-def train_fold(state, data, split, device, name, estimate):
+def train_fold(state, data, split, device, name, estimate, bar=True):
     """(student, teacher) of a head trained as the checkpoint's was on `split`: stage 1, then the
-    checkpoint's stage 2 where it had one, as many steps each (estimate: the heads' TimeEstimate)."""
+    checkpoint's stage 2 where it had one, as many steps each (estimate: the heads' TimeEstimate;
+    bar: a progress bar where stderr is a terminal)."""
     first, second = stage_steps(state)
     config = fold_settings(state["config"], len(state["unlabeled_idx"]), len(split["unlabeled_idx"]), first)
     trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
                            device, Processes())
-    train_steps(trainer, range(first), name, estimate)
+    train_steps(trainer, range(first), name, estimate, bar)
     if second:
         pairs = true_classes(data, config.lc.truth) if config.lc.pairs == "true-class" else None
         trainer = make_trainer("lc", config, data, split, (trainer.student, trainer.teacher, trainer.optimizer), device,
                                Processes(), true_classes=pairs, objective_state=trainer.objective.state_dict())
-        train_steps(trainer, range(first, first + second), name, estimate)
+        train_steps(trainer, range(first, first + second), name, estimate, bar)
     return trainer.student, trainer.teacher
 
 
-def train_steps(trainer, steps, name, estimate):
-    """The steps (a fitted head's: its fit), a bar on a terminal; in a log, the estimate's line and
-    each head's end only."""
+def train_steps(trainer, steps, name, estimate, bar):
+    """The steps (a fitted head's: its fit), a bar on a terminal where `bar`; in a log, the
+    estimate's line and each head's end only."""
     trainer.steps.start_epoch(steps.start)
-    for step in epoch_progress(steps, f"{name}, stage {trainer.stage.name}", sys.stderr.isatty(), estimate.echo):
+    for step in epoch_progress(steps, f"{name}, stage {trainer.stage.name}", bar and sys.stderr.isatty(), estimate.echo):
         trainer.steps.step(step)
         estimate.tick()
     trainer.recompute_bn_means()
@@ -125,14 +127,16 @@ class UnseenHeads:
                                  contents=data.contents and data.contents["train"]),
                     echo, wait=lambda: echo(f"waiting for another run that trains or reads the heads in {folder}"))
         try:
-            todo = FOLDS - len(work.state.get("folds", []))
+            done = work.state.setdefault("folds", [])
+            todo = [k for k in range(FOLDS) if k not in done]
+            workers = cpu_workers(device, len(todo))
             if todo:
-                echo(f"training {todo} heads as the checkpoint's was, each without a quarter of the unlabeled images, "
-                     f"so that every image is predicted by one that never saw it (once: a later --predict of this "
-                     f"checkpoint takes them up)")
-            estimate = TimeEstimate(f"{todo} heads", todo * sum(stage_steps(state)), device, echo)
+                echo(f"training {len(todo)} heads as the checkpoint's was, each without a quarter of the unlabeled "
+                     f"images, so that every image is predicted by one that never saw it (once: a later --predict of "
+                     f"this checkpoint takes them up)" + (f"; {workers} at once" if workers > 1 else ""))
             with work.kept_if_interrupted("the heads trained so far"):
-                heads = [train_or_kept(state, data, work, k, model_name, estimate) for k in range(FOLDS)]
+                train_folds(state, data, work, todo, workers, device, echo)
+            heads = [kept_head(state, work, k, model_name, device, echo, k not in todo) for k in range(FOLDS)]
         finally:
             work.close()
         return cls(state, data, heads, model, device)
@@ -203,25 +207,35 @@ def unlabeled_folds(state):
     return np.random.default_rng(state["config"].seed).permutation(n) % FOLDS
 
 
-def train_or_kept(state, data, work, k, model_name, estimate):
-    """Fold k's head (the teacher or the student), from the work where it was kept, else trained
-    on every labeled image and the unlabeled ones of the other folds, then kept."""
-    student, teacher = build_models(ModelConfig(**state["model_args"]), estimate.device)
-    name = f"fold{k + 1}.f32"
-    done = work.state.setdefault("folds", [])
-    if k not in done:
+def train_folds(state, data, work, todo, workers, device, echo):
+    """Train the heads of the folds of todo, `workers` at once (train/forked.py), each kept in the
+    work as it ends: trained on every labeled image and the unlabeled ones of the other folds."""
+    steps = sum(stage_steps(state))
+    rounds = -(-len(todo) // workers)
+    estimate = TimeEstimate(f"{len(todo)} heads", rounds * steps, device, echo)
+
+    def fold_row(k):  # one process's estimate speaks, for the others' steps as well; bars only alone
         unlabeled = state["unlabeled_idx"]
         split = dict(labeled_idx=state["labeled_idx"], val_idx=torch.zeros(0, dtype=torch.long),
                      unlabeled_idx=unlabeled[torch.from_numpy(unlabeled_folds(state) != k)])
-        student, teacher = train_fold(state, data, split, estimate.device, f"head {k + 1} of {FOLDS}", estimate)
-        work.appended(name).write(np.concatenate([flat(student), flat(teacher)]).tobytes())
-        done.append(k)
+        silent = TimeEstimate("", 0, device, lambda line: None)
+        models = train_fold(state, data, split, device, f"head {k + 1} of {FOLDS}",
+                            estimate if workers == 1 or k == todo[0] else silent, bar=workers == 1)
+        return np.concatenate([flat(model) for model in models])
+    for k, row in each_at_once(fold_row, todo, workers):
+        work.appended(f"fold{k + 1}.f32").write(row.tobytes())
+        work.state["folds"].append(k)
         work.commit(force=True)
-        estimate.echo(f"head {k + 1} of {FOLDS} trained")
-    else:
-        estimate.echo(f"head {k + 1} of {FOLDS} that never saw an image: kept from before")
+        echo(f"head {k + 1} of {FOLDS} trained")
+
+
+def kept_head(state, work, k, model_name, device, echo, kept_before):
+    """Fold k's head (the teacher or the student) as the work keeps it."""
+    student, teacher = build_models(ModelConfig(**state["model_args"]), device)
+    if kept_before:
+        echo(f"head {k + 1} of {FOLDS} that never saw an image: kept from before")
     width = len(flat(student))
-    row = work.rows(name, np.float32, 2 * width)[0]
+    row = work.rows(f"fold{k + 1}.f32", np.float32, 2 * width)[0]
     model = student if model_name == "student" else teacher
     unflat(model, row[:width] if model_name == "student" else row[width:])
     model.eval()
