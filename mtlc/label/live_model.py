@@ -1,0 +1,154 @@
+"""The model a Label Studio backend answers with, one version at a time: the checkpoint's head first,
+then each head trained again on the labels given (live_training.py). An image is known by the
+hash of its bytes: a head on a frozen trunk takes the kept features of the checkpoint's images
+(none decoded again), and computes those of any other image; the paper's network decodes each.
+
+Each version's confidences are calibrated on the checkpoint's held-out images (its test/ images,
+else its --val hold-out; use/held_out.py), a temperature fitted on them and capped by what they
+can show (use/calibration.py). A label given to a held-out image is kept in the labels file but
+never trained on: the held-out images stay the ones the calibration is measured on. A head trained
+again has trained on the folder's unlabeled images (as the checkpoint's did), so on those it is
+surer than on held-out ones: its score ranks the images (least sure first), while the promise of
+evaluate.py --max-error rests on its heads that never saw an image.
+"""
+import hashlib
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..data.cache_rows import SortedRows
+from ..data.files import file_digest
+from ..data.images import BadImage, decode_bytes
+from ..data.views import normalize
+from ..train.checkpoints import load_checkpoint
+from ..train.inference import model_outputs
+from ..train.model import ModelConfig
+from ..train.networks import build_models
+from ..use.calibration import Calibration, confidences
+from ..use.classifier import Classifier
+from ..use.held_out import held_out
+from ..use.unseen import unflat
+from .live_training import served_data
+
+
+class Version(NamedTuple):
+    """One version of the model: its name (Label Studio's model_version), the network that answers
+    (a head on features, or the whole network on images), its held-out calibration."""
+    name: str
+    model: torch.nn.Module
+    calibration: Calibration
+    labels: int  # how many labels given in Label Studio it trained on
+
+
+class Answer(NamedTuple):
+    label: str
+    score: float
+    version: str
+
+
+class LiveModel:
+    """The checkpoint at `checkpoint`, its images in the folder `root` (module docstring)."""
+
+    def __init__(self, checkpoint, root, device, echo):
+        self.classifier = Classifier(load_checkpoint(checkpoint), device=device)
+        self.state, self.config, self.device = self.classifier.state, self.classifier.config, self.classifier.device
+        self.classes = list(self.config.classes)
+        digest = hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest()[:8]
+        self.base_name = f"{Path(checkpoint).name}@{digest}"
+        self.keeps_features = ModelConfig.of_run(self.config).keeps_features
+        self.why_not_live = None if self.keeps_features else (
+            "the paper's network trains from its images, not on kept features: a retrain takes as long as "
+            "train_mt.py (label.py --apply the labels file, then train again)")
+        if self.keeps_features:
+            self.state, self.data = served_data(self.state, root, self.device, echo=echo)
+            self.held = held_out(self.state, self.data)
+            self.held_part = "test" if self.held.source == "test" else "train"
+            self.kept = SortedRows(np.concatenate([np.asarray(self.data.digests[part](), "S32")
+                                                   for part in ("train", "test")]))
+            self.n_train = len(self.data.train_y)
+            self.held_rows = set(self.state["val_idx"].tolist())
+            self.current = self.version(self.base_name, self.classifier.model, 0)
+        else:
+            calibration = self.classifier.calibrate(root, echo=echo)
+            self.current = Version(self.base_name, self.classifier.model, calibration, 0)
+        self.mean, self.std = self.classifier.mean, self.classifier.std
+
+    def version(self, name, head, labels):
+        """A Version of a head on the trunk's features, calibrated on the held-out images' kept features."""
+        features = getattr(self.data.features, self.held_part)[self.held.rows, 0].float().to(self.device)
+        with torch.no_grad():
+            logits = model_outputs(head, features, None, None)[1].cpu().numpy()
+        calibration = Calibration.fit(logits, self.held.y.numpy(), self.held.source, doubted=self.held.relabeled.numpy())
+        return Version(name, head, calibration, labels)
+
+    def trained(self, labels, weights):
+        """Make the head of these weights, trained on `labels` ({row: class}), the current version."""
+        _, head = build_models(ModelConfig(**self.state["model_args"]), self.device)
+        unflat(head, weights)
+        head.eval()
+        given = hashlib.sha256(repr(sorted(labels.items())).encode()).hexdigest()[:6]
+        self.current = self.version(f"{self.base_name}+{len(labels)} labels {given}", head, len(labels))
+        return self.current
+
+    @staticmethod
+    def digest(image):
+        return file_digest(image)
+
+    def training_labels(self, rows):
+        """{training row: class} of the kept labels ({path: (label, digest)}) whose images the checkpoint
+        may train on (held-out images and images it never had left out)."""
+        if not self.keeps_features:
+            return {}
+        labels = {}
+        for label, digest in rows.values():
+            place, row = self.place(digest)
+            if place == "train" and label in self.classes:
+                labels[row] = self.classes.index(label)
+        return labels
+
+    def place(self, digest):
+        """Where the checkpoint has the image of this digest: ("train", row) among the images it may
+        train on, ("held-out", None) for one it is calibrated on, (None, None) for an image it never had."""
+        row = self.kept[digest]
+        if row < 0:
+            return None, None
+        if row >= self.n_train or row in self.held_rows:
+            return "held-out", None
+        return "train", row
+
+    def answers(self, images):
+        """An Answer for each image's bytes, or the BadImage line where it cannot be decoded; one
+        version answers them all."""
+        version = self.current
+        digests = [file_digest(b) for b in images]
+        logits, failed = self.logits(version.model, images, digests)
+        predicted, confidence = confidences(logits, version.calibration.temperature if version.calibration else 1.0,
+                                            version.calibration.ceiling if version.calibration else 1.0)
+        return [failed[i] if i in failed else Answer(self.classes[predicted[i]], float(confidence[i]), version.name)
+                for i in range(len(images))], digests
+
+    def logits(self, model, images, digests):
+        """(logits (n, classes), {position: why} of those that cannot be decoded, whose rows are 0)."""
+        n, failed = len(images), {}
+        decoded = torch.zeros(n, 3, self.config.image_size, self.config.image_size, dtype=torch.uint8)
+        rows = self.kept.rows(np.array(digests, "S32")) if self.keeps_features else np.full(n, -1)
+        for i in np.flatnonzero(rows < 0).tolist():
+            try:
+                decoded[i] = decode_bytes(images[i], self.config.image_size, self.config.framed)
+            except BadImage as exc:
+                failed[i] = str(exc)
+        with torch.no_grad():
+            if not self.keeps_features:
+                return model_outputs(model, decoded.to(self.device), self.mean, self.std)[1].cpu(), failed
+            features = torch.empty(n, self.data.features.train.shape[-1])
+            for part, mine in (("train", (rows >= 0) & (rows < self.n_train)), ("test", rows >= self.n_train)):
+                if mine.any():
+                    at = torch.from_numpy(rows[mine] - (self.n_train if part == "test" else 0))
+                    features[torch.from_numpy(mine)] = getattr(self.data.features, part)[at, 0].float()
+            new = torch.from_numpy(rows < 0)
+            if new.any():
+                features[new] = self.classifier.model.features(
+                    normalize(decoded[new].to(self.device), self.mean, self.std)).float().cpu()
+            return model_outputs(model, features.to(self.device), None, None)[1].cpu(), failed

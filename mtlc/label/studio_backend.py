@@ -1,0 +1,205 @@
+"""What a Label Studio ML backend answers, as Label Studio's own client calls it (label_studio/ml/
+api_connector.py and models.py of the pip package label-studio; the SDK HumanSignal/label-studio-
+ml-backend serves the same routes): GET /health; POST /setup {project, schema: the labeling config}
+-> {model_version}; POST /predict {tasks, label_config} -> {results: one prediction per task,
+{result, score, model_version}}; POST /webhook {action, annotation, task} for ANNOTATION_CREATED,
+ANNOTATION_UPDATED and START_TRAINING; POST /train {annotations: tasks with their annotations}
+(Label Studio's "Start training" where its webhook flag is off). A request Label Studio should
+show refuses with BadRequest: the server answers 400, the line as the HTTP reason, which Label
+Studio's client puts in the message it shows.
+"""
+import xml.etree.ElementTree as ElementTree
+
+from ..errors import UserError, WriteFailed
+from ..use.label_studio import choice, is_true
+from .task_images import Refused, task_image
+
+MAX_CONFIG_CHARS = 2 ** 20
+ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
+
+
+class BadRequest(Exception):
+    """A request this backend refuses: status and the line said."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+class Controls:
+    """What a labeling config asks: the Choices control (from_name), the Image it labels (to_name),
+    the task data key of that image, and the choices."""
+
+    def __init__(self, config):
+        if not isinstance(config, str) or not config.strip():
+            raise BadRequest("no labeling config was sent")
+        if len(config) > MAX_CONFIG_CHARS or "<!DOCTYPE" in config.upper() or "<!ENTITY" in config.upper():
+            raise BadRequest("the labeling config is too long or declares entities: it is not one Label Studio writes")
+        try:
+            root = ElementTree.fromstring(config)
+        except ElementTree.ParseError as exc:
+            raise BadRequest(f"the labeling config is not XML ({exc})") from None
+        images = {e.get("name"): e.get("value", "") for e in root.iter("Image")}
+        controls = [e for e in root.iter("Choices") if e.get("toName") in images]
+        if len(controls) != 1:
+            raise BadRequest(f"the labeling config has {len(controls)} Choices controls labeling an Image; this backend "
+                             f"answers one (evaluate.py --label-studio writes it: the image, one choice among the classes)")
+        control = controls[0]
+        self.from_name, self.to_name = control.get("name"), control.get("toName")
+        self.image_key = images[self.to_name].lstrip("$")
+        self.choices = [c.get("value", c.get("alias", "")) for c in control.iter("Choice")]
+
+    def check(self, classes):
+        """BadRequest where the choices are not the checkpoint's classes (in any order)."""
+        if sorted(self.choices) != sorted(classes):
+            missing = [c for c in classes if c not in self.choices]
+            extra = [c for c in self.choices if c not in classes]
+            raise BadRequest("the labeling config's choices are not the checkpoint's classes: "
+                             + "; ".join(part for part in (
+                                 f"missing {', '.join(missing)}" if missing else "",
+                                 f"not classes of the checkpoint: {', '.join(extra)}" if extra else "") if part)
+                             + " (paste the config evaluate.py --label-studio wrote, tasks.label-config.xml)")
+
+
+def json_object(body, what):
+    if not isinstance(body, dict):
+        raise BadRequest(f"the {what} request is not a JSON object")
+    return body
+
+
+class StudioBackend:
+    """A LiveModel served to Label Studio, the labels it is given kept (KeptLabels) and trained on
+    (LiveTraining, or None where the model does not learn live)."""
+
+    def __init__(self, model, labels, training, folder, root, echo):
+        self.model, self.labels, self.training = model, labels, training
+        self.folder, self.root, self.echo = folder, root, echo
+        self.configs = {}  # labeling config text -> Controls (a project sends its config with each request)
+
+    def controls(self, config):
+        """The Controls of a project's labeling config (the last one known where none is sent)."""
+        if not config and self.configs:
+            return next(iter(self.configs.values()))
+        if config not in self.configs:
+            controls = Controls(config)
+            controls.check(self.model.classes)
+            self.configs = {config: controls}  # one project's config, kept while it is sent unchanged
+        return self.configs[config]
+
+    def health(self):
+        return {"status": "UP", "model_class": "mtlc", "model_version": self.model.current.name,
+                "learning": self.learning()}
+
+    def learning(self):
+        if self.training is None:
+            return f"does not learn live: {self.model.why_not_live}"
+        return self.training.status
+
+    def setup(self, body):
+        body = json_object(body, "setup")
+        self.controls(body.get("schema"))
+        return {"model_version": self.model.current.name}
+
+    def predict(self, body):
+        body = json_object(body, "predict")
+        controls = self.controls(body.get("label_config"))
+        tasks = body.get("tasks")
+        if not isinstance(tasks, list) or not tasks:
+            raise BadRequest("the predict request has no tasks (a list)")
+        images, refused = [], {}
+        for i, task in enumerate(tasks):
+            try:
+                data = task.get("data") if isinstance(task, dict) else None
+                images.append(task_image(data, self.folder, self.root, controls.image_key)[1])
+            except Refused as exc:
+                refused[i] = str(exc)
+                images.append(None)
+        readable = [i for i in range(len(tasks)) if i not in refused]
+        answers, _ = self.model.answers([images[i] for i in readable]) if readable else ([], [])
+        results = [None] * len(tasks)
+        for i, answer in zip(readable, answers):
+            if isinstance(answer, str):
+                refused[i] = f"the image cannot be decoded: {answer}"
+            else:
+                results[i] = {"result": [{"from_name": controls.from_name, "to_name": controls.to_name,
+                                          "type": "choices", "value": {"choices": [answer.label]}}],
+                              "score": answer.score, "model_version": answer.version}
+        for i, why in refused.items():
+            self.echo(f"predict: task {task_id(tasks[i])} gets no prediction: {why}")
+            results[i] = {"result": [], "score": 0.0, "model_version": self.model.current.name, "error": why}
+        return {"results": results}
+
+    def webhook(self, body):
+        body = json_object(body, "webhook")
+        action = body.get("action")
+        if action == "START_TRAINING":
+            return self.retrain()
+        if action not in ANNOTATION_ACTIONS:
+            return {"status": "ignored", "action": str(action)[:80]}
+        annotation, task = body.get("annotation"), body.get("task")
+        if not isinstance(annotation, dict) or not isinstance(task, dict):
+            raise BadRequest(f"the {action} webhook has no annotation and task (JSON objects)")
+        project = body.get("project")
+        kept = self.keep(task, annotation, project.get("label_config") if isinstance(project, dict) else None)
+        return dict(kept, **self.retrain()) if kept["status"] == "kept" else kept
+
+    def train(self, body):
+        """Label Studio's "Start training" without its webhook flag: every annotated task is sent."""
+        body = json_object(body, "train")
+        tasks = body.get("annotations")
+        if not isinstance(tasks, list):
+            raise BadRequest("the train request has no annotations (a list of tasks)")
+        kept = 0
+        for task in tasks:
+            annotations = task.get("annotations") if isinstance(task, dict) else None
+            latest = [a for a in annotations or [] if isinstance(a, dict) and not is_true(a.get("was_cancelled"))]
+            if latest:
+                latest = max(latest, key=lambda a: str(a.get("created_at") or ""))
+                kept += self.keep(task, latest, body.get("label_config"))["status"] == "kept"
+        return dict(self.retrain(), kept=kept)
+
+    def keep(self, task, annotation, config):
+        """Keep the class an annotation gives its task's image in the labels file, before answering."""
+        if is_true(annotation.get("was_cancelled")):
+            return {"status": "skipped", "why": "the annotation was cancelled"}
+        controls = self.controls(config)
+        results = annotation.get("result")
+        picked = [r for r in results if isinstance(r, dict) and r.get("from_name") == controls.from_name] \
+            if isinstance(results, list) else []
+        if not picked:
+            return {"status": "skipped", "why": f"the annotation chose no class with {controls.from_name!r}"}
+        where = f"task {task_id(task)}"
+        try:
+            label = choice(picked[-1].get("value"), where)
+        except UserError as exc:
+            raise BadRequest(exc.message) from None
+        if label not in self.model.classes:
+            raise BadRequest(f"{where}: the class {label!r} is none of the checkpoint's ({', '.join(self.model.classes)})")
+        try:
+            path, image = task_image(task.get("data"), self.folder, self.root, controls.image_key)
+        except Refused as exc:
+            raise BadRequest(f"{where}: {exc}") from None
+        digest = self.model.digest(image)
+        try:
+            self.labels.keep(str(self.folder / path), label, digest)
+        except (WriteFailed, UserError) as exc:
+            raise BadRequest(f"the label of {path} could not be kept: {exc}", status=507) from None
+        place, _ = self.model.place(digest)
+        self.echo(f"kept {path}: {label}" + (" (a held-out image: kept, never trained on)" if place == "held-out" else
+                                             " (an image the checkpoint never had: kept for label.py and train_mt.py)"
+                                             if place is None else ""))
+        return {"status": "kept", "path": path, "label": label, "held_out": place == "held-out"}
+
+    def retrain(self):
+        """Ask for a head on every label kept (those of the checkpoint's training images)."""
+        labels = self.model.training_labels(self.labels.rows)
+        if self.training is None:
+            return {"learning": self.learning()}
+        if labels:
+            self.training.want(labels)
+        return {"learning": f"a head on {len(labels)} labels is trained in the background" if labels else
+                "no label of a training image kept yet"}
+
+
+def task_id(task):
+    return task.get("id", "?") if isinstance(task, dict) else "?"

@@ -1,0 +1,107 @@
+"""The HTTP server of a Label Studio ML backend (studio_backend.py answers): a thread a request, so
+two requests at once are served together (the backend's model version is swapped whole, the labels
+file written under a lock); Label Studio's basic auth where a user and password are given, compared
+in constant time; a body over MAX_BODY_BYTES, not JSON, or on an unknown route refused with a line,
+and the server goes on. A refusal's line is the HTTP reason phrase as well as the JSON's "error":
+Label Studio shows the reason.
+"""
+import base64
+import hmac
+import json
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .studio_backend import BadRequest
+
+MAX_BODY_BYTES = 64 * 2 ** 20  # Label Studio sends tasks without their images: 100,000 tasks fit
+READ_TIMEOUT_S = 60  # a client that stops sending mid-request frees its thread after this
+ROUTES = {("GET", "/"): "health", ("GET", "/health"): "health", ("POST", "/setup"): "setup",
+          ("POST", "/predict"): "predict", ("POST", "/webhook"): "webhook", ("POST", "/train"): "train"}
+
+
+def reason_phrase(message):
+    """A line as an HTTP reason phrase: one line, Latin-1 (what the status line may hold)."""
+    line = " ".join(str(message).split())[:900]
+    return line.encode("latin-1", "replace").decode("latin-1")
+
+
+def handler_for(backend, auth, echo):
+    """The request handler class of a backend; auth: (user, password) or None."""
+    expected = None if auth is None else "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "mtlc-label-studio-backend"
+        timeout = READ_TIMEOUT_S
+
+        def do_GET(self):
+            self.route("GET")
+
+        def do_POST(self):
+            self.route("POST")
+
+        def route(self, method):
+            path = self.path.split("?", 1)[0].rstrip("/") or "/"
+            try:
+                if expected is not None and not hmac.compare_digest(
+                        self.headers.get("Authorization", "").encode(), expected.encode()):
+                    raise BadRequest("a Label Studio basic-auth user and password are needed (Settings > Model: "
+                                     "Use basic auth)", status=401)
+                name = ROUTES.get((method, path))
+                if name is None:
+                    raise BadRequest(f"{method} {path[:80]} is not a route of this backend (GET /health; POST "
+                                     f"/setup, /predict, /webhook, /train)", status=404)
+                body = self.json_body() if method == "POST" else None
+                self.answer(200, getattr(backend, name)(*(() if body is None else (body,))))
+            except BadRequest as exc:
+                self.refuse(exc.status, exc.message)
+            except Exception as exc:  # a bug must not stop the server: said, and the request refused
+                echo(f"{method} {path}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+                self.refuse(500, f"the backend failed on this request ({type(exc).__name__}: {exc})")
+
+        def json_body(self):
+            length = self.headers.get("Content-Length")
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length is None:
+                raise BadRequest("the request has no Content-Length", status=411)
+            try:
+                length = int(length)
+            except ValueError:
+                raise BadRequest("the request's Content-Length is not a number") from None
+            if length < 0 or length > MAX_BODY_BYTES:
+                self.close_connection = True  # its body is not read
+                raise BadRequest(f"the request is {length:,} bytes, over the {MAX_BODY_BYTES:,} this backend reads",
+                                 status=413)
+            raw = self.rfile.read(length)
+            try:
+                return json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                raise BadRequest(f"the request is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+        def answer(self, status, payload, reason=None):
+            data = json.dumps(payload).encode()
+            self.send_response(status, reason)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Basic realm="mtlc"')
+            self.end_headers()
+            self.wfile.write(data)
+
+        def refuse(self, status, message):
+            echo(f"{self.command} {self.path[:80]}: {status} {message}")
+            self.answer(status, {"error": message}, reason_phrase(message))
+
+        def log_message(self, format, *args):  # each request's line: quiet unless refused (refuse says it)
+            pass
+
+    return Handler
+
+
+class StudioServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def make_server(backend, host, port, auth=None, echo=print):
+    """The server, bound (port 0: a free one, server.server_address says which); serve_forever() serves."""
+    return StudioServer((host, port), handler_for(backend, auth, echo))

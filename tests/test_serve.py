@@ -1,0 +1,168 @@
+"""serve.py: a checkpoint served to Label Studio as an ML backend, called here as Label Studio's client
+calls it (label_studio/ml/api_connector.py); test_label_studio_live.py runs Label Studio itself."""
+import base64
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+
+import serve
+from conftest import needs_backbone, train_backbone_run
+from mtlc.label import kept_labels
+from mtlc.use.label_studio import labeling_config, local_files_url
+
+BACKBONE = "efficientnet-lite0"
+pytestmark = needs_backbone(BACKBONE)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    train_backbone_run(root, "--unlabeled-batch", "4", n_labeled=4, n_unlabeled=16, n_test=8)
+    return root
+
+
+class Served:
+    """A backend serving in a thread of this process: url, lines said, post(route, body)."""
+
+    def __init__(self, run, auth=None, labels=None):
+        self.lines = []
+        self.server, self.training = serve.started(run / "run" / "mt.pt", run / "d", None, labels, "127.0.0.1", 0,
+                                                   auth, torch.device("cpu"), self.lines.append)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def post(self, route, body, **kwargs):
+        return requests.post(self.url + route, json=body, timeout=60, **kwargs)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        if self.training is not None:
+            self.training.close()
+
+
+@pytest.fixture
+def served(run, tmp_path):
+    backend = Served(run, labels=tmp_path / "labels.csv")
+    yield backend
+    backend.close()
+
+
+def tasks_of(run, part="unlabeled"):
+    return [{"id": i, "data": {"image": local_files_url(p, run / "d"), "path": str(p)}}
+            for i, p in enumerate(sorted((run / "d" / part).rglob("*.png")))]
+
+
+def config_of(classes):
+    return labeling_config(classes)
+
+
+def test_each_task_gets_the_class_and_calibrated_confidence_the_checkpoint_gives(served, run):
+    import mtlc
+    health = requests.get(served.url + "/health", timeout=10).json()
+    assert health["status"] == "UP" and health["model_version"].startswith("mt.pt@")
+    classes = mtlc.load(run / "run" / "mt.pt", device="cpu").classes
+    setup = served.post("/setup", {"project": "1.1", "schema": config_of(classes)})
+    assert setup.status_code == 200 and setup.json()["model_version"] == health["model_version"]
+    tasks = tasks_of(run)
+    answer = served.post("/predict", {"tasks": tasks, "label_config": config_of(classes)}).json()["results"]
+    # the same as the checkpoint's own head through the Python API, which decodes each image again
+    same = mtlc.load(run / "run" / "mt.pt", device="cpu")
+    for task, result, prediction in zip(tasks, answer, same.predict_files([t["data"]["path"] for t in tasks])):
+        assert result["result"] == [{"from_name": "label", "to_name": "image", "type": "choices",
+                                     "value": {"choices": [prediction.label]}}]
+        assert result["score"] == pytest.approx(prediction.confidence, abs=2e-3)
+        assert result["model_version"] == health["model_version"]
+
+
+def test_a_config_with_other_choices_is_refused_at_setup_with_a_line_label_studio_shows(served):
+    refused = served.post("/setup", {"project": "1.1", "schema": config_of(["cat", "dog", "zebra"])})
+    assert refused.status_code == 400
+    assert "not the checkpoint's classes" in refused.reason and "missing owl" in refused.reason
+    assert "not classes of the checkpoint: zebra" in refused.json()["error"]
+    for schema in ("<View>", "<!DOCTYPE x [<!ENTITY a 'b'>]><View/>", None, '<View><Image name="i" value="$i"/></View>'):
+        assert served.post("/setup", {"project": "1.1", "schema": schema}).status_code == 400
+
+
+def test_bad_requests_get_a_line_and_the_server_goes_on(served, run, tmp_path):
+    classes = ["cat", "dog", "owl"]
+    assert served.post("/setup", {"schema": config_of(classes)}).status_code == 200
+    outside = tmp_path / "elsewhere.png"
+    outside.write_bytes((run / "d" / "test" / "cat" / "0.png").read_bytes())
+    tasks = tasks_of(run)[:2] + [{"id": 9, "data": {"path": str(outside)}}, {"id": 10, "data": {"image": "http://x/y"}},
+                                 "not a task", {"id": 11}]
+    results = served.post("/predict", {"tasks": tasks}).json()["results"]
+    assert [bool(r["result"]) for r in results] == [True, True, False, False, False, False]
+    assert "outside the folder" in results[2]["error"] and "another host's URL" in results[3]["error"]
+    for body, status in ((b"{not json", 400), (b"[1, 2]", 400), (json.dumps({"tasks": []}).encode(), 400)):
+        assert requests.post(served.url + "/predict", data=body, timeout=10).status_code == status
+    assert requests.post(served.url + "/nothing", data=b"{}", timeout=10).status_code == 404
+    port = served.server.server_address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # a length no client library would send
+        raw.sendall(f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {2 ** 40}\r\n\r\n{{}}".encode())
+        assert raw.recv(200).startswith(b"HTTP/1.1 413 the request is 1,099,511,627,776 bytes")
+    webhook = {"action": "ANNOTATION_CREATED", "task": tasks_of(run)[0],
+               "annotation": {"result": [{"from_name": "label", "type": "choices", "value": {"choices": ["zebra"]}}]}}
+    assert served.post("/webhook", webhook).status_code == 400 and "zebra" in served.post("/webhook", webhook).reason
+    assert not (tmp_path / "labels.csv").exists()
+    assert served.post("/webhook", {"action": "PROJECT_UPDATED"}).json()["status"] == "ignored"
+    assert requests.get(served.url + "/health", timeout=10).json()["status"] == "UP"
+    with ThreadPoolExecutor(4) as pool:  # requests at once
+        answers = list(pool.map(lambda _: served.post("/predict", {"tasks": tasks_of(run)}).json(), range(8)))
+    assert all(a == answers[0] for a in answers)
+
+
+def test_basic_auth_is_needed_where_given(run, tmp_path):
+    backend = Served(run, auth=("ls", "s3cret"), labels=tmp_path / "labels.csv")
+    try:
+        assert requests.get(backend.url + "/health", timeout=10).status_code == 401
+        assert requests.get(backend.url + "/health", auth=("ls", "wrong"), timeout=10).status_code == 401
+        assert requests.get(backend.url + "/health", auth=("ls", "s3cret"), timeout=10).status_code == 200
+        token = base64.b64encode(b"ls:s3cret").decode()
+        assert requests.get(backend.url + "/health", headers={"Authorization": f"Basic {token}"}).status_code == 200
+    finally:
+        backend.close()
+
+
+def wait_for_version(served, old, seconds=180):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        health = requests.get(served.url + "/health", timeout=10).json()
+        if health["model_version"] != old:
+            return health["model_version"]
+        time.sleep(0.5)
+    pytest.fail(f"no new model version in {seconds} s: {served.lines}")
+
+
+@pytest.mark.slow
+def test_labels_are_kept_at_once_and_the_next_predictions_come_from_a_head_trained_on_them(served, run, tmp_path):
+    classes = ["cat", "dog", "owl"]
+    assert served.post("/setup", {"schema": config_of(classes)}).status_code == 200
+    first = requests.get(served.url + "/health", timeout=10).json()["model_version"]
+    tasks, held = tasks_of(run), tasks_of(run, "test")
+    annotated = {"action": "ANNOTATION_CREATED", "task": tasks[0],
+                 "annotation": {"result": [{"from_name": "label", "to_name": "image", "type": "choices",
+                                            "value": {"choices": ["owl"]}}]}}
+    answer = served.post("/webhook", annotated).json()
+    assert answer["status"] == "kept" and answer["held_out"] is False and "background" in answer["learning"]
+    rows = kept_labels.read_rows(tmp_path / "labels.csv")
+    assert rows == {tasks[0]["data"]["path"]: ("owl", rows[tasks[0]["data"]["path"]][1])}
+    # a held-out image's label is kept, never trained on
+    answer = served.post("/webhook", dict(annotated, task=held[0])).json()
+    assert answer["held_out"] is True and len(kept_labels.read_rows(tmp_path / "labels.csv")) == 2
+    assert any("a held-out image: kept, never trained on" in line for line in served.lines)
+    version = wait_for_version(served, first)
+    assert "+1 labels" in version
+    results = served.post("/predict", {"tasks": tasks}).json()["results"]
+    assert {r["model_version"] for r in results} == {version}
+    # an update of the same task replaces its label; a restarted server takes the kept labels up
+    updated = dict(annotated, action="ANNOTATION_UPDATED")
+    updated["annotation"]["result"][0]["value"]["choices"] = ["dog"]
+    assert served.post("/webhook", updated).json()["status"] == "kept"
+    assert kept_labels.read_rows(tmp_path / "labels.csv")[tasks[0]["data"]["path"]][0] == "dog"
