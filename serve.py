@@ -56,7 +56,7 @@ def main(ckpt, data_dir, label_studio_root, labels_path, host, port, basic_auth_
     robust_streams()
     if (basic_auth_user is None) != (basic_auth_pass is None):
         raise UserError("--basic-auth-user and --basic-auth-pass go together")
-    server, training = started(ckpt, data_dir, label_studio_root, labels_path, host, port,
+    server, backend = started(ckpt, data_dir, label_studio_root, labels_path, host, port,
                                (basic_auth_user, basic_auth_pass) if basic_auth_user else None, pick_device(device))
     try:
         server.serve_forever()
@@ -64,12 +64,12 @@ def main(ckpt, data_dir, label_studio_root, labels_path, host, port, basic_auth_
         say("stopped")
     finally:
         server.server_close()
-        if training is not None:
-            training.close()
+        if backend.training is not None:
+            backend.training.close()
 
 
 def started(ckpt, data_dir, label_studio_root, labels_path, host, port, auth, device, echo=say):
-    """(the server, bound and described, not serving yet; the live training or None)."""
+    """(the server, bound and described, not serving yet; its StudioBackend)."""
     from mtlc.label.live_model import LiveModel
     from mtlc.label.live_training import LiveTraining
     from mtlc.label.studio_backend import StudioBackend
@@ -96,7 +96,7 @@ def started(ckpt, data_dir, label_studio_root, labels_path, host, port, auth, de
     describe(model, labels, f"http://{host}:{server.server_address[1]}", backend, echo)
     if labels.rows:
         echo(f"{backend.retrain()['learning']} (labels kept before)")
-    return server, training
+    return server, backend
 
 
 def trained(model, given, weights, seconds, echo):

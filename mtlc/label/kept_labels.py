@@ -1,5 +1,6 @@
 """The labels given in Label Studio, kept by the backend in a labels file that label.py --apply reads:
-columns path,label,blake2b (the image's path, its class, the hash of the bytes it was labeled for),
+columns path,label,blake2b (the image's path relative to the folder, its class, the hash of the bytes
+it was labeled for),
 one row an image, its latest label. Each change is written whole before Label Studio is answered
 (disk/runs.py atomic_write: the file is as before or as after, never half, whenever the server is
 killed), holding the lock on the file's folder, so that two servers, or label.py reading it, see

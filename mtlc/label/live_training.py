@@ -93,7 +93,7 @@ class LiveTraining:
     def loop(self):
         try:
             kind, why = self.conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             kind, why = "failed", "the training process ended"
         if kind == "failed":
             self.status = f"does not learn live: {why}"

@@ -181,7 +181,7 @@ class StudioBackend:
             raise BadRequest(f"{where}: {exc}") from None
         digest = self.model.digest(image)
         try:
-            self.labels.keep(str(self.folder / path), label, digest)
+            self.labels.keep(path, label, digest)
         except (WriteFailed, UserError) as exc:
             raise BadRequest(f"the label of {path} could not be kept: {exc}", status=507) from None
         place, _ = self.model.place(digest)
