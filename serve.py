@@ -1,19 +1,6 @@
-"""Serve a checkpoint and its folder to Label Studio as an ML backend: a prediction for each task a
-person opens (the class preselected, the calibrated confidence as the score to sort by), and,
-on a frozen pretrained trunk, a head trained again on the kept features whenever labels are given,
-whose predictions come next under a new model version.
-
-    python serve.py --ckpt runs/mine/lc.pt --data-dir mydata      # then, in Label Studio:
-    # Settings > Model > Connect Model: http://127.0.0.1:9090, Interactive preannotations off
-
-Label Studio starts with the folder served as local files (evaluate.py --label-studio prints how,
-with the labeling config and the tasks to import), and with ML_BLOCK_LOCAL_IP=false and
-SSRF_PROTECTION_ENABLED=false so that it may call a backend on this machine. Each label given is
-kept at once in a labels file (path,label,blake2b: label.py --apply reads it; the server moves no
-file); a label given to a held-out test/ image is kept, never trained on (the confidences are
-calibrated on those). The server listens on 127.0.0.1 unless --host says otherwise, and reads only
-the files of the folder it serves (no link, no '..', no other host). docs/label-studio.md.
-"""
+"""Serve a checkpoint and its folder to Label Studio as an ML backend that learns while people label:
+`python serve.py --help` says what it does and how to start it, docs/label-studio.md every step and
+what was measured."""
 import os
 from pathlib import Path
 
@@ -52,7 +39,24 @@ def say(line):
               help="Its password; better given as $MTLC_BASIC_AUTH_PASS than on the command line.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
 def main(ckpt, data_dir, label_studio_root, labels_path, host, port, basic_auth_user, basic_auth_pass, device):
-    """Serve a checkpoint and its folder to Label Studio as an ML backend (module docstring)."""
+    """Serve a checkpoint and its folder to Label Studio as an ML backend.
+
+    Each task opened (or Actions > Retrieve Predictions) gets the checkpoint's class, preselected, with
+    its calibrated confidence as the score to sort by. Each annotation submitted or updated is kept at
+    once in the labels file, which label.py --apply reads; on a frozen pretrained trunk a head then
+    trains again on the kept features in the background, and the next predictions come from it under a
+    new model version. A label given to a held-out test/ image is kept, never trained on. No file of the
+    folder is moved.
+
+    \b
+    python evaluate.py --ckpt runs/mine/lc.pt --predict mydata/unlabeled --label-studio tasks.json
+    LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=$PWD/mydata \\
+      ML_BLOCK_LOCAL_IP=false SSRF_PROTECTION_ENABLED=false label-studio start
+    python serve.py --ckpt runs/mine/lc.pt --data-dir mydata
+
+    Then in Label Studio: a project with tasks.label-config.xml, a local-files storage of
+    mydata/unlabeled, tasks.json imported, and Settings > Model > Connect Model: http://127.0.0.1:9090.
+    docs/label-studio.md has every step."""
     robust_streams()
     if (basic_auth_user is None) != (basic_auth_pass is None):
         raise UserError("--basic-auth-user and --basic-auth-pass go together")

@@ -229,3 +229,32 @@ def test_a_label_answered_is_kept_though_the_server_is_killed_at_once(run, tmp_p
         process.kill()
         process.wait()
     assert [label for label, _ in kept_labels.read_rows(labels).values()] == ["owl"]
+
+
+def test_the_papers_network_answers_keeps_labels_and_says_it_does_not_learn_live(tmp_path):
+    import train_mt
+    from conftest import invoke
+    from fakedata import write_own_folder
+    write_own_folder(tmp_path / "d", n_labeled=4, n_unlabeled=12, n_test=6)
+    args = ["--dataset", "folder", "--backbone", "convlarge", "--width", "0.0625", "--precision", "fp32",
+            "--labeled-batch", "6", "--unlabeled-batch", "12", "--epochs", "1", "--decay-epochs", "1",
+            "--compress", "50", "--device", "cpu", "--data-dir", tmp_path / "d", "--out", tmp_path / "run"]
+    assert invoke(train_mt, args).exit_code == 0
+    backend = Served(tmp_path, labels=tmp_path / "labels.csv")
+    try:
+        assert backend.backend.training is None
+        health = requests.get(backend.url + "/health", timeout=10).json()
+        assert health["learning"].startswith("does not learn live: the paper's network trains from its images")
+        assert any("does not learn live" in line or "the paper's network" in line for line in backend.lines)
+        assert backend.post("/setup", {"schema": config_of(["cat", "dog", "owl"])}).status_code == 200
+        tasks = tasks_of(tmp_path)
+        import mtlc
+        own = mtlc.load(tmp_path / "run" / "mt.pt", device="cpu").predict_files([t["data"]["path"] for t in tasks])
+        results = backend.post("/predict", {"tasks": tasks}).json()["results"]
+        assert [r["result"][0]["value"]["choices"][0] for r in results] == [p.label for p in own]
+        answer = backend.post("/webhook", {"action": "ANNOTATION_CREATED", "task": tasks[0], "annotation": {
+            "result": [{"from_name": "label", "value": {"choices": ["owl"]}}]}}).json()
+        assert answer.get("status") == "kept" and answer["learning"].startswith("does not learn live"), answer
+        assert [label for label, _ in kept_labels.read_rows(tmp_path / "labels.csv").values()] == ["owl"]
+    finally:
+        backend.close()

@@ -110,7 +110,10 @@ class LiveModel:
 
     def place(self, digest):
         """Where the checkpoint has the image of this digest: ("train", row) among the images it may
-        train on, ("held-out", None) for one it is calibrated on, (None, None) for an image it never had."""
+        train on, ("held-out", None) for one it is calibrated on, (None, None) for an image it never had
+        (or any image of the paper's network, which keeps no features to know them by)."""
+        if not self.keeps_features:
+            return None, None
         row = self.kept[digest]
         if row < 0:
             return None, None

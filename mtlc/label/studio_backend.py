@@ -185,9 +185,9 @@ class StudioBackend:
         except (WriteFailed, UserError) as exc:
             raise BadRequest(f"the label of {path} could not be kept: {exc}", status=507) from None
         place, _ = self.model.place(digest)
-        self.echo(f"kept {path}: {label}" + (" (a held-out image: kept, never trained on)" if place == "held-out" else
-                                             " (an image the checkpoint never had: kept for label.py and train_mt.py)"
-                                             if place is None else ""))
+        self.echo(f"kept {path}: {label}" + ("" if self.training is None or place == "train" else
+                                             " (a held-out image: kept, never trained on)" if place == "held-out" else
+                                             " (an image the checkpoint never had: kept for label.py and train_mt.py)"))
         return {"status": "kept", "path": path, "label": label, "held_out": place == "held-out"}
 
     def retrain(self):
