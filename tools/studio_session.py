@@ -23,7 +23,8 @@ from pathlib import Path
 import click
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 TOKEN = "0123456789abcdef0123456789abcdef01234567"
 USER, PASSWORD = "demo@example.com", "demopass123"
@@ -128,13 +129,12 @@ def headless_chromium():
 @click.option("--task", type=click.IntRange(1), default=1, help="Which task's labeling page (its position).")
 def main(command, ckpt, data_dir, screenshot, task):
     import torch
-    import evaluate
     import serve
     folder = Path(data_dir).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         tasks_file = Path(tmp) / "tasks.json"
-        evaluate.main(["--ckpt", ckpt, "--predict", str(folder / "unlabeled"), "--label-studio", str(tasks_file)],
-                      standalone_mode=False)
+        subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--ckpt", ckpt, "--predict", str(folder / "unlabeled"),
+                        "--label-studio", str(tasks_file)], check=True, stdout=subprocess.DEVNULL)
         server, backend = serve.started(ckpt, folder, None, Path(tmp) / "labels.csv", "127.0.0.1", 0, None,
                                         torch.device("cpu"), print)
         threading.Thread(target=server.serve_forever, daemon=True).start()
