@@ -60,8 +60,11 @@ def main(ckpt, data_dir, label_studio_root, labels_path, host, port, basic_auth_
     robust_streams()
     if (basic_auth_user is None) != (basic_auth_pass is None):
         raise UserError("--basic-auth-user and --basic-auth-pass go together")
+    if basic_auth_user is not None and not (basic_auth_user and basic_auth_pass) or ":" in (basic_auth_user or ""):
+        raise UserError("--basic-auth-user and --basic-auth-pass must not be empty, nor the user hold a ':'")
     server, backend = started(ckpt, data_dir, label_studio_root, labels_path, host, port,
-                               (basic_auth_user, basic_auth_pass) if basic_auth_user else None, pick_device(device))
+                               None if basic_auth_user is None else (basic_auth_user, basic_auth_pass),
+                               pick_device(device))
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -154,14 +154,14 @@ def test_labels_are_kept_at_once_and_the_next_predictions_come_from_a_head_train
                  "annotation": {"result": [{"from_name": "label", "to_name": "image", "type": "choices",
                                             "value": {"choices": ["owl"]}}]}}
     answer = served.post("/webhook", annotated).json()
-    assert answer["status"] == "kept" and answer["held_out"] is False and "background" in answer["learning"]
+    assert answer["status"] == "kept" and answer["held_out"] == 0 and "background" in answer["learning"]
     rows = kept_labels.read_rows(tmp_path / "labels.csv")
     first_path = str(Path(tasks[0]["data"]["path"]).relative_to(run / "d"))
     assert rows == {first_path: ("owl", file_digest((run / "d" / first_path).read_bytes()))}
     # a held-out image's label is kept, never trained on
     answer = served.post("/webhook", dict(annotated, task=held[0])).json()
-    assert answer["held_out"] is True and len(kept_labels.read_rows(tmp_path / "labels.csv")) == 2
-    assert any("a held-out image: kept, never trained on" in line for line in served.lines)
+    assert answer["held_out"] == 1 and len(kept_labels.read_rows(tmp_path / "labels.csv")) == 2
+    assert any("a held-out image: its label is kept, never trained on" in line for line in served.lines)
     version = wait_for_version(served, first)
     assert "+1 labels" in version
     results = served.post("/predict", {"tasks": tasks}).json()["results"]
@@ -258,3 +258,69 @@ def test_the_papers_network_answers_keeps_labels_and_says_it_does_not_learn_live
         assert [label for label, _ in kept_labels.read_rows(tmp_path / "labels.csv").values()] == ["owl"]
     finally:
         backend.close()
+
+
+def test_a_refused_task_has_no_score_and_a_refusal_before_the_body_closes_the_connection(served, run):
+    assert served.post("/setup", {"schema": config_of(["cat", "dog", "owl"])}).status_code == 200
+    (result,) = served.post("/predict", {"tasks": [{"id": "\x1b[31m", "data": {"path": "/etc/passwd"}}]}).json()["results"]
+    assert result["result"] == [] and result["score"] is None and "outside the folder" in result["error"]
+    assert not any("\x1b" in line for line in served.lines)  # a task's id shows as text, never as a terminal code
+    port = served.server.server_address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # its body unread: never a next request
+        raw.sendall(b'POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 26\r\n\r\nGET /health HTTP/1.1\r\n\r\n')
+        answer = b""
+        while chunk := raw.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 404") and answer.count(b"HTTP/1.1") == 1
+
+
+def test_annotations_made_from_predictions_are_kept_and_a_bad_task_of_a_training_request_alone_is_refused(served, run,
+                                                                                                          tmp_path):
+    assert served.post("/setup", {"schema": config_of(["cat", "dog", "owl"])}).status_code == 200
+    tasks = tasks_of(run)
+    many = {"action": "ANNOTATIONS_CREATED", "task": tasks[:2], "annotation": [
+        {"task": tasks[0]["id"], "result": [{"from_name": "label", "value": {"choices": ["cat"]}}]},
+        {"task": tasks[1]["id"], "result": [{"from_name": "label", "value": {"choices": ["dog"]}}]}]}
+    assert served.post("/webhook", many).json()["kept"] == 2
+    bad = dict(tasks[2], data={"path": "/etc/passwd"})
+    answer = served.post("/train", {"annotations": [dict(t, annotations=[{"result": [
+        {"from_name": "label", "value": {"choices": [label]}}]}]) for t, label in ((bad, "owl"), (tasks[3], "owl"))]})
+    answer = answer.json()
+    assert answer["kept"] == 1 and "outside the folder" in answer["refused"][0]
+    assert sorted(label for label, _ in kept_labels.read_rows(tmp_path / "labels.csv").values()) == ["cat", "dog", "owl"]
+
+
+def test_connections_over_the_limit_and_bodies_too_slow_are_refused(run, tmp_path, monkeypatch):
+    from mtlc.label import studio_server
+    monkeypatch.setattr(studio_server, "CONNECTIONS", 2)
+    monkeypatch.setattr(studio_server, "READ_TIMEOUT_S", 1)
+    backend = Served(run, labels=tmp_path / "labels.csv")
+    port = backend.server.server_address[1]
+    try:
+        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
+            assert third.recv(100).startswith(b"HTTP/1.1 503")
+        slow.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+        time.sleep(1.5)
+        slow.sendall(b'"')
+        assert slow.recv(100).startswith(b"HTTP/1.1 408")
+        slow.close(), idle.close()
+        time.sleep(0.3)
+        assert requests.get(backend.url + "/health", timeout=10).status_code == 200
+    finally:
+        backend.close()
+
+
+def test_basic_auth_takes_label_studios_latin_1_and_an_empty_user_is_refused(run, tmp_path):
+    from conftest import invoke
+    backend = Served(run, auth=("ls", "pässwörd"), labels=tmp_path / "labels.csv")
+    try:
+        assert requests.get(backend.url + "/health", auth=("ls", "pässwörd"), timeout=10).status_code == 200
+        assert requests.get(backend.url + "/health", auth=("ls", "passwort"), timeout=10).status_code == 401
+    finally:
+        backend.close()
+    for user, password in (("", "x"), ("ls", ""), ("a:b", "x")):
+        result = invoke(serve, ["--ckpt", run / "run" / "mt.pt", "--basic-auth-user", user, "--basic-auth-pass", password])
+        assert result.exit_code == 2 and "must not be empty" in result.output

@@ -74,12 +74,12 @@ def test_a_file_too_large_is_refused_unread(served, monkeypatch):
 def test_labels_are_kept_whole_and_two_servers_keep_each_others(tmp_path):
     path = tmp_path / "labels.csv"
     one, other = KeptLabels(path, print), KeptLabels(path, print)
-    one.keep("/d/unlabeled/a.png", "cat", "aa")
-    other.keep("/d/unlabeled/b,\"c\".png", "dog", "bb")
-    assert one.keep("/d/unlabeled/a.png", "owl", "aa") == {"/d/unlabeled/a.png": ("owl", "aa"),
-                                                           "/d/unlabeled/b,\"c\".png": ("dog", "bb")}
+    one.keep({"unlabeled/a.png": ("cat", "aa")})
+    other.keep({"unlabeled/b,\"c\".png": ("dog", "bb")})
+    assert one.keep({"unlabeled/a.png": ("owl", "aa")}) == {"unlabeled/a.png": ("owl", "aa"),
+                                                            "unlabeled/b,\"c\".png": ("dog", "bb")}
     assert path.read_text().splitlines()[0] == "path,label,blake2b"
-    threads = [threading.Thread(target=KeptLabels(path, print).keep, args=(f"/d/{i}.png", "cat", str(i)))
+    threads = [threading.Thread(target=KeptLabels(path, print).keep, args=({f"unlabeled/{i}.png": ("cat", str(i))},))
                for i in range(20)]
     for t in threads:
         t.start()
@@ -90,3 +90,19 @@ def test_labels_are_kept_whole_and_two_servers_keep_each_others(tmp_path):
     with pytest.raises(UserError, match="not a labels file this backend kept"):
         KeptLabels(tmp_path / "mine.csv", print)
     assert (tmp_path / "mine.csv").read_text() == "my own notes\n"
+
+
+def test_a_relative_path_as_evaluate_writes_it_from_elsewhere_is_read_as_label_py_reads_it(served, monkeypatch):
+    """evaluate.py --predict mydata/unlabeled writes paths relative to where it ran: the server, run
+    from there or from elsewhere, finds the image by the URL, the path only checking it where it names
+    a file of the folder."""
+    url = local_files_url(served / "unlabeled" / "a b#ü" / "x 1+2.png", served)
+    monkeypatch.chdir(served.parent)
+    data = {"image": url, "path": "mydata/unlabeled/a b#ü/x 1+2.png"}
+    assert task_image(data, served, served)[1] == b"image bytes"
+    assert task_image({"path": data["path"]}, served, served)[1] == b"image bytes"
+    monkeypatch.chdir(served / "unlabeled")  # the relative path names no file from here: the URL decides
+    assert task_image(data, served, served)[1] == b"image bytes"
+    # Label Studio reads d= as Django does: a '+' is a space
+    (served / "unlabeled" / "p q.png").write_bytes(b"spaced")
+    assert task_image({"image": "/data/local-files/?d=unlabeled/p+q.png"}, served, served)[1] == b"spaced"

@@ -58,15 +58,15 @@ class KeptLabels:
             raise UserError(f"--labels {path}: its folder {self.path.parent} does not exist")
         self.rows = read_rows(self.path)
 
-    def keep(self, path, label, digest):
-        """Keep `label` for the image at `path` (its bytes' digest), replacing its earlier label; the
-        rows after (with those another server kept meanwhile)."""
+    def keep(self, given):
+        """Keep each image's label ({path: (label, digest)}), replacing its earlier one, in one write;
+        the rows after (with those another server kept meanwhile)."""
         from ..disk.runs import atomic_write  # imports torch: kept apart for label.py's light imports
         fd = lock_folder(self.path.parent, "", follow_link=True,
                          wait=lambda: self.echo(f"waiting for another process writing in {self.path.parent}"))
         try:
             rows = read_rows(self.path)
-            rows[path] = (label, digest)
+            rows.update(given)
             atomic_write(self.path, lambda f: f.write(csv_bytes(rows)))
             self.rows = rows
         finally:

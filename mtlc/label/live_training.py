@@ -49,7 +49,8 @@ def head_with_labels(state, data, labels, device):
 
 def training_process(conn, checkpoint, root, device_name):
     """The process's loop (module docstring): ("ready", None) or ("failed", why) once, then for
-    each {row: class} received, ("trained", (flat weights, seconds)); ends on None or a closed pipe."""
+    each {row: class} received, ("trained", (flat weights, seconds)) or ("not trained", why); ends
+    on None or a closed pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which ends this process
     torch.set_num_threads(1)  # a head's step is too little work for two threads (train/forked.py)
     device = torch.device(device_name)
@@ -67,7 +68,10 @@ def training_process(conn, checkpoint, root, device_name):
         if labels is None:
             return
         start = time.perf_counter()
-        conn.send(("trained", (head_with_labels(state, data, labels, device), time.perf_counter() - start)))
+        try:
+            conn.send(("trained", (head_with_labels(state, data, labels, device), time.perf_counter() - start)))
+        except Exception as exc:  # this training failed (out of memory, say): said; the next labels try again
+            conn.send(("not trained", f"{type(exc).__name__}: {exc}"))
 
 
 class LiveTraining:
@@ -108,16 +112,18 @@ class LiveTraining:
             self.status = f"training on {len(labels)} labels"
             try:
                 self.conn.send(labels)
-                kind, (weights, seconds) = self.conn.recv()
-            except (EOFError, OSError):
-                self.status = "does not learn live: the training process ended"
-                self.echo("the head is not trained again live: the training process ended")
+                kind, what = self.conn.recv()
+            except Exception as exc:  # the process ended, or was killed in the middle of its answer
+                self.status = f"does not learn live: the training process ended ({type(exc).__name__})"
+                self.echo(f"the head is not trained again live: the training process ended ({type(exc).__name__})")
                 return
             self.status = "ready"
             try:
-                self.trained(labels, weights, seconds)
+                if kind != "trained":
+                    raise RuntimeError(what)
+                self.trained(labels, *what)
             except Exception as exc:  # said; the next labels train again
-                self.echo(f"the head trained on {len(labels)} labels could not be taken up: {type(exc).__name__}: {exc}")
+                self.echo(f"no head on {len(labels)} labels: {type(exc).__name__}: {exc}")
 
     def close(self):
         try:

@@ -8,6 +8,7 @@ ANNOTATION_UPDATED and START_TRAINING; POST /train {annotations: tasks with thei
 show refuses with BadRequest: the server answers 400, the line as the HTTP reason, which Label
 Studio's client puts in the message it shows.
 """
+import threading
 import xml.etree.ElementTree as ElementTree
 
 from ..errors import UserError, WriteFailed
@@ -15,7 +16,10 @@ from ..use.label_studio import choice, is_true
 from .task_images import Refused, task_image
 
 MAX_CONFIG_CHARS = 2 ** 20
-ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
+ANNOTATION_ACTIONS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_CREATED")
+MAX_TASKS = 100_000  # tasks one /predict answers (a million-image project retrieves its predictions in parts)
+CHUNK_TASKS, CHUNK_BYTES = 64, 256 * 2 ** 20  # images read and answered at once
+PREDICTING = 2  # /predict requests answered at once; others wait their turn
 
 
 class BadRequest(Exception):
@@ -75,16 +79,19 @@ class StudioBackend:
         self.model, self.labels, self.training = model, labels, training
         self.folder, self.root, self.echo = folder, root, echo
         self.configs = {}  # labeling config text -> Controls (a project sends its config with each request)
+        self.predicting = threading.BoundedSemaphore(PREDICTING)
 
     def controls(self, config):
         """The Controls of a project's labeling config (the last one known where none is sent)."""
-        if not config and self.configs:
-            return next(iter(self.configs.values()))
-        if config not in self.configs:
+        known = self.configs  # one dict read: another thread may put another project's in its place
+        if not config and known:
+            return next(iter(known.values()))
+        controls = known.get(config)
+        if controls is None:
             controls = Controls(config)
             controls.check(self.model.classes)
             self.configs = {config: controls}  # one project's config, kept while it is sent unchanged
-        return self.configs[config]
+        return controls
 
     def health(self):
         return {"status": "UP", "model_class": "mtlc", "model_version": self.model.current.name,
@@ -101,33 +108,51 @@ class StudioBackend:
         return {"model_version": self.model.current.name}
 
     def predict(self, body):
+        """A prediction for each task, its images read, decoded and answered a chunk at a time (Label
+        Studio sends every task it retrieves predictions for in one request), at most PREDICTING
+        requests at once: memory stays at a few chunks of images."""
         body = json_object(body, "predict")
         controls = self.controls(body.get("label_config"))
         tasks = body.get("tasks")
         if not isinstance(tasks, list) or not tasks:
             raise BadRequest("the predict request has no tasks (a list)")
-        images, refused = [], {}
-        for i, task in enumerate(tasks):
-            try:
-                data = task.get("data") if isinstance(task, dict) else None
-                images.append(task_image(data, self.folder, self.root, controls.image_key)[1])
-            except Refused as exc:
-                refused[i] = str(exc)
-                images.append(None)
-        readable = [i for i in range(len(tasks)) if i not in refused]
-        answers, _ = self.model.answers([images[i] for i in readable]) if readable else ([], [])
-        results = [None] * len(tasks)
-        for i, answer in zip(readable, answers):
+        if len(tasks) > MAX_TASKS:
+            raise BadRequest(f"{len(tasks):,} tasks in one request, over the {MAX_TASKS:,} this backend answers at once",
+                             status=413)
+        results, chunk, size = [None] * len(tasks), [], 0
+        with self.predicting:
+            for i, task in enumerate(tasks):
+                try:
+                    image = task_image(task.get("data") if isinstance(task, dict) else None, self.folder, self.root,
+                                       controls.image_key)[1]
+                except Refused as exc:
+                    results[i] = self.refused(task, str(exc))
+                    continue
+                chunk.append((i, image))
+                size += len(image)
+                if len(chunk) == CHUNK_TASKS or size >= CHUNK_BYTES:
+                    self.answer(chunk, tasks, results, controls)
+                    chunk, size = [], 0
+            if chunk:
+                self.answer(chunk, tasks, results, controls)
+        return {"results": results}
+
+    def answer(self, chunk, tasks, results, controls):
+        """Fill in the results of a chunk [(task position, image bytes)]."""
+        answers, _ = self.model.answers([image for _, image in chunk])
+        for (i, _), answer in zip(chunk, answers):
             if isinstance(answer, str):
-                refused[i] = f"the image cannot be decoded: {answer}"
+                results[i] = self.refused(tasks[i], f"the image cannot be decoded: {answer}")
             else:
                 results[i] = {"result": [{"from_name": controls.from_name, "to_name": controls.to_name,
                                           "type": "choices", "value": {"choices": [answer.label]}}],
                               "score": answer.score, "model_version": answer.version}
-        for i, why in refused.items():
-            self.echo(f"predict: task {task_id(tasks[i])} gets no prediction: {why}")
-            results[i] = {"result": [], "score": 0.0, "model_version": self.model.current.name, "error": why}
-        return {"results": results}
+
+    def refused(self, task, why):
+        """A task's empty prediction, no score (it sorts with the tasks never predicted), the reason
+        said in the log (Label Studio keeps a prediction's result, score and version alone)."""
+        self.echo(f"predict: task {task_id(task)} gets no prediction: {why}")
+        return {"result": [], "score": None, "model_version": self.model.current.name, "error": why}
 
     def webhook(self, body):
         body = json_object(body, "webhook")
@@ -136,12 +161,20 @@ class StudioBackend:
             return self.retrain()
         if action not in ANNOTATION_ACTIONS:
             return {"status": "ignored", "action": str(action)[:80]}
-        annotation, task = body.get("annotation"), body.get("task")
-        if not isinstance(annotation, dict) or not isinstance(task, dict):
+        annotations, tasks = body.get("annotation"), body.get("task")
+        if action == "ANNOTATIONS_CREATED":  # the Data Manager's "create annotations from predictions": lists
+            if not isinstance(annotations, list) or not isinstance(tasks, list):
+                raise BadRequest(f"the {action} webhook has no annotations and tasks (lists)")
+            by_id = {t.get("id"): t for t in tasks if isinstance(t, dict)}
+            pairs = [(by_id.get(a.get("task")), a) for a in annotations if isinstance(a, dict)]
+        else:
+            pairs = [(tasks, annotations)]
+        if any(not isinstance(task, dict) or not isinstance(annotation, dict) for task, annotation in pairs):
             raise BadRequest(f"the {action} webhook has no annotation and task (JSON objects)")
         project = body.get("project")
-        kept = self.keep(task, annotation, project.get("label_config") if isinstance(project, dict) else None)
-        return dict(kept, **self.retrain()) if kept["status"] == "kept" else kept
+        config = project.get("label_config") if isinstance(project, dict) else None
+        kept = self.keep_all(pairs, config)
+        return dict(kept, **self.retrain()) if kept["kept"] else kept
 
     def train(self, body):
         """Label Studio's "Start training" without its webhook flag: every annotated task is sent."""
@@ -149,25 +182,55 @@ class StudioBackend:
         tasks = body.get("annotations")
         if not isinstance(tasks, list):
             raise BadRequest("the train request has no annotations (a list of tasks)")
-        kept = 0
+        pairs = []
         for task in tasks:
             annotations = task.get("annotations") if isinstance(task, dict) else None
             latest = [a for a in annotations or [] if isinstance(a, dict) and not is_true(a.get("was_cancelled"))]
             if latest:
-                latest = max(latest, key=lambda a: str(a.get("created_at") or ""))
-                kept += self.keep(task, latest, body.get("label_config"))["status"] == "kept"
-        return dict(self.retrain(), kept=kept)
+                pairs.append((task, max(latest, key=lambda a: str(a.get("created_at") or ""))))
+        return dict(self.keep_all(pairs, body.get("label_config"), one_by_one=False), **self.retrain())
 
-    def keep(self, task, annotation, config):
-        """Keep the class an annotation gives its task's image in the labels file, before answering."""
+    def keep_all(self, pairs, config, one_by_one=True):
+        """Keep the class each (task, annotation) gives its image, in one write, before answering; a
+        pair that cannot be kept is refused (one_by_one: the request; else that pair alone, counted)."""
+        rows, refused, skipped, held = {}, [], 0, 0
+        for task, annotation in pairs:
+            try:
+                row = self.label_of(task, annotation, config)
+            except BadRequest as exc:
+                if one_by_one:
+                    raise
+                refused.append(exc.message)
+                continue
+            if row is None:
+                skipped += 1
+                continue
+            path, label, digest, held_out = row
+            rows[path] = (label, digest)
+            held += held_out
+        if rows:
+            try:
+                self.labels.keep(rows)
+            except (WriteFailed, UserError) as exc:
+                raise BadRequest(f"the labels could not be kept: {exc}", status=507) from None
+        for path, (label, _) in rows.items():
+            self.echo(f"kept {path}: {label}")
+        for why in refused:
+            self.echo(f"not kept: {why}")
+        answer = {"status": "kept" if rows else "skipped", "kept": len(rows), "skipped": skipped, "held_out": held}
+        return dict(answer, refused=refused) if refused else answer
+
+    def label_of(self, task, annotation, config):
+        """(path, class, digest, whether a held-out image) an annotation gives its task's image, or None
+        where it gives none (cancelled, or no choice with the config's control)."""
         if is_true(annotation.get("was_cancelled")):
-            return {"status": "skipped", "why": "the annotation was cancelled"}
+            return None
         controls = self.controls(config)
         results = annotation.get("result")
         picked = [r for r in results if isinstance(r, dict) and r.get("from_name") == controls.from_name] \
             if isinstance(results, list) else []
         if not picked:
-            return {"status": "skipped", "why": f"the annotation chose no class with {controls.from_name!r}"}
+            return None
         where = f"task {task_id(task)}"
         try:
             label = choice(picked[-1].get("value"), where)
@@ -180,15 +243,11 @@ class StudioBackend:
         except Refused as exc:
             raise BadRequest(f"{where}: {exc}") from None
         digest = self.model.digest(image)
-        try:
-            self.labels.keep(path, label, digest)
-        except (WriteFailed, UserError) as exc:
-            raise BadRequest(f"the label of {path} could not be kept: {exc}", status=507) from None
         place, _ = self.model.place(digest)
-        self.echo(f"kept {path}: {label}" + ("" if self.training is None or place == "train" else
-                                             " (a held-out image: kept, never trained on)" if place == "held-out" else
-                                             " (an image the checkpoint never had: kept for label.py and train_mt.py)"))
-        return {"status": "kept", "path": path, "label": label, "held_out": place == "held-out"}
+        if self.training is not None and place != "train":
+            self.echo(f"{path}: " + ("a held-out image: its label is kept, never trained on" if place == "held-out"
+                                     else "an image the checkpoint never had: its label is kept for label.py"))
+        return path, label, digest, place == "held-out"
 
     def retrain(self):
         """Ask for a head on every label kept (those of the checkpoint's training images)."""
@@ -202,4 +261,4 @@ class StudioBackend:
 
 
 def task_id(task):
-    return task.get("id", "?") if isinstance(task, dict) else "?"
+    return repr(task.get("id", "?"))[:40] if isinstance(task, dict) else "?"

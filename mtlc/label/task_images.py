@@ -10,7 +10,7 @@ MAX_IMAGE_BYTES. Nothing outside the folder is read, and nothing is fetched.
 import os
 import stat
 from pathlib import Path
-from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from ..use.label_studio import LOCAL_FILES, TO_NAME
 
@@ -22,21 +22,19 @@ class Refused(Exception):
 
 
 def local_files_path(url):
-    """The path under the document root that a local-files URL names, as text (its bytes as a file
-    name holds them); Refused for any other URL."""
+    """The path under the document root that a local-files URL names, read as Label Studio's server
+    reads its `d` (a '+' is a space; evaluate.py --label-studio writes names URL-quoted, '+' as %2B),
+    as text (its bytes as a file name holds them); Refused for any other URL."""
     if not url.startswith(LOCAL_FILES.split("?")[0]):
         parts = urlsplit(url)
         where = f"another host's URL ({parts.netloc})" if parts.netloc else f"not a local-files URL ({url[:80]!r})"
         raise Refused(f"the task's image is {where}: this backend reads only the files of the folder it serves")
     parts = urlsplit(url)
-    query = parse_qs(parts.query, keep_blank_values=True)
-    if parts.netloc or parts.path != "/data/local-files/" or list(query) != ["d"] or len(query["d"]) != 1:
+    if (parts.netloc or parts.path != "/data/local-files/" or not parts.query.startswith("d=")
+            or any(c in parts.query for c in "&;")):
         raise Refused(f"the task's image URL is not Label Studio's local-files URL /data/local-files/?d=<path>: "
                       f"{url[:120]!r}")
-    raw = parts.query[2:] if parts.query.startswith("d=") else None
-    if raw is None:
-        raise Refused(f"the task's image URL is not Label Studio's local-files URL: {url[:120]!r}")
-    return os.fsdecode(unquote_to_bytes(raw))
+    return os.fsdecode(unquote_to_bytes(parts.query[2:].replace("+", "%20")))
 
 
 def parts_inside(folder, path, what):
@@ -56,29 +54,54 @@ def parts_inside(folder, path, what):
 
 def task_image_parts(data, folder, root, image_key=TO_NAME):
     """The parts (below the served folder) of the image a task's data names: by its local-files
-    URL (data[image_key], relative to the document root `root`) and its `path`, which must agree
-    where both are given."""
+    URL (data[image_key], relative to the document root `root`), else its `path`; where both are
+    given and the path names a file of the folder, they must name the same one."""
     if not isinstance(data, dict):
         raise Refused("the task has no data (a JSON object)")
     url, path = data.get(image_key), data.get("path")
-    found = []
-    if isinstance(url, str) and url:
-        relative = local_files_path(url)
-        if os.path.isabs(relative):
-            raise Refused(f"the task's image URL names an absolute path: {relative!r}")
-        found.append(parts_inside(folder, os.path.join(os.path.abspath(root), relative), "image URL"))
-    elif url is not None and url != "":
+    if url not in (None, "") and not isinstance(url, str):
         raise Refused(f"the task's {image_key!r} is not a URL ({type(url).__name__})")
-    if isinstance(path, str) and path:
-        found.append(parts_inside(folder, path, "path"))
-    elif path is not None and path != "":
+    if path not in (None, "") and not isinstance(path, str):
         raise Refused(f"the task's 'path' is not text ({type(path).__name__})")
-    if not found:
-        raise Refused(f"the task names no image: its data has neither {image_key!r} (a local-files URL) nor 'path'")
-    if len(found) == 2 and found[0] != found[1]:
-        raise Refused(f"the task's image URL and its path name two files ({'/'.join(found[0])} and "
-                      f"{'/'.join(found[1])})")
-    return found[0]
+    by_path, there = path_parts(folder, path) if path else (None, False)
+    if not url:
+        if by_path is None:
+            raise Refused(f"the task names no image: its data has neither {image_key!r} (a local-files URL) nor "
+                          f"'path'")
+        return by_path
+    relative = local_files_path(url)
+    if os.path.isabs(relative):
+        raise Refused(f"the task's image URL names an absolute path: {relative!r}")
+    by_url = parts_inside(folder, os.path.join(os.path.abspath(root), relative), "image URL")
+    if there and by_path != by_url:  # what Label Studio shows is the URL's image; a path found elsewhere is no check
+        raise Refused(f"the task's image URL and its path name two files ({'/'.join(by_url)} and "
+                      f"{'/'.join(by_path)})")
+    return by_url
+
+
+def path_parts(folder, path):
+    """(the parts below the folder, whether a file is there) of a task's `path` as --csv and
+    --label-studio write it: absolute, or relative to where evaluate.py ran (unknown here: this
+    process's working folder is tried) or to the folder; as label.py reads it, the first of those
+    that is a file inside the folder, else the first inside it; Refused where none is inside."""
+    if "\0" in path:
+        raise Refused("the task's path holds a NUL byte")
+    if any(p in (".", "..") for p in path.replace(os.sep, "/").split("/")):
+        raise Refused(f"the task's path has a '.' or '..' part: {path!r}")
+    candidates = [path] if os.path.isabs(path) else [os.path.abspath(path), os.path.join(os.path.abspath(folder), path)]
+    inside, refused = [], None
+    for candidate in candidates:
+        try:
+            inside.append(parts_inside(folder, candidate, "path"))
+        except Refused:
+            refused = refused or Refused(f"the task's path lies outside the folder this backend serves ({folder}): "
+                                         f"{path!r}")
+    for parts in inside:
+        if os.path.isfile(os.path.join(folder, *parts)):
+            return parts, True
+    if inside:
+        return inside[0], False
+    raise refused
 
 
 def read_inside(folder, parts):
