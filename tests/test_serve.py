@@ -171,6 +171,11 @@ def test_labels_are_kept_at_once_and_the_next_predictions_come_from_a_head_train
     updated["annotation"]["result"][0]["value"]["choices"] = ["dog"]
     assert served.post("/webhook", updated).json()["status"] == "kept"
     assert kept_labels.read_rows(tmp_path / "labels.csv")[first_path][0] == "dog"
+    # label.py reads the labels file as it is: the unlabeled image into labeled/dog, the test/ image relabeled
+    import label
+    from conftest import invoke
+    result = invoke(label, ["--data-dir", run / "d", "--apply", tmp_path / "labels.csv", "--dry-run"])
+    assert result.exit_code == 0 and f"{first_path} -> labeled/dog/" in result.output, result.output
 
 
 def test_label_studios_start_training_and_two_servers_on_one_folder_keep_every_label(run, tmp_path):
