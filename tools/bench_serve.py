@@ -18,7 +18,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path

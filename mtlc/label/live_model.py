@@ -18,19 +18,18 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..data.cache_rows import SortedRows
 from ..data.files import file_digest
 from ..data.images import BadImage, decode_bytes
-from ..data.views import normalize
 from ..train.checkpoints import load_checkpoint
 from ..train.inference import model_outputs
 from ..train.model import ModelConfig
+from ..train.moved_images import restored_as_now
 from ..train.networks import build_models
 from ..use.calibration import Calibration, confidences
 from ..use.classifier import Classifier
 from ..use.held_out import held_out
+from ..use.kept_features import KeptFeatures
 from ..use.unseen import unflat
-from .live_training import served_data
 
 
 class Version(NamedTuple):
@@ -39,7 +38,6 @@ class Version(NamedTuple):
     name: str
     model: torch.nn.Module
     calibration: Calibration
-    labels: int  # how many labels given in Label Studio it trained on
 
 
 class Answer(NamedTuple):
@@ -62,26 +60,22 @@ class LiveModel:
             "the paper's network trains from its images, not on kept features: a retrain takes as long as "
             "train_mt.py (label.py --apply the labels file, then train again)")
         if self.keeps_features:
-            self.state, self.data = served_data(self.state, root, self.device, echo=echo)
+            self.state, self.data = restored_as_now(self.state, root, echo=echo, device=self.device)
+            self.known = KeptFeatures(self.data, self.classifier.model, self.config, self.device)
             self.held = held_out(self.state, self.data)
             self.held_part = "test" if self.held.source == "test" else "train"
-            self.kept = SortedRows(np.concatenate([np.asarray(self.data.digests[part](), "S32")
-                                                   for part in ("train", "test")]))
-            self.n_train = len(self.data.train_y)
             self.held_rows = set(self.state["val_idx"].tolist())
-            self.current = self.version(self.base_name, self.classifier.model, 0)
+            self.current = self.version(self.base_name, self.classifier.model)
         else:
-            calibration = self.classifier.calibrate(root, echo=echo)
-            self.current = Version(self.base_name, self.classifier.model, calibration, 0)
-        self.mean, self.std = self.classifier.mean, self.classifier.std
+            self.current = Version(self.base_name, self.classifier.model, self.classifier.calibrate(root, echo=echo))
 
-    def version(self, name, head, labels):
+    def version(self, name, head):
         """A Version of a head on the trunk's features, calibrated on the held-out images' kept features."""
         features = getattr(self.data.features, self.held_part)[self.held.rows, 0].float().to(self.device)
         with torch.no_grad():
             logits = model_outputs(head, features, None, None)[1].cpu().numpy()
         calibration = Calibration.fit(logits, self.held.y.numpy(), self.held.source, doubted=self.held.relabeled.numpy())
-        return Version(name, head, calibration, labels)
+        return Version(name, head, calibration)
 
     def trained(self, labels, weights):
         """Make the head of these weights, trained on `labels` ({row: class}), the current version."""
@@ -89,12 +83,8 @@ class LiveModel:
         unflat(head, weights)
         head.eval()
         given = hashlib.sha256(repr(sorted(labels.items())).encode()).hexdigest()[:6]
-        self.current = self.version(f"{self.base_name}+{len(labels)} labels {given}", head, len(labels))
+        self.current = self.version(f"{self.base_name}+{len(labels)} labels {given}", head)
         return self.current
-
-    @staticmethod
-    def digest(image):
-        return file_digest(image)
 
     def training_labels(self, rows):
         """{training row: class} of the kept labels ({path: (label, digest)}) whose images the checkpoint
@@ -114,10 +104,10 @@ class LiveModel:
         (or any image of the paper's network, which keeps no features to know them by)."""
         if not self.keeps_features:
             return None, None
-        row = self.kept[digest]
+        row = int(self.known.rows([digest])[0])
         if row < 0:
             return None, None
-        if row >= self.n_train or row in self.held_rows:
+        if row >= self.known.n_train or row in self.held_rows:
             return "held-out", None
         return "train", row
 
@@ -125,18 +115,20 @@ class LiveModel:
         """An Answer for each image's bytes, or the BadImage line where it cannot be decoded; one
         version answers them all."""
         version = self.current
-        digests = [file_digest(b) for b in images]
-        logits, failed = self.logits(version.model, images, digests)
-        predicted, confidence = confidences(logits, version.calibration.temperature if version.calibration else 1.0,
-                                            version.calibration.ceiling if version.calibration else 1.0)
+        logits, failed = self.logits(version.model, images)
+        calibration = version.calibration
+        predicted, confidence = confidences(logits, calibration.temperature if calibration else 1.0,
+                                            calibration.ceiling if calibration else 1.0)
         return [failed[i] if i in failed else Answer(self.classes[predicted[i]], float(confidence[i]), version.name)
-                for i in range(len(images))], digests
+                for i in range(len(images))]
 
-    def logits(self, model, images, digests):
-        """(logits (n, classes), {position: why} of those that cannot be decoded, whose rows are 0)."""
+    def logits(self, model, images):
+        """(logits (n, classes), {position: why} of those that cannot be decoded, whose rows are 0):
+        a frozen trunk's head on the kept features where an image's bytes are known (KeptFeatures),
+        the others decoded; the paper's network on each image decoded."""
         n, failed = len(images), {}
+        rows = self.known.rows([file_digest(b) for b in images]) if self.keeps_features else np.full(n, -1)
         decoded = torch.zeros(n, 3, self.config.image_size, self.config.image_size, dtype=torch.uint8)
-        rows = self.kept.rows(np.array(digests, "S32")) if self.keeps_features else np.full(n, -1)
         for i in np.flatnonzero(rows < 0).tolist():
             try:
                 decoded[i] = decode_bytes(images[i], self.config.image_size, self.config.framed)
@@ -144,14 +136,7 @@ class LiveModel:
                 failed[i] = str(exc)
         with torch.no_grad():
             if not self.keeps_features:
-                return model_outputs(model, decoded.to(self.device), self.mean, self.std)[1].cpu(), failed
-            features = torch.empty(n, self.data.features.train.shape[-1])
-            for part, mine in (("train", (rows >= 0) & (rows < self.n_train)), ("test", rows >= self.n_train)):
-                if mine.any():
-                    at = torch.from_numpy(rows[mine] - (self.n_train if part == "test" else 0))
-                    features[torch.from_numpy(mine)] = getattr(self.data.features, part)[at, 0].float()
-            new = torch.from_numpy(rows < 0)
-            if new.any():
-                features[new] = self.classifier.model.features(
-                    normalize(decoded[new].to(self.device), self.mean, self.std)).float().cpu()
-            return model_outputs(model, features.to(self.device), None, None)[1].cpu(), failed
+                mean, std = self.classifier.mean, self.classifier.std
+                return model_outputs(model, decoded.to(self.device), mean, std)[1].cpu(), failed
+            features = self.known.features(decoded, rows).to(self.device)
+            return model_outputs(model, features, None, None)[1].cpu(), failed

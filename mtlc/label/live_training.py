@@ -15,22 +15,10 @@ import time
 import torch
 
 from ..errors import UserError
-from ..train.checkpoints import load_checkpoint, restore_data
-from ..train.moved_images import restore_moved
+from ..train.checkpoints import load_checkpoint
+from ..train.moved_images import restored_as_now
 from ..train.progress import TimeEstimate
 from ..use.unseen import flat, train_fold
-
-
-def served_data(state, root, device, strong=False, echo=lambda line: None):
-    """(the checkpoint's state, its dataset) read from the served folder as it is now: as it was
-    trained, else with its training images moved or renamed since (label.py's moves)."""
-    try:
-        return state, restore_data(state, root, echo=echo, device=device, strong=strong)
-    except UserError as e:
-        try:
-            return restore_moved(state, root, echo=echo, device=device, strong=strong)
-        except UserError as moved:
-            raise UserError(f"its training images cannot be had as they were: {e.message} ({moved.message})") from None
 
 
 def head_with_labels(state, data, labels, device):
@@ -55,7 +43,7 @@ def training_process(conn, checkpoint, root, device_name):
     torch.set_num_threads(1)  # a head's step is too little work for two threads (train/forked.py)
     device = torch.device(device_name)
     try:
-        state, data = served_data(load_checkpoint(checkpoint), root, device, strong=True)
+        state, data = restored_as_now(load_checkpoint(checkpoint), root, device=device, strong=True)
     except UserError as e:
         conn.send(("failed", e.message))
         return

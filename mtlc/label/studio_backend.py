@@ -11,6 +11,7 @@ Studio's client puts in the message it shows.
 import threading
 import xml.etree.ElementTree as ElementTree
 
+from ..data.files import file_digest
 from ..errors import UserError, WriteFailed
 from ..use.label_studio import choice, is_true
 from .task_images import Refused, task_image
@@ -139,7 +140,7 @@ class StudioBackend:
 
     def answer(self, chunk, tasks, results, controls):
         """Fill in the results of a chunk [(task position, image bytes)]."""
-        answers, _ = self.model.answers([image for _, image in chunk])
+        answers = self.model.answers([image for _, image in chunk])
         for (i, _), answer in zip(chunk, answers):
             if isinstance(answer, str):
                 results[i] = self.refused(tasks[i], f"the image cannot be decoded: {answer}")
@@ -242,7 +243,7 @@ class StudioBackend:
             path, image = task_image(task.get("data"), self.folder, self.root, controls.image_key)
         except Refused as exc:
             raise BadRequest(f"{where}: {exc}") from None
-        digest = self.model.digest(image)
+        digest = file_digest(image)
         place, _ = self.model.place(digest)
         if self.training is not None and place != "train":
             self.echo(f"{path}: " + ("a held-out image: its label is kept, never trained on" if place == "held-out"

@@ -99,3 +99,17 @@ def restore_moved(state, data_dir=None, echo=lambda line: None, device="cpu", st
     data.features = embed(data, where, config.backbone, config.image_size, torch.device(device), echo,
                           strong_views=config.strong_views if strong else 0, framing=config.framed)
     return state, data
+
+
+def restored_as_now(state, data_dir=None, echo=lambda line: None, device="cpu", strong=False):
+    """(the checkpoint's state, its dataset) from its folder as it is now: as it was trained
+    (checkpoints.restore_data), else with its training images moved or renamed within it since
+    (restore_moved: label.py's moves, the same bytes); UserError saying both reasons where neither holds."""
+    from .checkpoints import restore_data
+    try:
+        return state, restore_data(state, data_dir, echo=echo, device=device, strong=strong)
+    except UserError as e:
+        try:
+            return restore_moved(state, data_dir, echo=echo, device=device, strong=strong)
+        except UserError as moved:
+            raise UserError(f"its training images cannot be had as they were: {e.message} ({moved.message})") from None

@@ -30,7 +30,7 @@ from ..train.checkpoints import load_checkpoint, restore_data, restore_models
 from ..train.devices import pick_device
 from ..train.inference import model_outputs, outputs
 from ..train.model import ModelConfig
-from ..train.moved_images import restore_moved
+from ..train.moved_images import restored_as_now
 from .calibration import Calibration, confidences
 from .held_out import held_out, restore_held_out
 from .outliers import TRUNK_OUTLIER_MARGIN
@@ -152,13 +152,10 @@ class Classifier:
             return (f"{len(self.state['unlabeled_idx'])} unlabeled images are too few for {FOLDS} heads that each "
                     f"leave a quarter out")
         root, state = data_dir or self.config.data_dir, self.state
-        try:
-            data = restore_data(state, root, echo=echo, device=self.device, strong=True)  # heads trained as it was
+        try:  # strong: the heads train as it was
+            state, data = restored_as_now(state, root, echo=echo, device=self.device, strong=True)
         except UserError as e:
-            try:  # moved or renamed within the folder since, by label.py or by hand: the same bytes
-                state, data = restore_moved(state, root, echo=echo, device=self.device, strong=True)
-            except UserError as moved:
-                return f"its training images cannot be had as they were: {e.message} ({moved.message})"
+            return e.message
         if not len(held_out(state, data).y):
             return "it has no held-out images to calibrate heads on"
         self.unseen = UnseenHeads.trained(state, data, root, checkpoint_key, self.model_name, self.model,

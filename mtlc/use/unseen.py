@@ -16,10 +16,7 @@ import numpy as np
 import torch
 
 from ..data.cache import cache_dir
-from ..data.cache_rows import SortedRows
-from ..data.mapped import release_pages
 from ..data.splits import true_classes
-from ..data.views import normalization, normalize
 from ..disk.work import Work
 from ..train.devices import Processes
 from ..train.forked import cpu_workers, each_at_once
@@ -30,6 +27,7 @@ from ..train.progress import TimeEstimate, epoch_progress
 from ..train.trainer import fresh_training, make_trainer
 from .calibration import Calibration
 from .held_out import held_out
+from .kept_features import KeptFeatures
 from .outliers import LabeledSpread
 
 FOLDS = 4
@@ -112,9 +110,7 @@ class UnseenHeads:
         # the fold of each training image that trained without a label (-1: labeled, or held out)
         self.fold_of_row = np.full(n_train, -1)
         self.fold_of_row[state["unlabeled_idx"].numpy()] = self.unlabeled_fold
-        # the checkpoint's images (training, then test) by the digest of their files, where a folder gives one
-        self.kept = None if not data.digests else SortedRows(np.concatenate([np.asarray(data.digests[part](), "S32")
-                                                                             for part in ("train", "test")]))
+        self.known = KeptFeatures(data, model, state["config"], device)
 
     @classmethod
     def trained(cls, state, data, root, checkpoint_key, model_name, model, device, echo):
@@ -145,10 +141,7 @@ class UnseenHeads:
         """(the head of each image, its position among the checkpoint's training then test images or
         -1) by its file's digest: the fold that left it out where it trained without a label, else
         the fold its hash picks."""
-        folds = hashed_fold(digests)
-        if self.kept is None or not len(digests):
-            return folds, np.full(len(digests), -1)
-        rows = self.kept.rows(np.array([d.encode() if isinstance(d, str) else d for d in digests], "S32"))
+        folds, rows = hashed_fold(digests), self.known.rows(digests)
         n_train = len(self.fold_of_row)
         left_out = (rows >= 0) & (rows < n_train)
         left_out[left_out] = self.fold_of_row[rows[left_out]] >= 0
@@ -161,18 +154,7 @@ class UnseenHeads:
         of uint8 images x whose files have these digests: the trunk's features of the checkpoint's own
         images (training and test) taken from the kept ones, any other image's computed."""
         folds, rows = self.folds_of(digests)
-        features = torch.empty(len(x), self.data.features.train.shape[-1])
-        n_train, kept = len(self.fold_of_row), rows >= 0
-        for part, mine in (("train", kept & (rows < n_train)), ("test", rows >= n_train)):
-            if mine.any():
-                at = rows[mine] - (n_train if part == "test" else 0)
-                kept_features = getattr(self.data.features, part)
-                features[torch.from_numpy(mine)] = kept_features[torch.from_numpy(at), 0].float()
-                release_pages(kept_features)  # a batch's pages, not the whole mapped file
-        if (~kept).any():
-            images = normalize(x[torch.from_numpy(~kept)].to(self.device), *normalization(self.state["config"], self.device))
-            with torch.no_grad():
-                features[~kept] = self.model.features(images).float().cpu()
+        features = self.known.features(x, rows)
         return *self.logits(features, folds), None if self.spread is None else self.spread.ratios(features.numpy())
 
     def logits(self, features, folds):
