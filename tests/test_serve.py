@@ -2,6 +2,7 @@
 calls it (label_studio/ml/api_connector.py); test_label_studio_live.py runs Label Studio itself."""
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -329,3 +330,26 @@ def test_basic_auth_takes_label_studios_latin_1_and_an_empty_user_is_refused(run
     for user, password in (("", "x"), ("ls", ""), ("a:b", "x")):
         result = invoke(serve, ["--ckpt", run / "run" / "mt.pt", "--basic-auth-user", user, "--basic-auth-pass", password])
         assert result.exit_code == 2 and "must not be empty" in result.output
+
+
+def test_a_full_disk_while_a_label_is_kept_is_a_line_the_file_as_before_and_the_server_goes_on(served, run, tmp_path,
+                                                                                               monkeypatch):
+    import errno
+    assert served.post("/setup", {"schema": config_of(["cat", "dog", "owl"])}).status_code == 200
+    tasks = tasks_of(run)
+
+    def labeled(task, label):
+        return served.post("/webhook", {"action": "ANNOTATION_CREATED", "task": task, "annotation": {
+            "result": [{"from_name": "label", "value": {"choices": [label]}}]}})
+    assert labeled(tasks[0], "cat").status_code == 200
+    before = (tmp_path / "labels.csv").read_bytes()
+
+    def full(rows):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(kept_labels, "csv_bytes", full)
+    answer = labeled(tasks[1], "dog")
+    assert answer.status_code == 507 and "No space left on device" in answer.json()["error"]
+    assert (tmp_path / "labels.csv").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".labels.csv")) == []  # no temporary left
+    monkeypatch.undo()
+    assert labeled(tasks[1], "dog").status_code == 200 and requests.get(served.url + "/health").status_code == 200

@@ -106,3 +106,11 @@ def test_a_relative_path_as_evaluate_writes_it_from_elsewhere_is_read_as_label_p
     # Label Studio reads d= as Django does: a '+' is a space
     (served / "unlabeled" / "p q.png").write_bytes(b"spaced")
     assert task_image({"image": "/data/local-files/?d=unlabeled/p+q.png"}, served, served)[1] == b"spaced"
+
+
+def test_a_pipe_or_a_folder_at_the_labels_path_is_refused_in_a_line_never_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "folder.csv").mkdir()
+    for name in ("pipe.csv", "folder.csv"):
+        with pytest.raises(UserError, match="cannot read the labels file"):
+            KeptLabels(tmp_path / name, print)

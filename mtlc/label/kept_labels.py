@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..data.files import DIGEST_COLUMN
-from ..disk.opening import lock_folder
+from ..disk.opening import lock_folder, open_regular
 from ..errors import UserError
 
 COLUMNS = ("path", "label", DIGEST_COLUMN)
@@ -24,12 +24,12 @@ def read_rows(path):
     """{path: (label, digest)} of a labels file this backend keeps; none where there is no file.
     UserError where a file there is not one (another file of the user's is never written over)."""
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path), "rb") as f:  # a pipe there is refused, never waited on
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise UserError(f"cannot read the labels file {path}: {exc.strerror}") from None
+        raise UserError(f"cannot read the labels file {path}: {exc.strerror or exc}") from None
     try:
         text = raw.decode("utf-8", "surrogateescape")
         rows = list(csv.reader(io.StringIO(text, newline="")))
