@@ -46,89 +46,91 @@ def expected_headers(auth):
     return headers
 
 
+class Handler(BaseHTTPRequestHandler):
+    """A request to a backend (handler_for binds one: its backend, the auth headers it takes, its echo)."""
+    protocol_version = "HTTP/1.1"
+    server_version = "mtlc-label-studio-backend"
+    backend = expected = None
+    echo = staticmethod(print)
+
+    def do_GET(self):
+        self.route("GET")
+
+    def do_POST(self):
+        self.route("POST")
+
+    def route(self, method):
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        self.body_read = method != "POST"
+        try:
+            given = self.headers.get("Authorization", "").encode("latin-1", "replace")
+            if self.expected is not None and not any([hmac.compare_digest(given, e) for e in self.expected]):
+                raise BadRequest("a Label Studio basic-auth user and password are needed (Settings > Model: "
+                                 "Use basic auth)", status=401)
+            name = ROUTES.get((method, path))
+            if name is None:
+                raise BadRequest(f"{method} {printable(path, 80)} is not a route of this backend (GET /health; POST "
+                                 f"/setup, /predict, /webhook, /train)", status=404)
+            body = self.json_body() if method == "POST" else None
+            self.answer(200, getattr(self.backend, name)(*(() if body is None else (body,))))
+        except BadRequest as exc:
+            self.refuse(exc.status, exc.message)
+        except Exception as exc:  # a bug must not stop the server: said, and the request refused
+            self.echo(f"{method} {printable(path, 80)}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            self.refuse(500, f"the backend failed on this request ({type(exc).__name__}: {exc})")
+
+    def json_body(self):
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length is None:
+            raise BadRequest("the request has no Content-Length", status=411)
+        try:
+            length = int(length)
+        except ValueError:
+            raise BadRequest("the request's Content-Length is not a number") from None
+        if length < 0 or length > MAX_BODY_BYTES:
+            self.close_connection = True  # its body is not read
+            raise BadRequest(f"the request is {length:,} bytes, over the {MAX_BODY_BYTES:,} this backend reads",
+                             status=413)
+        raw, deadline = bytearray(), time.monotonic() + READ_TIMEOUT_S
+        while len(raw) < length:
+            try:
+                chunk = self.rfile.read(min(length - len(raw), 2 ** 20))
+            except TimeoutError:  # the socket's own timeout: nothing came for READ_TIMEOUT_S
+                chunk = b""
+            if not chunk or time.monotonic() > deadline:
+                self.close_connection = True
+                raise BadRequest(f"the request's body did not arrive within {READ_TIMEOUT_S} s", status=408)
+            raw += chunk
+        self.body_read = True
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise BadRequest(f"the request is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+    def answer(self, status, payload, reason=None):
+        data = json.dumps(payload).encode()
+        self.send_response(status, reason)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Basic realm="mtlc"')
+        self.end_headers()
+        self.wfile.write(data)
+
+    def refuse(self, status, message):
+        self.echo(f"{self.command} {printable(self.path, 80)}: {status} {printable(message, 2000)}")
+        if not self.body_read:  # its body, unread, would be taken for the next request
+            self.close_connection = True
+        self.answer(status, {"error": message}, reason_phrase(message))
+
+    def log_message(self, format, *args):  # each request's line: quiet unless refused (refuse says it)
+        pass
+
+
 def handler_for(backend, auth, echo):
     """The request handler class of a backend; auth: (user, password) or None."""
-    expected = expected_headers(auth)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "mtlc-label-studio-backend"
-        timeout = READ_TIMEOUT_S
-
-        def do_GET(self):
-            self.route("GET")
-
-        def do_POST(self):
-            self.route("POST")
-
-        def route(self, method):
-            path = self.path.split("?", 1)[0].rstrip("/") or "/"
-            self.body_read = method != "POST"
-            try:
-                given = self.headers.get("Authorization", "").encode("latin-1", "replace")
-                if expected is not None and not any([hmac.compare_digest(given, e) for e in expected]):
-                    raise BadRequest("a Label Studio basic-auth user and password are needed (Settings > Model: "
-                                     "Use basic auth)", status=401)
-                name = ROUTES.get((method, path))
-                if name is None:
-                    raise BadRequest(f"{method} {printable(path, 80)} is not a route of this backend (GET /health; POST "
-                                     f"/setup, /predict, /webhook, /train)", status=404)
-                body = self.json_body() if method == "POST" else None
-                self.answer(200, getattr(backend, name)(*(() if body is None else (body,))))
-            except BadRequest as exc:
-                self.refuse(exc.status, exc.message)
-            except Exception as exc:  # a bug must not stop the server: said, and the request refused
-                echo(f"{method} {printable(path, 80)}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-                self.refuse(500, f"the backend failed on this request ({type(exc).__name__}: {exc})")
-
-        def json_body(self):
-            length = self.headers.get("Content-Length")
-            if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length is None:
-                raise BadRequest("the request has no Content-Length", status=411)
-            try:
-                length = int(length)
-            except ValueError:
-                raise BadRequest("the request's Content-Length is not a number") from None
-            if length < 0 or length > MAX_BODY_BYTES:
-                self.close_connection = True  # its body is not read
-                raise BadRequest(f"the request is {length:,} bytes, over the {MAX_BODY_BYTES:,} this backend reads",
-                                 status=413)
-            raw, deadline = bytearray(), time.monotonic() + READ_TIMEOUT_S
-            while len(raw) < length:
-                try:
-                    chunk = self.rfile.read(min(length - len(raw), 2 ** 20))
-                except TimeoutError:  # the socket's own timeout: nothing came for READ_TIMEOUT_S
-                    chunk = b""
-                if not chunk or time.monotonic() > deadline:
-                    self.close_connection = True
-                    raise BadRequest(f"the request's body did not arrive within {READ_TIMEOUT_S} s", status=408)
-                raw += chunk
-            self.body_read = True
-            try:
-                return json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                raise BadRequest(f"the request is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
-
-        def answer(self, status, payload, reason=None):
-            data = json.dumps(payload).encode()
-            self.send_response(status, reason)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if status == 401:
-                self.send_header("WWW-Authenticate", 'Basic realm="mtlc"')
-            self.end_headers()
-            self.wfile.write(data)
-
-        def refuse(self, status, message):
-            echo(f"{self.command} {printable(self.path, 80)}: {status} {printable(message, 2000)}")
-            if not self.body_read:  # its body, unread, would be taken for the next request
-                self.close_connection = True
-            self.answer(status, {"error": message}, reason_phrase(message))
-
-        def log_message(self, format, *args):  # each request's line: quiet unless refused (refuse says it)
-            pass
-
-    return Handler
+    return type("BackendHandler", (Handler,), dict(backend=backend, expected=expected_headers(auth),
+                                                    echo=staticmethod(echo), timeout=READ_TIMEOUT_S))
 
 
 class StudioServer(ThreadingHTTPServer):
