@@ -179,6 +179,7 @@ def test_labels_are_kept_at_once_and_the_next_predictions_come_from_a_head_train
     assert result.exit_code == 0 and f"{first_path} -> labeled/dog/" in result.output, result.output
 
 
+@pytest.mark.slow
 def test_label_studios_start_training_and_two_servers_on_one_folder_keep_every_label(run, tmp_path):
     """Label Studio's "Start training" without its webhook flag posts every annotated task to /train;
     two servers on one folder and one labels file keep each other's labels; no file of the folder moves."""
@@ -296,6 +297,7 @@ def test_annotations_made_from_predictions_are_kept_and_a_bad_task_of_a_training
     assert sorted(label for label, _ in kept_labels.read_rows(tmp_path / "labels.csv").values()) == ["cat", "dog", "owl"]
 
 
+@pytest.mark.slow
 def test_connections_over_the_limit_and_bodies_too_slow_are_refused(run, tmp_path, monkeypatch):
     from mtlc.label import studio_server
     monkeypatch.setattr(studio_server, "CONNECTIONS", 2)
