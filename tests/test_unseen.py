@@ -1,8 +1,8 @@
 """--predict of a head on a frozen trunk: each image is predicted by one of FOLDS heads trained as the
 checkpoint's was, the one that never saw it (an unlabeled training image by the head that left it
-out, any other by the head its file's hash picks), calibrated on the held-out images predicted
-alike; the heads are kept for the next run; where the training images cannot be had, the
-checkpoint itself predicts and the line says why."""
+out, a held-out image by the head that left it out of its labeled ones, any other by the head its
+file's hash picks), calibrated on the held-out images predicted alike; the heads are kept for the
+next run; where the training images cannot be had, the checkpoint itself predicts and the line says why."""
 import json
 import shutil
 
@@ -55,9 +55,9 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     state = load_checkpoint(run / "run" / "lc.pt")
     splits, real = {}, unseen.train_fold
 
-    def recorded(state, data, split, device, name, estimate, bar):
+    def recorded(state, data, split, device, name, estimate, bar, start=None):
         splits[name] = split
-        return real(state, data, split, device, name, estimate, bar)
+        return real(state, data, split, device, name, estimate, bar, start)
     monkeypatch.setattr(unseen, "train_fold", recorded)
     monkeypatch.setattr(unseen, "cpu_workers", lambda *a: 1)  # recorded in this process
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
@@ -70,14 +70,25 @@ def test_each_image_is_predicted_by_the_head_that_never_saw_it(run, monkeypatch,
     assert "training 4 heads as the checkpoint's was" in result.output and "4 heads: " in result.output  # its estimate
     assert result.output.count(" of 4 trained") == 4 and "s/step" not in result.output.replace("s/step on this", "")
     assert json.loads(result.stdout.splitlines()[-1])["unseen_heads"] == 4
-    # head k trained on every label and on the unlabeled images but fold k's, stage 2 included
+    # head k trained on every label, the held-out images but fold k's as labeled ones (after the training
+    # rows, with their own labels) and the unlabeled images but fold k's, stage 2 included
     unlabeled, folds = state["unlabeled_idx"], unseen.unlabeled_folds(state)
     assert len(splits) == 4 and np.bincount(folds).tolist() == [4, 4, 4, 4]
-    for k, split in enumerate(splits[f"head {k + 1} of 4"] for k in range(4)):
-        assert torch.equal(split["labeled_idx"], state["labeled_idx"])
-        assert set(split["unlabeled_idx"].tolist()) == set(unlabeled[torch.from_numpy(folds != k)].tolist())
-    # each unlabeled image's row: the head that left it out, on the image's kept features
     data = restore_data(state, echo=lambda line: None)
+    held = unseen.held_out(state, data)
+    held_folds = unseen.held_out_folds(state, data, held)
+    assert held.source == "test" and len(held.y) == 24 and len(set(held_folds.tolist())) == 4
+    n_train = len(data.train_y)
+    for k, split in enumerate(splits[f"head {k + 1} of 4"] for k in range(4)):
+        rows = split["labeled_idx"]
+        assert torch.equal(rows[:len(state["labeled_idx"])], state["labeled_idx"])
+        others = [n_train + i for i in np.flatnonzero(held_folds != k)]
+        assert sorted(rows[len(state["labeled_idx"]):].tolist()) == others
+        assert set(split["unlabeled_idx"].tolist()) == set(unlabeled[torch.from_numpy(folds != k)].tolist())
+    training, held_rows = unseen.with_held_out(data, held)
+    assert torch.equal(training.train_y[held_rows], held.y)
+    assert torch.equal(training.inputs("train")[held_rows][:, 1], data.features.test[held.rows, 0])
+    # each unlabeled image's row: the head that left it out, on the image's kept features
     heads = unseen.UnseenHeads.trained(state, data, run / "d", evaluate_key(run), "teacher", None, "cpu", print)
     by_name = {r["path"]: r for r in read_rows(out.read_text(), more=("like_no_class",))}
     assert len(by_name) == 16
@@ -211,11 +222,11 @@ def test_heads_interrupted_while_one_trains_keep_those_done_and_the_next_run_tra
     monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / "cache"))
     trained, real = [], unseen.train_fold
 
-    def stopped_in_the_third(state, data, split, device, name, estimate, bar):
+    def stopped_in_the_third(state, data, split, device, name, estimate, bar, start=None):
         trained.append(name)
         if len(trained) == 3:
             raise KeyboardInterrupt
-        return real(state, data, split, device, name, estimate, bar)
+        return real(state, data, split, device, name, estimate, bar, start)
     monkeypatch.setattr(unseen, "train_fold", stopped_in_the_third)
     monkeypatch.setattr(unseen, "cpu_workers", lambda *a: 1)  # recorded in this process
     args = ["--ckpt", run / "run" / "lc.pt", "--predict", run / "d" / "unlabeled", "--csv", tmp_path / "p.csv"]

@@ -73,3 +73,33 @@ def in_order(x):
         yield
     finally:
         mm.madvise(mmap.MADV_RANDOM)
+
+
+class StackedRows:
+    """The rows (n, views, D) of two arrays, `first` then `second`, read as one array of their rows
+    without copying either (each may be a memory map, its pages let go after every read): where the
+    second has fewer views than the first (held-out images embedded as they are only), its first
+    view stands for the others."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+        self.shape = (len(first) + len(second), *first.shape[1:])
+        self.dtype = first.dtype
+        self.nbytes = first.nbytes + second[:, :1].nbytes * first.shape[1]
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, idx):
+        if isinstance(idx, int):
+            return self[torch.tensor([idx])][0]
+        idx = torch.arange(len(self))[idx] if isinstance(idx, slice) else torch.as_tensor(idx)
+        rows = torch.empty((len(idx), *self.shape[1:]), dtype=self.dtype)
+        in_first = idx < len(self.first)
+        rows[in_first] = self.first[idx[in_first]]
+        release_pages(self.first)
+        if (~in_first).any():
+            second = self.second[idx[~in_first] - len(self.first)]
+            rows[~in_first] = second[:, :1].expand(-1, self.shape[1], *self.shape[2:])
+            release_pages(self.second)
+        return rows

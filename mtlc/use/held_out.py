@@ -3,6 +3,7 @@ images but those that copy a training image, else its --val hold-out; read from 
 alone where it can be: label.py's moves between unlabeled/ and labeled/ do not change it), those
 label.py relabeled marked.
 """
+import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
@@ -10,6 +11,7 @@ import click
 import torch
 
 from ..data.datasets import class_images, listed, read_files
+from ..data.mapped import StackedRows
 from ..data.layout import is_own_layout
 from ..data.files import describe_bad
 from ..data.splits import unleaked_test
@@ -39,10 +41,26 @@ def held_out(state, data):
     return HeldOut(data.train_x[val], data.train_y[val], "validation", relabeled_mask(config, names, len(val)), val)
 
 
+def with_held_out(data, held):
+    """(the dataset whose training rows are followed by the held-out test images, with their labels and
+    the trunk's kept features of them, the held-out images' rows in it): what a head trains on when
+    some of the held-out images are its labeled images (use/unseen.py). A --val hold-out is training
+    rows already. The training rows are read from the kept features where they lie (a memory map), never
+    copied."""
+    if held.source != "test":
+        return data, held.rows
+    n = len(data.train_y)
+    features = dataclasses.replace(data.features, train=StackedRows(data.features.train, data.features.test[held.rows]))
+    stacked = dataclasses.replace(data, train_y=torch.cat([data.train_y, held.y]), features=features)
+    return stacked, n + torch.arange(len(held.y))
+
+
 def relabeled_mask(config, names, n):
     """Which of n held-out images (their names, None where the dataset has none) label.py relabeled."""
     relabeled = set(config.relabeled)
-    return torch.tensor([name in relabeled for name in names], dtype=torch.bool) if names else torch.zeros(n, dtype=torch.bool)
+    if not names:
+        return torch.zeros(n, dtype=torch.bool)
+    return torch.tensor([name in relabeled for name in names], dtype=torch.bool)
 
 
 def without_leaked(config, names, x, y):

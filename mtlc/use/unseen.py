@@ -3,12 +3,19 @@ unlabeled images (consistency, pseudo-labels, LC) and grows surer of them than o
 saw, so its held-out images' calibration says too little about them (digits, Lite2: `--max-error 5`
 accepted 88% of the unlabeled images at 7.3% wrong; docs/pretrained.md). Here FOLDS heads train as
 the checkpoint's head did (its objective, stages and number of steps, on the kept features), each
-with one FOLDS-th of the unlabeled images left out. An image the checkpoint trained on without a
-label is predicted by the head that left it out; any other (held-out, new, labeled) by the head its
-file's hash picks. So every image is predicted by a head that never trained on it, the held-out
-images as the rest, and the calibration fitted on them holds for the unlabeled images too: they are
-exchangeable. The heads are kept (a sealed work folder beside the decode cache) for the next run.
+with one FOLDS-th of the unlabeled images left out, and one FOLDS-th of the held-out images: the
+other held-out images are labeled images of that head (cross-fitting), so that the labels the
+held-out images cost train the heads too (food photos, 10 labels a class and 1,000 held-out images:
+the unlabeled images' labels 30% wrong without them, 21% with them; docs/label-in-rounds.md). An
+image the checkpoint trained on without a label is predicted by the head that left it out; a
+held-out image by the head that left it out, the fold its file's hash picks; any other (new,
+labeled) by the head its hash picks. So every image is predicted by a head that never trained on
+it, and the held-out images of a fold and its unlabeled ones are alike to that head: the
+calibration fitted on the held-out images holds for the unlabeled images too. The heads are kept (a
+sealed work folder beside the decode cache) for the next run.
 """
+import copy
+import dataclasses
 import hashlib
 import sys
 
@@ -24,14 +31,17 @@ from ..train.inference import model_outputs
 from ..train.model import ModelConfig
 from ..train.networks import build_models
 from ..train.progress import TimeEstimate, epoch_progress
-from ..train.trainer import fresh_training, make_trainer
+from ..train.trainer import fresh_training, make_optimizer, make_trainer
 from .calibration import Calibration
-from .held_out import held_out
+from .held_out import held_out, with_held_out
 from .kept_features import KeptFeatures
 from .outliers import LabeledSpread
 
 FOLDS = 4
 NEVER = 10 ** 9  # an epoch count no fold reaches: a fold's head is never evaluated while it trains
+# The share of the checkpoint's steps a round's heads train for, each from its head of the round before
+# (a person's labels added): on food photos an eighth was level with training them anew (docs/label-in-rounds.md)
+ROUND_SHARE = 0.125
 
 
 def stage_steps(state):
@@ -54,14 +64,36 @@ def fold_settings(config, n_checkpoint, n_fold, first_steps):
                                       lc_rampup=lc.lc_rampup * per_epoch, eval_every=NEVER, mt_step=first_steps))
 
 
-def train_fold(state, data, split, device, name, estimate, bar=True):
+def shortened(state, share):
+    """The state of a checkpoint whose training took `share` of its steps, each stage's schedule and
+    ramps shortened alike: what a head trained again for a round of labels takes (RoundHeads)."""
+    if share == 1:
+        return state
+    config = state["config"]
+    short = config.replace(epochs=config.epochs * share, decay_epochs=config.decay_epochs * share,
+                           cons_rampup=config.cons_rampup * share, lc_start_epoch=config.lc_start_epoch * share)
+    if config.lc is not None:
+        lc = config.lc
+        short = short.replace(lc=lc.replace(epochs=lc.epochs * share, decay_epochs=lc.decay_epochs * share,
+                                            lc_rampup=lc.lc_rampup * share, mt_step=round(lc.mt_step * share)))
+    return dict(state, config=short, step=round(state["step"] * share))
+
+
+def train_fold(state, data, split, device, name, estimate, bar=True, start=None):
     """(student, teacher) of a head trained as the checkpoint's was on `split`: stage 1, then the
     checkpoint's stage 2 where it had one, as many steps each (estimate: the heads' TimeEstimate;
-    bar: a progress bar where stderr is a terminal)."""
+    bar: a progress bar where stderr is a terminal). start: (student, teacher) to go on from, their
+    ramps already behind them (a fresh optimizer), instead of new networks."""
     first, second = stage_steps(state)
     config = fold_settings(state["config"], len(state["unlabeled_idx"]), len(split["unlabeled_idx"]), first)
-    trainer = make_trainer("mt", config, data, split, fresh_training(config, data, split["labeled_idx"], device),
-                           device, Processes())
+    if start is None:
+        training = fresh_training(config, data, split["labeled_idx"], device)
+    else:
+        config = config.replace(cons_rampup=0.0) if config.lc is None else config.replace(
+            cons_rampup=0.0, lc=config.lc.replace(lc_rampup=0.0))
+        student, teacher = (copy.deepcopy(model).train() for model in start)
+        training = student, teacher, make_optimizer(student, config.lr)
+    trainer = make_trainer("mt", config, data, split, training, device, Processes())
     train_steps(trainer, range(first), name, estimate, bar)
     if second:
         pairs = true_classes(data, config.lc.truth) if config.lc.pairs == "true-class" else None
@@ -102,8 +134,10 @@ def hashed_fold(digests):
 class UnseenHeads:
     """FOLDS heads of a checkpoint and which one predicts an image (module docstring)."""
 
-    def __init__(self, state, data, heads, model, device):
-        self.state, self.data, self.heads, self.model, self.device = state, data, heads, model, device
+    def __init__(self, state, data, rows, model_name, model, device):
+        self.state, self.data, self.model, self.device = state, data, model, device
+        self.rows = rows  # each fold's head as FoldHeads.train gives it: its student's then teacher's flat weights
+        self.heads = [models_of_row(state, row, device)[model_name == "teacher"] for row in rows]
         self.spread = LabeledSpread.of_checkpoint(state, data)  # how far an image lies from every labeled one
         self.unlabeled_fold = unlabeled_folds(state)
         n_train = len(data.train_y)
@@ -118,9 +152,10 @@ class UnseenHeads:
         root, trained or taken up from where this machine kept them; `model_name` the teacher or the
         student of each; `model` the checkpoint's own (what the pooled features are of)."""
         folder = cache_dir(root) / f"unseen-{hashlib.sha256(repr(checkpoint_key).encode()).hexdigest()[:16]}"
-        # the heads train on the training images alone: the test images' moves and bytes leave them as they are
+        held = held_out(state, data)
+        # the heads train on the training images and the held-out ones (their bytes and labels), wherever they lie
         work = Work(folder, dict(step="unseen heads", checkpoint=checkpoint_key, folds=FOLDS,
-                                 contents=data.contents and data.contents["train"]),
+                                 contents=data.contents and data.contents["train"], held_out=held_key(data, held)),
                     echo, wait=lambda: echo(f"waiting for another run that trains or reads the heads in {folder}"))
         try:
             done = work.state.setdefault("folds", [])
@@ -128,14 +163,15 @@ class UnseenHeads:
             workers = cpu_workers(device, len(todo))
             if todo:
                 echo(f"training {len(todo)} heads as the checkpoint's was, each without a quarter of the unlabeled "
-                     f"images, so that every image is predicted by one that never saw it (once: a later --predict of "
-                     f"this checkpoint takes them up)" + (f"; {workers} at once" if workers > 1 else ""))
+                     f"images and labeled by the other three quarters of the {len(held.y)} held-out ones, so that "
+                     f"every image is predicted by one that never saw it (once: a later --predict of this checkpoint "
+                     f"takes them up)" + (f"; {workers} at once" if workers > 1 else ""))
             with work.kept_if_interrupted("the heads trained so far"):
                 train_folds(state, data, work, todo, workers, device, echo)
-            heads = [kept_head(state, work, k, model_name, device, echo, k not in todo) for k in range(FOLDS)]
+            rows = [kept_row(state, work, k, device, echo, k not in todo) for k in range(FOLDS)]
         finally:
             work.close()
-        return cls(state, data, heads, model, device)
+        return cls(state, data, rows, model_name, model, device)
 
     def folds_of(self, digests):
         """(the head of each image, its position among the checkpoint's training then test images or
@@ -157,30 +193,43 @@ class UnseenHeads:
         features = self.known.features(x, rows)
         return *self.logits(features, folds), None if self.spread is None else self.spread.ratios(features.numpy())
 
-    def logits(self, features, folds):
-        """(the checkpoint's pooled features, each row's head's logits) of trunk features (n, D)."""
+    def logits(self, features, folds, heads=None):
+        """(the checkpoint's pooled features, each row's head's logits) of trunk features (n, D); heads:
+        others than these to answer with, one a fold (a round's, live_model.py)."""
         features = features.to(self.device)
         pooled, _ = model_outputs(self.model, features, None, None)
         logits = torch.empty(len(features), self.state["config"].num_classes)
-        for k, head in enumerate(self.heads):
+        for k, head in enumerate(self.heads if heads is None else heads):
             mine = torch.from_numpy(folds == k)
             if mine.any():
                 logits[mine] = model_outputs(head, features[mine.to(features.device)], None, None)[1].cpu()
         return pooled.cpu(), logits
 
-    def calibration(self):
-        """The Calibration of the heads on the checkpoint's held-out images, each predicted by the
-        head its file's hash picks (by a fixed draw where the dataset has no files)."""
+    def calibration(self, heads=None):
+        """The Calibration of the heads (or of others, one a fold) on the checkpoint's held-out images,
+        each predicted by the head its file's hash picks (by a fixed draw where the dataset has no files)."""
         held = held_out(self.state, self.data)
         part = "test" if held.source == "test" else "train"
-        digests = self.data.digests[part]() if self.data.digests else None
-        if digests is not None:
-            folds = hashed_fold(np.asarray(digests)[held.rows.numpy()])
-        else:
-            folds = np.random.default_rng(self.state["config"].seed).permutation(len(held.rows)) % FOLDS
         features = getattr(self.data.features, part)[held.rows, 0].float()
-        logits = self.logits(features, folds)[1]
+        logits = self.logits(features, held_out_folds(self.state, self.data, held), heads)[1]
         return Calibration.fit(logits.numpy(), held.y.numpy(), held.source, doubted=held.relabeled.numpy())
+
+
+def held_out_folds(state, data, held):
+    """The fold of each held-out image (HeldOut): the one its file's hash picks, by a fixed draw of the
+    seed where the dataset has no files."""
+    part = "test" if held.source == "test" else "train"
+    if data.digests:
+        return hashed_fold(np.asarray(data.digests[part]())[held.rows.numpy()])
+    return np.random.default_rng(state["config"].seed).permutation(len(held.rows)) % FOLDS
+
+
+def held_key(data, held):
+    """What the heads' held-out labeled images are: their source, the digest of each file (or its row)
+    and their labels, hashed."""
+    part = "test" if held.source == "test" else "train"
+    names = np.asarray(data.digests[part]())[held.rows.numpy()] if data.digests else held.rows.numpy()
+    return f"{held.source}:" + hashlib.sha256(np.asarray(names).tobytes() + held.y.numpy().tobytes()).hexdigest()
 
 
 def unlabeled_folds(state):
@@ -191,34 +240,86 @@ def unlabeled_folds(state):
 
 def train_folds(state, data, work, todo, workers, device, echo):
     """Train the heads of the folds of todo, `workers` at once (train/forked.py), each kept in the
-    work as it ends: trained on every labeled image and the unlabeled ones of the other folds."""
+    work as it ends: trained on every labeled image, the held-out images and the unlabeled ones of the
+    other folds (FoldHeads)."""
     steps = sum(stage_steps(state))
     rounds = -(-len(todo) // workers)
     estimate = TimeEstimate(f"{len(todo)} heads", rounds * steps, device, echo)
-
-    def fold_row(k):  # one process's estimate speaks, for the others' steps as well; bars only alone
-        unlabeled = state["unlabeled_idx"]
-        split = dict(labeled_idx=state["labeled_idx"], val_idx=torch.zeros(0, dtype=torch.long),
-                     unlabeled_idx=unlabeled[torch.from_numpy(unlabeled_folds(state) != k)])
-        silent = TimeEstimate("", 0, device, lambda line: None)
-        models = train_fold(state, data, split, device, f"head {k + 1} of {FOLDS}",
-                            estimate if workers == 1 or k == todo[0] else silent, bar=workers == 1)
-        return np.concatenate([flat(model) for model in models])
-    for k, row in each_at_once(fold_row, todo, workers):
+    heads = FoldHeads(state, data)
+    labels = {int(r): int(data.train_y[r]) for r in state["labeled_idx"].tolist()}
+    for k, row in heads.train(labels, todo, workers, device, estimate):
         work.appended(f"fold{k + 1}.f32").write(row.tobytes())
         work.state["folds"].append(k)
         work.commit(force=True)
         echo(f"head {k + 1} of {FOLDS} trained")
 
 
-def kept_head(state, work, k, model_name, device, echo, kept_before):
-    """Fold k's head (the teacher or the student) as the work keeps it."""
-    student, teacher = build_models(ModelConfig(**state["model_args"]), device)
+class FoldHeads:
+    """What the FOLDS heads of a checkpoint train on (module docstring): its schedule, the fold of each
+    of its training images and of its held-out images, these as labeled images of the other folds'
+    heads; `train` trains them on a set of labels, anew or from the heads of the round before."""
+
+    def __init__(self, state, data):
+        self.state, self.data = state, data
+        self.held = held_out(state, data)
+        self.held_folds = held_out_folds(state, data, self.held)
+        self.training, self.held_rows = with_held_out(data, self.held)
+        # the images a head may train on without a label: the checkpoint's unlabeled ones, then its labeled
+        # ones (a round whose labels are another draw); never a --val hold-out
+        self.candidates = torch.cat([state["unlabeled_idx"], state["labeled_idx"]])
+        self.fold_of_row = np.full(len(data.train_y), -1)
+        self.fold_of_row[state["unlabeled_idx"].numpy()] = unlabeled_folds(state)
+        labeled = state["labeled_idx"].numpy()
+        self.fold_of_row[labeled] = (hashed_fold(np.asarray(data.digests["train"]())[labeled]) if data.digests
+                                     else labeled % FOLDS)
+
+    def split(self, k, labels):
+        """The split of fold k's head under labels ({training row: class}): every label and the held-out
+        images of the other folds labeled, the other images of the other folds unlabeled."""
+        rows = torch.tensor(list(labels), dtype=torch.long)
+        free = self.candidates[~torch.isin(self.candidates, rows)]
+        return dict(labeled_idx=torch.cat([rows, self.held_rows[torch.from_numpy(self.held_folds != k)]]),
+                    val_idx=torch.zeros(0, dtype=torch.long),
+                    unlabeled_idx=free[torch.from_numpy(self.fold_of_row[free.numpy()] != k)])
+
+    def labeled(self, labels):
+        """The training data with these labels ({training row: class}) on its images."""
+        rows = torch.tensor(list(labels), dtype=torch.long)
+        classes = torch.tensor(list(labels.values()), dtype=torch.long)
+        if torch.equal(self.training.train_y[rows], classes):
+            return self.training
+        train_y = self.training.train_y.clone()
+        train_y[rows] = classes
+        return dataclasses.replace(self.training, train_y=train_y)
+
+    def train(self, labels, folds, workers, device, estimate, start=None, share=1.0):
+        """(fold, its student's then teacher's flat weights) of each fold's head as it ends, `workers` at once:
+        trained on `labels` as the checkpoint's head was, or from start[fold] ((student, teacher)) for
+        `share` of the checkpoint's steps."""
+        state, data = shortened(self.state, share), self.labeled(labels)
+        silent = TimeEstimate("", 0, device, lambda line: None)
+
+        def fold_row(k):  # one process's estimate speaks, for the others' steps as well; bars only alone
+            models = train_fold(state, data, self.split(k, labels), device, f"head {k + 1} of {FOLDS}",
+                                estimate if workers == 1 or k == folds[0] else silent, bar=workers == 1,
+                                start=None if start is None else start[k])
+            return np.concatenate([flat(model) for model in models])
+        return each_at_once(fold_row, folds, workers)
+
+
+def kept_row(state, work, k, device, echo, kept_before):
+    """Fold k's head as the work keeps it: its student's then teacher's flat weights."""
     if kept_before:
         echo(f"head {k + 1} of {FOLDS} that never saw an image: kept from before")
+    width = 2 * len(flat(build_models(ModelConfig(**state["model_args"]), device)[0]))
+    return np.array(work.rows(f"fold{k + 1}.f32", np.float32, width)[0])
+
+
+def models_of_row(state, row, device):
+    """(student, teacher) of a head from its flat row (FoldHeads.train's), in eval mode."""
+    student, teacher = build_models(ModelConfig(**state["model_args"]), device)
     width = len(flat(student))
-    row = work.rows(f"fold{k + 1}.f32", np.float32, 2 * width)[0]
-    model = student if model_name == "student" else teacher
-    unflat(model, row[:width] if model_name == "student" else row[width:])
-    model.eval()
-    return model
+    for model, part in ((student, row[:width]), (teacher, row[width:])):
+        unflat(model, part)
+        model.eval()
+    return student, teacher
