@@ -93,16 +93,83 @@ def test_a_handful_of_images_cannot_set_a_threshold():
     assert acceptance_threshold(np.linspace(0.99, 0.9, 28).round(4), [True] * 28, 10) is None
 
 
-def test_the_sequence_stops_at_its_first_failure():
-    """A threshold further down whose bound would pass again is never reached: the sequence ends at
-    the first place that fails (else the search would spend the confidence level)."""
-    confidence = np.linspace(0.999, 0.5, 400).round(4)
-    correct = np.ones(400, bool)
-    correct[30:36] = False  # six wrong among the 36 most confident: fails there
-    found = acceptance_threshold(confidence, correct, 10)
-    assert found is None or found.held_out < 36
-    errors, counts = np.cumsum(~correct), np.arange(1, 401)
-    assert (error_upper_bound(errors, counts) <= 10)[300:].any()  # a lower threshold would pass again
+def fallback_threshold(confidence, correct, max_error, level=0.95):
+    """The fallback procedure written from its description (calibration.py's docstring): restart counts
+    and shares by counts alone; over the distinct confidences (highest first) from the first restart,
+    each place's exact binomial bound tested at its own restarts' shares plus what an unbroken run of
+    passes carried; the lowest place that passed."""
+    alpha, n = 1 - level, len(confidence)
+
+    def bound(wrong, count, share):
+        return 100 * binomtest(wrong, count).proportion_ci(confidence_level=1 - 2 * share, method="exact").high
+
+    def fewest(wrong, share):
+        return next(k for k in range(1, 10 ** 5) if bound(wrong, k, share) <= max_error)
+
+    def first(share):
+        return fewest(1, share) if n >= 2 * fewest(1, share) else fewest(0, share)
+    if n < 4 * first(alpha / 2):
+        restarts = [(first(alpha), alpha)]
+    else:
+        counts = [first(alpha / 2)]
+        while 2 * counts[-1] <= n:
+            counts.append(2 * counts[-1])
+        restarts = [(counts[0], alpha / 2)] + [(c, alpha / 2 / (len(counts) - 1)) for c in counts[1:]]
+    carried, best, before = 0.0, None, 0
+    for place in sorted(set(confidence), reverse=True):
+        images = [c for conf, c in zip(confidence, correct) if conf >= place]
+        count = len(images)
+        if count >= restarts[0][0]:
+            share = carried + sum(s for c, s in restarts if before < c <= count)
+            if share > 0 and bound(sum(not c for c in images), count, share) <= max_error:
+                best, carried = (place, count), share
+            else:
+                carried = 0.0
+        before = count
+    return best
+
+
+@pytest.mark.parametrize("top_wrong", [0, 2, 4])
+def test_the_fallback_procedure_on_hand_made_rankings(top_wrong):
+    """1,200 held-out images, every 100th of the first 600 wrong, every 8th after, and `top_wrong` more
+    among the 60 most confident: the threshold, its count and error as the procedure's description
+    gives them."""
+    confidence = np.linspace(0.9999, 0.5, 1200).round(4)
+    correct = np.where(np.arange(1200) < 600, np.arange(1200) % 100 != 99, np.arange(1200) % 8 != 7)
+    correct[np.linspace(3, 57, top_wrong).astype(int)] = False
+    for max_error in (5, 10):
+        found = acceptance_threshold(confidence, correct, max_error)
+        reference = fallback_threshold(confidence.tolist(), correct.tolist(), max_error)
+        assert (found.confidence, found.held_out) == reference
+        assert found.error == pytest.approx(100 * np.mean(~correct[:found.held_out]))
+
+
+def test_a_failure_carries_nothing_down_until_the_next_restart():
+    """Four mistakes among the 100 most confident of 2,000 (first count 110 at half the level, restarts at
+    220, 440, ...; --max-error 5): the first place fails, and no place passes again before the restart
+    at 220, although from 200 images on the bound at the whole level would; from there the run goes
+    on to a threshold deep in the ranking. A fixed sequence (one start) accepts nothing."""
+    confidence = np.linspace(0.9999, 0.5, 2000).round(4)
+    correct = np.ones(2000, bool)
+    correct[[10, 30, 60, 90]] = False
+    correct[1000:] = np.arange(1000) % 4 != 0  # the lower half a quarter wrong
+    found = acceptance_threshold(confidence, correct, 5)
+    assert found.held_out > 900 and found.bound <= 5
+    assert found.held_out == fallback_threshold(confidence.tolist(), correct.tolist(), 5)[1]
+    from mtlc.use.calibration import restart_places
+    assert [c for c, _ in restart_places(2000, 5)][:2] == [110, 220]
+    bounds = error_upper_bound(np.cumsum(~correct)[:219], np.arange(1, 220))
+    assert (bounds[109:] > 5).any() and (bounds[199:] <= 5).all()  # would pass at the whole level before 220
+    assert fixed_sequence_threshold(confidence, correct, 5) is None
+
+
+def test_restart_places_are_set_by_counts_and_share_the_level():
+    from mtlc.use.calibration import first_place, restart_places
+    assert restart_places(372, 5) == [(first_place(372, 5), pytest.approx(0.05))]  # too few: one run, as before
+    places = restart_places(3000, 5)
+    assert [c for c, _ in places] == [places[0][0] * 2 ** j for j in range(len(places))] and places[-1][0] <= 3000
+    assert places[0][1] == pytest.approx(0.025) and sum(s for _, s in places) == pytest.approx(0.05)
+    assert len(places) >= 4
 
 
 def lowest_passing_threshold(confidence, correct, max_error):
