@@ -39,6 +39,7 @@ from mtlc.use.audit import AUDIT_HEADER
 from mtlc.use.crossfit import DEFAULT_FOLDS, DEFAULT_STEPS
 from mtlc.use.figures import checkpoint_title, plot_confusion, plot_curves, plot_distances, plot_tsne
 from mtlc.use.label_studio import config_path as studio_config_path
+from mtlc.use.orders import DEFAULT_ORDER, SUGGEST_ORDERS
 from mtlc.use.predict import PredictOptions, export, predict, run_audit
 from mtlc.use.prediction_rows import CSV_HEADER
 from mtlc.use.report import (describe_means, describe_paired, describe_result, evaluate_checkpoint, paired_differences,
@@ -193,9 +194,14 @@ def check_images_outside(outputs, folders):
 @cloup.option_group(
     "What to label next", "with --predict",
     job_option("--suggest", "suggest_n", needs=["predict_paths"], type=click.IntRange(min=1), default=None,
-                  help="With --predict: instead of a row per image, the N images to label next, best first "
-                       "(TypiClust: the most typical image of each feature cluster that holds no label yet; "
-                       "docs/label-the-rest.md), with a column `cluster`."),
+                  help="With --predict: instead of a row per image, the N images to label next, best first, by "
+                       "--order, with a column `cluster` (TypiClust's; empty for the other orders)."),
+    job_option("--order", needs=["suggest_n"], type=click.Choice(SUGGEST_ORDERS), default=DEFAULT_ORDER,
+                  help="--suggest's order. least-confident: the lowest calibrated confidence first, the images a "
+                       "finished folder needs a person for (each image a head's that never saw it: the fewest "
+                       "labels to a finished folder, docs/label-in-rounds.md); typiclust: the most typical image of "
+                       "each feature cluster that holds no label yet (TypiClust, docs/label-the-rest.md); "
+                       "typiclust-first: TypiClust, then least-confident once labels were given; random."),
 )
 @cloup.option_group(
     "Review and audit", "pages to look at and correct; is the folder right?",
@@ -289,6 +295,7 @@ def main(more_paths, **options):
     if o.predict_paths:
         options = PredictOptions(model_name=o.model_name, csv_path=o.csv_path, batch_size=o.batch_size,
                                  data_dir=o.data_dir, max_error=o.max_error, coverage=o.coverage, suggest_n=o.suggest_n,
+                                 order=o.order,
                                  seed=o.seed, as_json=o.as_json, review=o.review, review_per_class=o.review_per_class,
                                  review_max=o.review_max, label_studio=o.label_studio,
                                  label_studio_root=o.label_studio_root)

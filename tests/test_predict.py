@@ -282,6 +282,8 @@ def test_accepted_is_exactly_the_rows_at_or_above_the_threshold(trained, tmp_pat
 
 @pytest.mark.slow
 def test_suggest_lists_n_distinct_unlabeled_images(trained, tmp_path):
+    """--suggest 5: by default the 5 least confident of the images --predict gives a row (readable, none
+    like no class), the same twice; --order typiclust: 5 images of 5 clusters."""
     data, ckpt = trained
     outputs = []
     for name in ("a.csv", "b.csv"):
@@ -293,7 +295,15 @@ def test_suggest_lists_n_distinct_unlabeled_images(trained, tmp_path):
     rows = read_rows(outputs[0], ["accepted", "cluster"])
     assert len({r["path"] for r in rows}) == 5 and outputs[0] == outputs[1]
     assert all(Path(r["path"]).is_relative_to(data / "unlabeled") for r in rows)
-    assert len({r["cluster"] for r in rows}) == 5
+    every = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--csv", tmp_path / "all.csv")
+    assert every.returncode == 0, every.stderr
+    ranked = sorted(read_rows((tmp_path / "all.csv").read_text()), key=lambda r: float(r["confidence"]))
+    assert [r["path"] for r in rows] == [r["path"] for r in ranked[:5]]
+    assert [float(r["confidence"]) for r in rows] == sorted(float(r["confidence"]) for r in rows)
+    res = run("evaluate.py", "--ckpt", ckpt, "--predict", data / "unlabeled", "--suggest", "5", "--order", "typiclust",
+              "--csv", tmp_path / "t.csv")
+    assert res.returncode == 0, res.stderr
+    assert len({r["cluster"] for r in read_rows((tmp_path / "t.csv").read_text(), ["cluster"])}) == 5
 
 
 @pytest.fixture(scope="module")

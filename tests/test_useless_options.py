@@ -31,6 +31,7 @@ def test_options_of_checkpoints_with_only_curves_are_refused(curves, tmp_path, e
 @pytest.mark.parametrize("args, message", [
     (["--audit", "audit.csv", "--model", "student"], "--model does nothing with --audit: leave it out"),
     (["--seed", "3"], "--seed goes with --tsne or --suggest or --audit"),
+    (["--predict", ".", "--order", "random"], "--order goes with --suggest"),
 ])
 def test_options_a_job_does_not_read_are_refused(tmp_path, args, message):
     result = invoke(evaluate, ["--ckpt", tmp_path / "missing.pt", *[tmp_path / a if a.endswith(".csv") else a

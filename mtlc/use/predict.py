@@ -33,7 +33,7 @@ from .outliers import OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN
 from .prediction_rows import PredictionStore, is_accepted, write_rows
 from .report import describe_acceptance, describe_calibration, method_name
 from .review import write_audit_review, write_review
-from .selection import suggest_rows
+from .orders import DEFAULT_ORDER, suggested_rows
 from .unseen import FOLDS
 
 
@@ -47,6 +47,7 @@ class PredictOptions:
     max_error: Optional[float] = None
     coverage: Optional[str] = None
     suggest_n: Optional[int] = None
+    order: str = DEFAULT_ORDER
     seed: int = 0
     as_json: bool = False
     review: Optional[str] = None
@@ -198,7 +199,7 @@ def write_outputs(kept, r, o, studio):
     rows, extra, chosen = kept.rows, None, None
     if o.suggest_n:
         labeled = labeled_features(r.state, r.classifier.model, r.classifier.device, o.data_dir, echo=say)
-        chosen, clusters = suggest_rows(kept, labeled, n=o.suggest_n, seed=o.seed)
+        chosen, clusters = suggested_rows(kept, labeled, order=o.order, n=o.suggest_n, seed=o.seed)
         rows, extra = (lambda: chosen), [("cluster", clusters)]
 
     def write_csv(binary_file):  # streams into atomic_write's temp file: a killed run leaves no partial CSV
