@@ -95,3 +95,45 @@ def test_label_studio_shows_the_backends_predictions_and_its_labels_train_a_new_
             ls.ml.create(project=other.id, url=backend.url, title="mtlc")
     finally:
         backend.close()
+
+
+def sorted_by_score(ls, project):
+    """The project's task ids as its Data Manager sorts them by Prediction score, lowest first."""
+    query = json.dumps({"ordering": ["tasks:predictions_score"]})
+    return [t.id for t in ls.tasks.list(project=project, query=query, fields="all")]
+
+
+def test_the_data_manager_sorts_the_tasks_least_confident_first_by_the_latest_version(studio, tmp_path):
+    """Label Studio's Data Manager sorts by Prediction score (tasks:predictions_score): with the backend's
+    predictions retrieved, its order is the backend's scores ascending (use/orders.py's least-confident
+    order), first of the heads of --predict, then, after a round of labels, of the new version."""
+    url, root = studio
+    tasks_file = tmp_path / "tasks.json"
+    assert invoke(evaluate, ["--ckpt", root / "run" / "mt.pt", "--predict", root / "d" / "unlabeled",
+                             "--label-studio", tasks_file]).exit_code == 0
+    backend = Served(root, labels=tmp_path / "labels.csv")
+    try:
+        ls, project = project_with_backend(url, tasks_file, root / "d" / "unlabeled", backend.url)
+        tasks = list(ls.tasks.list(project=project.id, fields="all"))
+
+        def scores(version):
+            return {t.id: p["score"] for t in ls.tasks.list(project=project.id, fields="all")
+                    for p in predictions_of(t) if p["model_version"] == version}
+        first = requests.get(backend.url + "/health").json()["model_version"]
+        by_score = scores(first)
+        order = sorted_by_score(ls, project.id)
+        assert [by_score[i] for i in order] == sorted(by_score.values()), (order, by_score)
+        for task in tasks[:2]:
+            ls.annotations.create(id=task.id, result=[{"from_name": "label", "to_name": "image", "type": "choices",
+                                                       "value": {"choices": ["cat"]}}])
+        deadline = time.time() + 120
+        while time.time() < deadline and requests.get(backend.url + "/health").json()["model_version"] == first:
+            time.sleep(0.5)
+        new = requests.get(backend.url + "/health").json()["model_version"]
+        assert new != first, backend.lines
+        retrieve_predictions(ls, project.id)
+        by_score = scores(new)
+        order = [i for i in sorted_by_score(ls, project.id) if i in by_score]
+        assert [by_score[i] for i in order] == sorted(by_score.values()), (order, by_score, scores(first))
+    finally:
+        backend.close()

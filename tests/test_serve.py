@@ -3,6 +3,7 @@ calls it (label_studio/ml/api_connector.py); test_label_studio_live.py runs Labe
 import base64
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -33,10 +34,10 @@ def run(tmp_path_factory):
 class Served:
     """A backend serving in a thread of this process: url, lines said, post(route, body)."""
 
-    def __init__(self, run, auth=None, labels=None):
+    def __init__(self, run, auth=None, labels=None, accepted=(None, 5.0)):
         self.lines = []
         self.server, self.backend = serve.started(run / "run" / "mt.pt", run / "d", None, labels, "127.0.0.1", 0,
-                                                   auth, torch.device("cpu"), self.lines.append)
+                                                   auth, torch.device("cpu"), self.lines.append, accepted=accepted)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -66,7 +67,7 @@ def config_of(classes):
     return labeling_config(classes)
 
 
-def test_each_task_gets_the_class_and_calibrated_confidence_the_checkpoint_gives(served, run):
+def test_each_task_gets_the_class_and_calibrated_confidence_of_the_head_that_never_saw_it(served, run):
     import mtlc
     health = requests.get(served.url + "/health", timeout=10).json()
     assert health["status"] == "UP" and health["model_version"].startswith("mt.pt@")
@@ -75,8 +76,8 @@ def test_each_task_gets_the_class_and_calibrated_confidence_the_checkpoint_gives
     assert setup.status_code == 200 and setup.json()["model_version"] == health["model_version"]
     tasks = tasks_of(run)
     answer = served.post("/predict", {"tasks": tasks, "label_config": config_of(classes)}).json()["results"]
-    # the same as the checkpoint's own head through the Python API, which decodes each image again
-    same = mtlc.load(run / "run" / "mt.pt", device="cpu")
+    # the same as evaluate.py --predict's heads through the Python API, which decodes each image again
+    same = mtlc.load(run / "run" / "mt.pt", device="cpu", unseen=True)
     for task, result, prediction in zip(tasks, answer, same.predict_files([t["data"]["path"] for t in tasks])):
         assert result["result"] == [{"from_name": "label", "to_name": "image", "type": "choices",
                                      "value": {"choices": [prediction.label]}}]
@@ -355,3 +356,66 @@ def test_a_full_disk_while_a_label_is_kept_is_a_line_the_file_as_before_and_the_
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".labels.csv")) == []  # no temporary left
     monkeypatch.undo()
     assert labeled(tasks[1], "dog").status_code == 200 and requests.get(served.url + "/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_each_version_writes_the_rest_with_the_promise_of_predict_and_label_py_finishes_the_folder(run, tmp_path):
+    """The --accepted file: every image still unlabeled with the class, confidence and `accepted` that
+    evaluate.py --predict --max-error gives it (the same heads, the same calibration); after a label, a
+    new version's file without that image; label.py takes the file (--accepted) and the labels file,
+    and --undo puts both back."""
+    import evaluate
+    import label
+    from conftest import invoke, read_rows
+    folder = tmp_path / "d"
+    shutil.copytree(run / "d", folder, ignore=shutil.ignore_patterns("mtlc-cache"))
+    accepted_file = tmp_path / "rest.csv"
+    assert invoke(evaluate, ["--ckpt", run / "run" / "mt.pt", "--data-dir", folder, "--predict", folder / "unlabeled",
+                             "--max-error", "60", "--csv", tmp_path / "p.csv"]).exit_code == 0
+    predicted = {r["path"]: r for r in read_rows((tmp_path / "p.csv").read_text(), ["accepted", "like_no_class"])}
+    backend = ServedOn(run, folder, tmp_path / "labels.csv", (accepted_file, 60.0))
+    try:
+        rest = {r["path"]: r for r in read_rows(accepted_file.read_text(), ["accepted", "like_no_class"])}
+        assert set(rest) == set(predicted) and len(rest) == 16
+        for path, row in rest.items():
+            assert (row["prediction"], row["accepted"], row["like_no_class"]) == (
+                predicted[path]["prediction"], predicted[path]["accepted"], predicted[path]["like_no_class"])
+            assert float(row["confidence"]) == pytest.approx(float(predicted[path]["confidence"]), abs=2e-3)
+        assert any(" of the 16 images still unlabeled accepted at --max-error 60" in line for line in backend.lines)
+        assert backend.post("/setup", {"schema": config_of(["cat", "dog", "owl"])}).status_code == 200
+        first = requests.get(backend.url + "/health", timeout=10).json()["model_version"]
+        task = tasks_of(run)[0]
+        task["data"]["path"] = str(folder / Path(task["data"]["path"]).relative_to(run / "d"))
+        task["data"]["image"] = local_files_url(Path(task["data"]["path"]), folder)
+        labeled = {"action": "ANNOTATION_CREATED", "task": task,
+                   "annotation": {"result": [{"from_name": "label", "to_name": "image", "type": "choices",
+                                              "value": {"choices": ["owl"]}}]}}
+        assert backend.post("/webhook", labeled).json()["status"] == "kept"
+        wait_for_version(backend, first)
+        deadline = time.time() + 30
+        while time.time() < deadline and len(read_rows(accepted_file.read_text(), ["accepted", "like_no_class"])) != 15:
+            time.sleep(0.2)
+        rest = {r["path"] for r in read_rows(accepted_file.read_text(), ["accepted", "like_no_class"])}
+        assert rest == set(predicted) - {task["data"]["path"]}
+    finally:
+        backend.close()
+    n_accepted = sum(r["accepted"] == "1" for r in read_rows(accepted_file.read_text(), ["accepted", "like_no_class"]))
+    assert invoke(label, ["--data-dir", folder, "--apply", tmp_path / "labels.csv"]).exit_code == 0
+    result = invoke(label, ["--data-dir", folder, "--apply", accepted_file, "--accepted"])
+    assert result.exit_code == 0, result.output
+    assert (folder / "labeled" / "owl" / Path(task["data"]["path"]).name).exists()
+    assert len(list((folder / "unlabeled").rglob("*.png"))) == 15 - n_accepted
+    for _ in range(2):
+        assert invoke(label, ["--data-dir", folder, "--undo"]).exit_code == 0
+    assert len(list((folder / "unlabeled").rglob("*.png"))) == 16
+
+
+class ServedOn(Served):
+    """A backend of the run's checkpoint serving another copy of its folder."""
+
+    def __init__(self, run, folder, labels, accepted):
+        self.lines = []
+        self.server, self.backend = serve.started(run / "run" / "mt.pt", folder, None, labels, "127.0.0.1", 0, None,
+                                                   torch.device("cpu"), self.lines.append, accepted=accepted)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()

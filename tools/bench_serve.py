@@ -8,8 +8,10 @@ Measured: the start (the checkpoint, the folder and its kept features read; embe
 nothing is kept yet); /predict for --tasks tasks of unlabeled/ (the median and the slowest of
 --repeat calls), before and while the head trains again; --give labels from the truth file sent as
 ANNOTATION_CREATED webhooks, one a call, each kept before its answer; the time from the last one to the
-new model version, and the training process's own time; the labels' error on the rest of
-unlabeled/ (the images not given) before and after, through /predict. The labels file is written
+new model version (a round of the heads that never saw an image) and to its --accepted file written,
+and the training process's own time; the next round's order: /predict of every task of unlabeled/
+in one call, as Label Studio retrieves them before its Data Manager sorts them by score; the labels'
+error on the rest of unlabeled/ (the images not given) before and after, through /predict. The labels file is written
 beside the JSON (LABELS.csv): label.py --apply reads it, for train_mt.py on the same labeled images.
 """
 import csv
@@ -95,6 +97,11 @@ def main(ckpt, data_dir, truth, give, n_tasks, repeat, seed, against, json_path)
                 raise click.ClickException(f"no version on {give} labels in 30 min: {lines[-5:]}")
             time.sleep(0.2)
         retrain_s = time.perf_counter() - waited
+        while sum("images still unlabeled accepted" in line for line in lines) < 2:  # the start's, then this one's
+            time.sleep(0.05)
+        rest_s = time.perf_counter() - waited
+        every = {"tasks": [dict(id=t["id"], data=t["data"]) for t in tasks], "label_config": config}
+        order = timed(lambda: requests.post(url + "/predict", json=every, timeout=600).raise_for_status(), 1)
         after = labels_error(url, tasks, classes, {t["data"]["path"] for t in given})
     finally:
         server.shutdown()
@@ -103,7 +110,9 @@ def main(ckpt, data_dir, truth, give, n_tasks, repeat, seed, against, json_path)
             backend.training.close()
     record = dict(checkpoint=str(ckpt), folder=str(data_dir), unlabeled=len(tasks), start_s=round(started_s, 1),
                   predict_100=predict, predict_while_training=during, webhooks=webhook,
-                  new_version_after_last_label_s=round(retrain_s, 1),
+                  new_version_after_last_label_s=round(retrain_s, 1), accepted_file_after_last_label_s=round(rest_s, 1),
+                  predict_every_task=order,
+                  accepted_line=[line for line in lines if "still unlabeled accepted" in line][-1],
                   trained_line=next((line for line in lines if line.startswith("model version")), None),
                   labels_error_before=before, labels_error_after=after, labels_file=str(labels_path), health=health,
                   train_mt_on_the_same_labels=against and against_error(*against, tasks, classes, given),

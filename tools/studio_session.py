@@ -36,16 +36,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Label Studio 1.23's Data Manager scores a task by its predictions of the project's model version, which
+# it sets to the backend's title (no prediction has it: the column stays empty, nothing sorts by it); with
+# this feature flag on, by those of the version the backend says it serves now (data_manager/managers.py)
+SCORE_BY_THE_BACKENDS_VERSION = "ff_front_dev_1682_model_version_dropdown_070622_short"
+
+
 def start_label_studio(command, home, document_root, log_path, seconds=300):
     """(the process, its URL) of Label Studio serving local files under document_root, its data in
-    home; ML_BLOCK_LOCAL_IP and SSRF_PROTECTION_ENABLED off: it may call a backend on localhost."""
+    home; ML_BLOCK_LOCAL_IP and SSRF_PROTECTION_ENABLED off: it may call a backend on localhost; its
+    Prediction score the backend's current version's (SCORE_BY_THE_BACKENDS_VERSION)."""
     port = free_port()
     env = dict(PATH=os.path.dirname(os.path.abspath(command)) + os.pathsep + os.environ.get("PATH", ""),
                HOME=str(home), LABEL_STUDIO_BASE_DATA_DIR=str(Path(home) / "studio-data"), DJANGO_DB="sqlite",
                LABEL_STUDIO_USERNAME=USER, LABEL_STUDIO_PASSWORD=PASSWORD, LABEL_STUDIO_USER_TOKEN=TOKEN,
                LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN="true", LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED="true",
                LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=str(document_root),
-               ML_BLOCK_LOCAL_IP="false", SSRF_PROTECTION_ENABLED="false")
+               ML_BLOCK_LOCAL_IP="false", SSRF_PROTECTION_ENABLED="false", **{SCORE_BY_THE_BACKENDS_VERSION: "true"})
     with open(log_path, "wb") as log:
         process = subprocess.Popen([command, "start", "--port", str(port), "--no-browser"], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)

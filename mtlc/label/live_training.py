@@ -1,12 +1,12 @@
-"""The head trained again while people label: in a process of its own (spawned: it shares no lock
+"""The heads trained again while people label: in a process of its own (spawned: it shares no lock
 or thread with the server, and its steps never hold the server's interpreter, so /predict answers
-as fast while it trains), which reads the checkpoint's folder and kept features once, then trains
-a head for each set of labels it is sent, as the checkpoint's head was trained (use/unseen.py's
-train_fold: the checkpoint's objective, stages and number of steps, on the kept features), with
-the labels given as labeled images, and sends its teacher's weights back. Labels that arrive while
-it trains are taken together by the next training: one at a time, the latest labels always.
+as fast while it trains), which reads the checkpoint's folder, kept features and the heads that never
+saw an image of evaluate.py --predict (use/unseen.py, kept in the folder's cache) once, then for each
+set of labels it is sent trains a round of them (FoldHeads.train: the given labels as labeled images,
+each fold's head going on from its head of the round before for ROUND_SHARE of the checkpoint's
+steps) and sends their weights back. Labels that arrive while it trains are taken together by the
+next round: one at a time, the latest labels always.
 """
-import dataclasses
 import multiprocessing
 import signal
 import threading
@@ -16,34 +16,46 @@ import torch
 
 from ..errors import UserError
 from ..train.checkpoints import load_checkpoint
-from ..train.moved_images import restored_as_now
 from ..train.progress import TimeEstimate
-from ..use.unseen import flat, train_fold
+from ..use.classifier import Classifier, checkpoint_identity
+from ..use.unseen import FOLDS, ROUND_SHARE, FoldHeads, models_of_row
 
 
-def head_with_labels(state, data, labels, device):
-    """The teacher (its flat weights) of a head trained as the checkpoint's was, the images of
-    `labels` ({training row: class}) labeled with those classes and no longer unlabeled."""
-    rows = torch.tensor(sorted(labels), dtype=torch.long)
-    train_y = data.train_y.clone()
-    train_y[rows] = torch.tensor([labels[r] for r in rows.tolist()], dtype=torch.long)
-    relabeled = dataclasses.replace(data, train_y=train_y)
-    unlabeled = state["unlabeled_idx"]
-    split = dict(labeled_idx=torch.unique(torch.cat([state["labeled_idx"], rows])),
-                 val_idx=torch.zeros(0, dtype=torch.long), unlabeled_idx=unlabeled[~torch.isin(unlabeled, rows)])
-    _, teacher = train_fold(state, relabeled, split, device, "live head", TimeEstimate("", 0, device, print), bar=False)
-    return flat(teacher)
+class Rounds:
+    """The heads of the rounds so far: each round's from the round before's, the first's from the
+    kept heads of --predict."""
+
+    def __init__(self, checkpoint, root, device):
+        classifier = Classifier(load_checkpoint(checkpoint), device=device)
+        why = classifier.calibrate_unseen(checkpoint_identity(checkpoint), root)
+        if why:
+            raise UserError(f"no heads that never saw an image: {why}")
+        unseen, self.device = classifier.unseen, device
+        self.state, self.folds = unseen.state, FoldHeads(unseen.state, unseen.data)
+        self.heads = [models_of_row(self.state, row, device) for row in unseen.rows]
+        train_y = unseen.data.train_y
+        self.checkpoint_labels = {int(r): int(train_y[r]) for r in self.state["labeled_idx"].tolist()}
+
+    def trained(self, given):
+        """Each fold's flat weights (FoldHeads.train's rows, in fold order) after a round on the labels
+        given ({training row: class}, a label given to a labeled image replacing its own)."""
+        labels = {**self.checkpoint_labels, **given}
+        estimate = TimeEstimate("", 0, self.device, lambda line: None)
+        rows = dict(self.folds.train(labels, list(range(FOLDS)), 1, self.device, estimate, start=self.heads,
+                                     share=ROUND_SHARE))
+        rows = [rows[k] for k in range(FOLDS)]
+        self.heads = [models_of_row(self.state, row, self.device) for row in rows]
+        return rows
 
 
 def training_process(conn, checkpoint, root, device_name):
     """The process's loop (module docstring): ("ready", None) or ("failed", why) once, then for
-    each {row: class} received, ("trained", (flat weights, seconds)) or ("not trained", why); ends
-    on None or a closed pipe."""
+    each {row: class} received, ("trained", (the heads' flat weights, seconds)) or ("not trained",
+    why); ends on None or a closed pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which ends this process
     torch.set_num_threads(1)  # a head's step is too little work for two threads (train/forked.py)
-    device = torch.device(device_name)
     try:
-        state, data = restored_as_now(load_checkpoint(checkpoint), root, device=device, strong=True)
+        rounds = Rounds(checkpoint, root, torch.device(device_name))
     except UserError as e:
         conn.send(("failed", e.message))
         return
@@ -57,7 +69,7 @@ def training_process(conn, checkpoint, root, device_name):
             return
         start = time.perf_counter()
         try:
-            conn.send(("trained", (head_with_labels(state, data, labels, device), time.perf_counter() - start)))
+            conn.send(("trained", (rounds.trained(labels), time.perf_counter() - start)))
         except Exception as exc:  # this training failed (out of memory, say): said; the next labels try again
             conn.send(("not trained", f"{type(exc).__name__}: {exc}"))
 
