@@ -8,7 +8,13 @@ The LC loss alone, for your own training loop: `from mtlc.kernels import lc_loss
 installed (`pip install .`), `from kernels import lc_loss` in a checkout. Attributes are imported
 when first used, so that `import mtlc.label.apply` (label.py) does not import torch.
 """
+import sys
+
 __all__ = ["Classifier", "Prediction", "load"]
+
+if sys.platform == "win32":  # the kept files' locks (fcntl) and link-free opens have no form here on Windows
+    raise SystemExit("mtlc does not run on native Windows: install and run it in WSL2 (wsl --install), where "
+                     "every command works as on Linux")
 
 
 def __getattr__(name):

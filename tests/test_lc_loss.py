@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import needs_triton
 from kernels import lc_loss, lc_loss_reference
+from kernels.lc_loss_torch import ChunkedLCLoss
+from mtlc.errors import UserError
+from mtlc.train.lc import fused_kernel_checked
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -22,7 +26,7 @@ def seeded(request):
     """Fresh random inputs in every test, drawn from a seed of the test's own name: a failure
     reproduces when the test runs alone (-k)."""
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
-IMPLS = ["triton", "torch"]
+IMPLS = [pytest.param("triton", marks=needs_triton), "torch"]
 # Relative tolerances per input dtype, on the loss and on each gradient (relative to its largest
 # element). fp32 is docs/lc-loss.md's promise; the half types carry the rounding of their inputs'
 # centred copies (bf16: 8 significant bits, fp16: 11) and of the loss and gradients they return.
@@ -358,3 +362,21 @@ def test_one_value_by_hand(impl):
     loss = lc_loss_reference(z_l, z_u, eps) if impl == "reference" else lc_loss(z_l, z_u, eps, impl=impl)
     assert loss.item() == pytest.approx(term_lu + term_uu, rel=1e-6)  # Triton's d2 and sums are fp32
     assert loss.item() != pytest.approx((w(0.5) * 0.5 + w(2.0) * 2.0 + 2 * w(2.5) * 2.5) / 7, rel=1e-3)
+
+
+def test_without_triton_the_torch_path_runs_and_a_cuda_run_is_told_the_pip_command(monkeypatch):
+    """Triton installs on Linux only: where it cannot be imported, the loss needs it only for the
+    fused kernel; on CPU tensors under the interpreter the torch path computes the same loss, and a
+    CUDA run stops before its first step in one line naming the pip command."""
+    module = sys.modules["kernels.lc_loss"]
+    monkeypatch.setitem(sys.modules, "triton", None)  # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "kernels.lc_loss_triton", None)
+    with pytest.warns(UserWarning, match="pip install triton"):
+        assert module.triton_function(False) is ChunkedLCLoss
+    with pytest.raises(ImportError, match="pip install triton"):
+        module.triton_function(True)
+    with pytest.raises(UserError, match=r"pip install triton \(Linux; or --device cpu\)"):
+        fused_kernel_checked("cuda")
+    fused_kernel_checked("cpu")
+    zl, zu = torch.randn(3, 8, dtype=torch.float64), torch.randn(9, 8, dtype=torch.float64)
+    assert torch.equal(lc_loss(zl, zu, 2.0, impl="torch"), lc_loss(zl, zu, 2.0))

@@ -46,7 +46,7 @@ def test_pip_install_gives_the_package_and_the_loss_and_only_its_own_names(tmp_p
     top = sorted(p.name for p in target.iterdir() if not p.name.endswith((".dist-info", ".egg-info")))
     assert top == ["mtlc"], top  # no top-level kernels, tests or tools
     assert sorted(p.name for p in (target / "mtlc" / "kernels").glob("*.py")) == [
-        "__init__.py", "lc_loss.py", "lc_loss_torch.py", "reference.py"]
+        "__init__.py", "lc_loss.py", "lc_loss_torch.py", "lc_loss_triton.py", "reference.py"]
     env = dict(os.environ, PYTHONPATH=str(target))
     res = subprocess.run([sys.executable, "-c", USE, target], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

@@ -15,8 +15,9 @@ import finetune_lc
 import train_mt
 from conftest import invoke, needs_backbone, read_rows, train_backbone_run
 from fakedata import write_own_folder
-from mtlc.train import pretrained
+from mtlc.train import forked, pretrained
 from mtlc.train.checkpoints import load_checkpoint, restore_data
+from mtlc.train.moved_images import restored_as_now
 from mtlc.train.settings import learning_rate
 from mtlc.use import classifier, unseen
 
@@ -271,22 +272,26 @@ def test_copies_of_one_image_each_keep_a_row_of_their_own():
                         kept) is None
 
 
-def test_heads_trained_two_at_once_are_those_trained_one_after_another(run, monkeypatch, tmp_path):
-    """On a CPU the heads train one a core, in forked processes of one thread (train/forked.py):
-    the same heads as one after another in this process, each kept as it ends."""
-    state = load_checkpoint(run / "run" / "lc.pt")
-    data = restore_data(state, echo=lambda line: None)
+def test_heads_trained_two_at_once_forked_or_spawned_are_those_trained_one_after_another(run, monkeypatch,
+                                                                                        tmp_path):
+    """On a CPU the heads train one a core, in processes of one thread (train/forked.py), forked on
+    Linux and spawned where the platform spawns (macOS, Windows), a spawned one reading the folder
+    again: the same heads as one after another in this process, each kept as it ends."""
+    state, data = restored_as_now(load_checkpoint(run / "run" / "lc.pt"), run / "d", strong=True)
     threads, heads, lines = torch.get_num_threads(), {}, []
-    torch.set_num_threads(1)  # as each forked process's
+    torch.set_num_threads(1)  # as each worker process's
     try:
-        for workers in (1, 2):
-            monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / f"cache{workers}"))
+        for workers, method in ((1, "fork"), (2, "fork"), (2, "spawn")):
+            monkeypatch.setenv("MTLC_CACHE_DIR", str(tmp_path / f"cache{workers}{method}"))
             monkeypatch.setattr(unseen, "cpu_workers", lambda *a, n=workers: n)
-            heads[workers] = unseen.UnseenHeads.trained(state, data, run / "d", evaluate_key(run), "teacher", None,
-                                                        torch.device("cpu"), lines.append)
+            for module in (unseen, forked):
+                monkeypatch.setattr(module, "start_method", lambda m=method: m)
+            heads[method, workers] = unseen.UnseenHeads.trained(state, data, run / "d", evaluate_key(run), "teacher",
+                                                                None, torch.device("cpu"), lines.append)
     finally:
         torch.set_num_threads(threads)
-    for one, other in zip(heads[1].heads, heads[2].heads):
-        assert np.array_equal(unseen.flat(one), unseen.flat(other))
-    assert sum("; 2 at once" in line for line in lines) == 1
-    assert sum(line.endswith(" of 4 trained") for line in lines) == 8
+    for method in ("fork", "spawn"):
+        for one, other in zip(heads["fork", 1].heads, heads[method, 2].heads):
+            assert np.array_equal(unseen.flat(one), unseen.flat(other)), method
+    assert sum("; 2 at once" in line for line in lines) == 2
+    assert sum(line.endswith(" of 4 trained") for line in lines) == 12

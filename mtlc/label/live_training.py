@@ -31,7 +31,7 @@ class Rounds:
         if why:
             raise UserError(f"no heads that never saw an image: {why}")
         unseen, self.device = classifier.unseen, device
-        self.state, self.folds = unseen.state, FoldHeads(unseen.state, unseen.data)
+        self.state, self.folds = unseen.state, FoldHeads(unseen.state, unseen.data, root)
         self.heads = [models_of_row(self.state, row, device) for row in unseen.rows]
         train_y = unseen.data.train_y
         self.checkpoint_labels = {int(r): int(train_y[r]) for r in self.state["labeled_idx"].tolist()}
@@ -69,9 +69,15 @@ def training_process(conn, checkpoint, root, device_name):
             return
         start = time.perf_counter()
         try:
-            conn.send(("trained", (rounds.trained(labels), time.perf_counter() - start)))
+            try:
+                rows = rounds.trained(labels)
+            except OSError:  # another run replaced the folder's caches under it: read them again, once
+                rounds = Rounds(checkpoint, root, torch.device(device_name))
+                rows = rounds.trained(labels)
+            conn.send(("trained", (rows, time.perf_counter() - start)))
         except Exception as exc:  # this training failed (out of memory, say): said; the next labels try again
-            conn.send(("not trained", f"{type(exc).__name__}: {exc}"))
+            why = exc.message if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+            conn.send(("not trained", why))
 
 
 class LiveTraining:
@@ -122,8 +128,10 @@ class LiveTraining:
                 if kind != "trained":
                     raise RuntimeError(what)
                 self.trained(labels, *what)
-            except Exception as exc:  # said; the next labels train again
-                self.echo(f"no head on {len(labels)} labels: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # said here and in /health; the next labels train again
+                why = what if kind != "trained" else f"{type(exc).__name__}: {exc}"
+                self.status = f"ready, but the head on {len(labels)} labels failed: {why}"
+                self.echo(f"no head on {len(labels)} labels: {why}")
 
     def close(self):
         try:

@@ -15,12 +15,24 @@ import torch.distributed as dist
 from ..errors import UserError
 
 
-def pick_device(name):
+def pick_device(name, echo=lambda line: click.echo(line, err=True)):
+    """The device of --device (auto: CUDA where available, else the CPU). Where a faster device than
+    the one used is there, or auto picked CUDA, one line (to stderr) says which is used and how to
+    choose: an Apple GPU (mps) is never used, since none of this project's tests ran on one."""
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+        if name == "cuda":
+            echo(f"computing on the GPU ({torch.cuda.get_device_name()}); --device cpu for the CPU")
+    if name == "cpu" and mps_available():
+        echo("computing on the CPU: this Mac's GPU (mps) is not supported by this project (untested on one)")
     return torch.device(name)
+
+
+def mps_available():
+    """Whether torch offers an Apple GPU here (macOS on Apple silicon)."""
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
 PRECISIONS = ("auto", "fp32", "bf16")

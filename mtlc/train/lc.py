@@ -12,8 +12,10 @@ import torch
 
 try:  # installed: pip puts the kernels/ folder into the package (pyproject.toml)
     from ..kernels import lc_loss
+    from ..kernels.lc_loss import NO_TRITON
 except ImportError:  # a checkout: the top-level kernels/ folder, as the project's card lays it out
     from kernels import lc_loss
+    from kernels.lc_loss import NO_TRITON
 
 from ..data.batches import Batches
 from ..errors import UserError
@@ -31,6 +33,17 @@ def distance_steps(batches):
     """The steps (0, 1, ...) whose batches hold about DISTANCE_IMAGES images: at least 2 batches, at
     most DISTANCE_BATCHES."""
     return range(min(DISTANCE_BATCHES, max(2, round(DISTANCE_IMAGES / (batches.n_lab + batches.n_unl)))))
+
+
+def fused_kernel_checked(device):
+    """On a CUDA device the LC loss runs the fused Triton kernel: where Triton cannot be imported, a
+    UserError naming the pip command before any step (elsewhere the torch path needs nothing)."""
+    if torch.device(device).type != "cuda":
+        return
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise UserError(NO_TRITON.replace("impl='torch', the torch path", "--device cpu")) from None
 
 
 def mean_pair_d2(z_labeled, z_unlabeled):

@@ -24,7 +24,7 @@ from .devices import Processes, average_buffers, sync
 from .fitted import FittedSteps
 from .graphed import GraphedSteps, resolve_step_mode
 from .inference import chance_verdict, chance_words, test_error
-from .lc import PairDistances, lc_features, lc_term
+from .lc import PairDistances, fused_kernel_checked, lc_features, lc_term
 from .model import ModelConfig, SplitForward, recompute_bn_means
 from .networks import build_models
 from .objectives import objective_of
@@ -81,6 +81,8 @@ class Trainer:
         self.precision = config.precision
         self.all_neighbours_reported = False
         self.lc_global = stage.name == "lc" and stage.lc_scope == "global" and procs.world > 1
+        if stage.name == "lc":
+            fused_kernel_checked(device)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest conv algorithms once
         student.train()

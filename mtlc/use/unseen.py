@@ -26,9 +26,10 @@ from ..data.cache import cache_dir
 from ..data.splits import true_classes
 from ..disk.work import Work
 from ..train.devices import Processes
-from ..train.forked import cpu_workers, each_at_once
+from ..train.forked import cpu_workers, each_at_once, start_method
 from ..train.inference import model_outputs
 from ..train.model import ModelConfig
+from ..train.moved_images import restored_as_now
 from ..train.networks import build_models
 from ..train.progress import TimeEstimate, epoch_progress
 from ..train.trainer import fresh_training, make_optimizer, make_trainer
@@ -167,7 +168,7 @@ class UnseenHeads:
                      f"every image is predicted by one that never saw it (once: a later --predict of this checkpoint "
                      f"takes them up)" + (f"; {workers} at once" if workers > 1 else ""))
             with work.kept_if_interrupted("the heads trained so far"):
-                train_folds(state, data, work, todo, workers, device, echo)
+                train_folds(state, data, root, work, todo, workers, device, echo)
             rows = [kept_row(state, work, k, device, echo, k not in todo) for k in range(FOLDS)]
         finally:
             work.close()
@@ -238,14 +239,14 @@ def unlabeled_folds(state):
     return np.random.default_rng(state["config"].seed).permutation(n) % FOLDS
 
 
-def train_folds(state, data, work, todo, workers, device, echo):
+def train_folds(state, data, root, work, todo, workers, device, echo):
     """Train the heads of the folds of todo, `workers` at once (train/forked.py), each kept in the
     work as it ends: trained on every labeled image, the held-out images and the unlabeled ones of the
     other folds (FoldHeads)."""
     steps = sum(stage_steps(state))
     rounds = -(-len(todo) // workers)
     estimate = TimeEstimate(f"{len(todo)} heads", rounds * steps, device, echo)
-    heads = FoldHeads(state, data)
+    heads = FoldHeads(state, data, root)
     labels = {int(r): int(data.train_y[r]) for r in state["labeled_idx"].tolist()}
     for k, row in heads.train(labels, todo, workers, device, estimate):
         work.appended(f"fold{k + 1}.f32").write(row.tobytes())
@@ -257,10 +258,12 @@ def train_folds(state, data, work, todo, workers, device, echo):
 class FoldHeads:
     """What the FOLDS heads of a checkpoint train on (module docstring): its schedule, the fold of each
     of its training images and of its held-out images, these as labeled images of the other folds'
-    heads; `train` trains them on a set of labels, anew or from the heads of the round before."""
+    heads; `train` trains them on a set of labels, anew or from the heads of the round before. root:
+    the folder the data is read from again by a spawned process (train/forked.py), None where none
+    can read it (the heads then train in this process)."""
 
-    def __init__(self, state, data):
-        self.state, self.data = state, data
+    def __init__(self, state, data, root=None):
+        self.state, self.data, self.root = state, data, root
         self.held = held_out(state, data)
         self.held_folds = held_out_folds(state, data, self.held)
         self.training, self.held_rows = with_held_out(data, self.held)
@@ -278,9 +281,12 @@ class FoldHeads:
         images of the other folds labeled, the other images of the other folds unlabeled."""
         rows = torch.tensor(list(labels), dtype=torch.long)
         free = self.candidates[~torch.isin(self.candidates, rows)]
+        unlabeled = free[torch.from_numpy(self.fold_of_row[free.numpy()] != k)]
+        if not len(unlabeled):  # every image labeled (a labeling round's end): the labeled ones stand in
+            unlabeled = rows[torch.from_numpy(self.fold_of_row[rows.numpy()] != k)]
+            unlabeled = unlabeled if len(unlabeled) else rows
         return dict(labeled_idx=torch.cat([rows, self.held_rows[torch.from_numpy(self.held_folds != k)]]),
-                    val_idx=torch.zeros(0, dtype=torch.long),
-                    unlabeled_idx=free[torch.from_numpy(self.fold_of_row[free.numpy()] != k)])
+                    val_idx=torch.zeros(0, dtype=torch.long), unlabeled_idx=unlabeled)
 
     def labeled(self, labels):
         """The training data with these labels ({training row: class}) on its images."""
@@ -296,15 +302,35 @@ class FoldHeads:
         """(fold, its student's then teacher's flat weights) of each fold's head as it ends, `workers` at once:
         trained on `labels` as the checkpoint's head was, or from start[fold] ((student, teacher)) for
         `share` of the checkpoint's steps."""
-        state, data = shortened(self.state, share), self.labeled(labels)
-        silent = TimeEstimate("", 0, device, lambda line: None)
+        if self.root is None and start_method() == "spawn":
+            workers = 1
+        job = FoldJob(self, labels, device, estimate, folds[0] if workers > 1 else None, start, share)
+        return each_at_once(job, folds, workers)
 
-        def fold_row(k):  # one process's estimate speaks, for the others' steps as well; bars only alone
-            models = train_fold(state, data, self.split(k, labels), device, f"head {k + 1} of {FOLDS}",
-                                estimate if workers == 1 or k == folds[0] else silent, bar=workers == 1,
-                                start=None if start is None else start[k])
-            return np.concatenate([flat(model) for model in models])
-        return each_at_once(fold_row, folds, workers)
+
+class FoldJob:
+    """A round's training of one fold's head (FoldHeads.train), a job of train/forked.py: a spawned
+    process is sent it without its data or its estimate, and reads the data from the folder once."""
+
+    def __init__(self, heads, labels, device, estimate, speaker, start, share):
+        self.heads, self.labels, self.device, self.estimate = heads, labels, device, estimate
+        self.speaker, self.start, self.share = speaker, start, share  # speaker: the fold whose estimate speaks
+        self.state, self.root = heads.state, heads.root
+
+    def __getstate__(self):
+        return {**self.__dict__, "heads": None, "estimate": None}
+
+    def __call__(self, k):
+        if self.heads is None:
+            self.heads = FoldHeads(*restored_as_now(self.state, self.root, device=self.device, strong=True), self.root)
+        heads = self.heads
+        # one process's estimate speaks, for the others' steps as well; bars only alone
+        speaks = self.estimate is not None and self.speaker in (None, k)
+        estimate = self.estimate if speaks else TimeEstimate("", 0, self.device, lambda line: None)
+        models = train_fold(shortened(heads.state, self.share), heads.labeled(self.labels), heads.split(k, self.labels),
+                            self.device, f"head {k + 1} of {FOLDS}", estimate, bar=self.speaker is None,
+                            start=None if self.start is None else self.start[k])
+        return np.concatenate([flat(model) for model in models])
 
 
 def kept_row(state, work, k, device, echo, kept_before):
