@@ -303,19 +303,21 @@ def test_connections_over_the_limit_and_bodies_too_slow_are_refused(run, tmp_pat
     from mtlc.label import studio_server
     monkeypatch.setattr(studio_server, "CONNECTIONS", 2)
     monkeypatch.setattr(studio_server, "READ_TIMEOUT_S", 1)
+    monkeypatch.setattr(studio_server, "SLOT_WAIT_S", 0.2)
     backend = Served(run, labels=tmp_path / "labels.csv")
     port = backend.server.server_address[1]
-    try:
-        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
-        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:  # two requests whose bodies trickle hold both slots: no idle connection to close for a third
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        for connection in slow:
+            connection.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
         time.sleep(0.3)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
             assert third.recv(100).startswith(b"HTTP/1.1 503")
-        slow.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
         time.sleep(1.5)
-        slow.sendall(b'"')
-        assert slow.recv(100).startswith(b"HTTP/1.1 408")
-        slow.close(), idle.close()
+        for connection in slow:
+            connection.sendall(b'"')
+            assert connection.recv(100).startswith(b"HTTP/1.1 408")
+            connection.close()
         time.sleep(0.3)
         assert requests.get(backend.url + "/health", timeout=10).status_code == 200
     finally:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..data.files import DIGEST_COLUMN
+from ..disk.console import csv_writer
 from ..disk.opening import lock_folder, open_regular
 from ..errors import UserError
 
@@ -43,7 +44,7 @@ def read_rows(path):
 
 def csv_bytes(rows):
     out = io.StringIO(newline="")
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv_writer(out)  # a name holding \r is quoted too: every row reads back as written
     writer.writerow(COLUMNS)
     writer.writerows((path, label, digest) for path, (label, digest) in sorted(rows.items()))
     return out.getvalue().encode("utf-8", "surrogateescape")

@@ -8,6 +8,7 @@ ANNOTATION_UPDATED and START_TRAINING; POST /train {annotations: tasks with thei
 show refuses with BadRequest: the server answers 400, the line as the HTTP reason, which Label
 Studio's client puts in the message it shows.
 """
+import os
 import threading
 import xml.etree.ElementTree as ElementTree
 
@@ -85,6 +86,8 @@ class StudioBackend:
     def controls(self, config):
         """The Controls of a project's labeling config (the last one known where none is sent)."""
         known = self.configs  # one dict read: another thread may put another project's in its place
+        if config is not None and not isinstance(config, str):
+            raise BadRequest(f"the labeling config is not text ({type(config).__name__})")
         if not config and known:
             return next(iter(known.values()))
         controls = known.get(config)
@@ -166,8 +169,9 @@ class StudioBackend:
         if action == "ANNOTATIONS_CREATED":  # the Data Manager's "create annotations from predictions": lists
             if not isinstance(annotations, list) or not isinstance(tasks, list):
                 raise BadRequest(f"the {action} webhook has no annotations and tasks (lists)")
-            by_id = {t.get("id"): t for t in tasks if isinstance(t, dict)}
-            pairs = [(by_id.get(a.get("task")), a) for a in annotations if isinstance(a, dict)]
+            by_id = {t.get("id"): t for t in tasks if isinstance(t, dict) and is_task_id(t.get("id"))}
+            pairs = [(by_id.get(a.get("task")) if is_task_id(a.get("task")) else None, a) for a in annotations
+                     if isinstance(a, dict)]
         else:
             pairs = [(tasks, annotations)]
         if any(not isinstance(task, dict) or not isinstance(annotation, dict) for task, annotation in pairs):
@@ -186,7 +190,10 @@ class StudioBackend:
         pairs = []
         for task in tasks:
             annotations = task.get("annotations") if isinstance(task, dict) else None
-            latest = [a for a in annotations or [] if isinstance(a, dict) and not is_true(a.get("was_cancelled"))]
+            if not isinstance(annotations, list):  # no task of Label Studio's: said, the others kept
+                annotations = []
+                self.echo(f"train: task {task_id(task)} has no annotations (a list): left out")
+            latest = [a for a in annotations if isinstance(a, dict) and not is_true(a.get("was_cancelled"))]
             if latest:
                 pairs.append((task, max(latest, key=lambda a: str(a.get("created_at") or ""))))
         return dict(self.keep_all(pairs, body.get("label_config"), one_by_one=False), **self.retrain())
@@ -212,8 +219,11 @@ class StudioBackend:
         if rows:
             try:
                 self.labels.keep(rows)
-            except (WriteFailed, UserError) as exc:
-                raise BadRequest(f"the labels could not be kept: {exc}", status=507) from None
+            except (WriteFailed, UserError) as exc:  # the server's paths stay in its log, never sent
+                self.echo(f"the labels could not be kept: {exc.format_message()}")
+                why = os.strerror(exc.errno) if getattr(exc, "errno", None) else "the labels file is not one it keeps"
+                raise BadRequest(f"the labels could not be kept: {why} (the backend's log names the file)",
+                                 status=507) from None
         for path, (label, _) in rows.items():
             self.echo(f"kept {path}: {label}")
         for why in refused:
@@ -259,6 +269,11 @@ class StudioBackend:
             self.training.want(labels)
         return {"learning": f"a head on {len(labels)} labels is trained in the background" if labels else
                 "no label of a training image kept yet"}
+
+
+def is_task_id(value):
+    """Whether a task id is one Label Studio sends (a number, or text): an object or a list is none."""
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
 def task_id(task):

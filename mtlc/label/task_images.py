@@ -48,7 +48,7 @@ def parts_inside(folder, path, what):
         raise Refused(f"the task's {what} has a '.' or '..' part: {path!r}")
     absolute = os.path.normpath(absolute)
     if not absolute.startswith(folder.rstrip(os.sep) + os.sep):
-        raise Refused(f"the task's {what} lies outside the folder this backend serves ({folder}): {path!r}")
+        raise Refused(f"the task's {what} lies outside the folder this backend serves: {path!r}")
     return Path(os.path.relpath(absolute, folder)).parts
 
 
@@ -63,6 +63,13 @@ def task_image_parts(data, folder, root, image_key=TO_NAME):
         raise Refused(f"the task's {image_key!r} is not a URL ({type(url).__name__})")
     if path not in (None, "") and not isinstance(path, str):
         raise Refused(f"the task's 'path' is not text ({type(path).__name__})")
+    if url and not url.encode("utf-8", "replace") == url.encode("utf-8", "surrogatepass"):
+        raise Refused(f"the task's image URL holds a lone surrogate, which no URL holds: {url[:120]!r}")
+    if path:
+        try:
+            os.fsencode(path)  # a name's undecodable bytes come as surrogates of 0x80-0xff, any other is none
+        except UnicodeEncodeError:
+            raise Refused(f"the task's path holds a character no file name holds: {path[:120]!r}") from None
     by_path, there = path_parts(folder, path) if path else (None, False)
     if not url:
         if by_path is None:
@@ -94,8 +101,7 @@ def path_parts(folder, path):
         try:
             inside.append(parts_inside(folder, candidate, "path"))
         except Refused:
-            refused = refused or Refused(f"the task's path lies outside the folder this backend serves ({folder}): "
-                                         f"{path!r}")
+            refused = refused or Refused(f"the task's path lies outside the folder this backend serves: {path!r}")
     for parts in inside:
         if os.path.isfile(os.path.join(folder, *parts)):
             return parts, True
@@ -129,18 +135,20 @@ def read_inside(folder, parts):
             raise Refused(f"{where} is a link or cannot be opened ({exc.strerror})") from None
     finally:
         os.close(fd)
-    with open(file_fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:  # the descriptor is closed on every path, a refusal's too
+        st = os.fstat(file_fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{where} is not a regular file (a pipe, a socket or a device)")
+            raise Refused(f"{where} is not a regular file (a folder, a pipe, a socket or a device)")
         if st.st_size > MAX_IMAGE_BYTES:
             raise Refused(f"{where} is {st.st_size / 2 ** 20:.0f} MB, over the {MAX_IMAGE_BYTES // 2 ** 20} MB "
                           f"an image may be here")
-        os.set_blocking(f.fileno(), True)
-        try:
+        os.set_blocking(file_fd, True)
+        with open(file_fd, "rb", closefd=False) as f:
             return f.read(MAX_IMAGE_BYTES + 1)[:MAX_IMAGE_BYTES]
-        except OSError as exc:
-            raise Refused(f"{where} cannot be read ({exc.strerror})") from None
+    except OSError as exc:
+        raise Refused(f"{where} cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(file_fd)
 
 
 def task_image(data, folder, root, image_key=TO_NAME):

@@ -3,10 +3,12 @@ control), a checkpoint's result (test errors, per class, calibration, how LC wen
 Table 1 (mean +- std over runs) and the paired difference of MT+LC and its control, and the lines
 that describe calibration and acceptance.
 """
+import io
 import statistics
 from pathlib import Path
 
 from ..data.views import normalization
+from ..disk.console import csv_writer
 from ..disk.runs import atomic_write
 from ..train.inference import predict_classes, test_error
 from ..train.objectives import OBJECTIVES
@@ -184,8 +186,9 @@ def write_table(path, results):
     path = Path(path)
     if path.suffix == ".csv":
         keys = ["method", "setting", "runs", "student_mean", "student_std", "teacher_mean", "teacher_std"]
-        text = ",".join(keys) + "\n" + "".join(",".join(f'"{r[k]}"' if k == "setting" else str(r[k]) for k in keys)
-                                               + "\n" for r in rows)
+        out = io.StringIO(newline="")
+        csv_writer(out).writerows([keys] + [[r[k] for k in keys] for r in rows])
+        text = out.getvalue()
     else:
         cell = {(r["method"], r["setting"]): r for r in rows}
         text = ""
