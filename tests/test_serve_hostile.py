@@ -5,6 +5,7 @@ replaced under it."""
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -187,7 +188,25 @@ def test_live_learning_goes_on_with_every_image_labeled_and_its_cache_replaced(r
         shutil.rmtree(folder / "mtlc-cache")  # another run rebuilds the folder's caches
         backend.post("/webhook", {"action": "ANNOTATION_UPDATED", "task": tasks[0], "annotation": {"result": [
             dict(CHOICE[0], value={"choices": ["cat"]})]}})
-        wait_for_version(backend, version)
+        version = wait_for_version(backend, version)
         assert requests.get(backend.url + "/health", timeout=10).json()["learning"] == "ready"
+        backend.post("/webhook", {"action": "ANNOTATION_UPDATED", "task": tasks[1], "annotation": {"result": [
+            dict(CHOICE[0], value={"choices": ["dog"]})]}})
+        os.kill(backend.backend.training.process.pid, signal.SIGKILL)  # kill -9 in the middle of the round
+        wait_for_version(backend, version)
+        assert any("the training process ended" in line and "started again" in line for line in backend.lines)
     finally:
         backend.close()
+
+
+def test_a_labels_file_cut_short_by_another_writer_is_refused_whole(tmp_path):
+    from mtlc.errors import UserError
+    from mtlc.label import kept_labels
+    path = tmp_path / "label-studio-labels.csv"
+    whole = kept_labels.csv_bytes({"unlabeled/a.png": ("cat", "ab" * 16), "unlabeled/b.png": ("dog", "cd" * 16)})
+    for cut in (whole[:-1], whole[:-20]):  # its line end, or inside the last row's hash
+        path.write_bytes(cut)
+        with pytest.raises(UserError, match="is not a labels file this backend kept"):
+            kept_labels.read_rows(path)
+    path.write_bytes(whole)
+    assert len(kept_labels.read_rows(path)) == 2

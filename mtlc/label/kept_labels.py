@@ -10,15 +10,17 @@ writes, so neither loses the other's labels.
 import csv
 import io
 import os
+import re
 from pathlib import Path
 
-from ..data.files import DIGEST_COLUMN
+from ..data.files import DIGEST_BYTES, DIGEST_COLUMN
 from ..disk.console import csv_writer
 from ..disk.opening import lock_folder, open_regular
 from ..errors import UserError
 
 COLUMNS = ("path", "label", DIGEST_COLUMN)
 MAX_BYTES = 256 * 2 ** 20  # a million labels take about 150 MB
+DIGEST = re.compile(f"[0-9a-f]{{{2 * DIGEST_BYTES}}}")  # files.file_digest's hex
 
 
 def read_rows(path):
@@ -36,7 +38,10 @@ def read_rows(path):
         rows = list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as exc:
         raise UserError(f"{path} is not a labels file this backend kept ({exc}): give --labels another path") from None
-    if len(raw) > MAX_BYTES or not rows or tuple(rows[0]) != COLUMNS or any(len(r) != len(COLUMNS) for r in rows[1:]):
+    # a file cut short by another writer ends without its line end, or inside a row's hash
+    whole = raw.endswith(b"\n") and all(DIGEST.fullmatch(r[2]) for r in rows[1:] if len(r) == len(COLUMNS))
+    if (len(raw) > MAX_BYTES or not rows or tuple(rows[0]) != COLUMNS or not whole
+            or any(len(r) != len(COLUMNS) for r in rows[1:])):
         raise UserError(f"{path} is there and is not a labels file this backend kept (columns "
                         f"{','.join(COLUMNS)}): give --labels another path, or move that file")
     return {r[0]: (r[1], r[2]) for r in rows[1:]}

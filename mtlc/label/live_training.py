@@ -20,6 +20,8 @@ from ..train.progress import TimeEstimate
 from ..use.classifier import Classifier, checkpoint_identity
 from ..use.unseen import FOLDS, ROUND_SHARE, FoldHeads, models_of_row
 
+RESTARTS = 3  # a training process that ends mid-round is started again this many times at most
+
 
 class Rounds:
     """The heads of the rounds so far: each round's from the round before's, the first's from the
@@ -82,25 +84,32 @@ def training_process(conn, checkpoint, root, device_name):
 
 class LiveTraining:
     """The training process and the thread that feeds it: `want(labels)` asks for a head on these
-    labels; `trained(labels, weights, seconds)` is called with each head, in the thread."""
+    labels; `trained(labels, weights, seconds)` is called with each head, in the thread. A process
+    that ends in the middle of a round (killed, out of memory) is started again, at most RESTARTS
+    times, and the round's labels train in the new one."""
 
     def __init__(self, checkpoint, root, device, trained, echo):
         self.trained, self.echo = trained, echo
+        self.arguments = (str(checkpoint), str(root), str(device))
         self.status, self.wanted, self.changed = "starting", None, threading.Condition()
+        self.start_process()
+        threading.Thread(target=self.loop, daemon=True, name="mtlc live head feeder").start()
+
+    def start_process(self):
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=training_process, args=(child, str(checkpoint), str(root), str(device)),
-                                       daemon=True, name="mtlc live head")
+        self.process = context.Process(target=training_process, args=(child, *self.arguments), daemon=True,
+                                       name="mtlc live head")
         self.process.start()
         child.close()
-        threading.Thread(target=self.loop, daemon=True, name="mtlc live head feeder").start()
 
     def want(self, labels):
         with self.changed:
             self.wanted = dict(labels)
             self.changed.notify()
 
-    def loop(self):
+    def started(self):
+        """Whether the training process says it is ready; else the status says why not."""
         try:
             kind, why = self.conn.recv()
         except (EOFError, OSError):
@@ -108,8 +117,14 @@ class LiveTraining:
         if kind == "failed":
             self.status = f"does not learn live: {why}"
             self.echo(f"the head is not trained again live: {why}")
-            return
+            return False
         self.status = "ready"
+        return True
+
+    def loop(self):
+        restarts = 0
+        if not self.started():
+            return
         while True:
             with self.changed:
                 while self.wanted is None:
@@ -120,9 +135,19 @@ class LiveTraining:
                 self.conn.send(labels)
                 kind, what = self.conn.recv()
             except Exception as exc:  # the process ended, or was killed in the middle of its answer
-                self.status = f"does not learn live: the training process ended ({type(exc).__name__})"
-                self.echo(f"the head is not trained again live: the training process ended ({type(exc).__name__})")
-                return
+                ended = f"the training process ended ({type(exc).__name__})"
+                if restarts == RESTARTS:
+                    self.status = f"does not learn live: {ended}, {RESTARTS} times"
+                    self.echo(f"the head is not trained again live: {ended}, {RESTARTS} times")
+                    return
+                restarts += 1
+                self.echo(f"{ended}: started again, the {len(labels)} labels train there")
+                self.process.join(timeout=5)
+                self.start_process()
+                if not self.started():
+                    return
+                self.want(self.wanted or labels)  # newer labels, where any came meanwhile
+                continue
             self.status = "ready"
             try:
                 if kind != "trained":

@@ -263,7 +263,7 @@ class StudioBackend:
     def retrain(self):
         """Ask for a head on every label kept (those of the checkpoint's training images)."""
         labels = self.model.training_labels(self.labels.rows)
-        if self.training is None:
+        if self.training is None or self.learning().startswith("does not learn live"):
             return {"learning": self.learning()}
         if labels:
             self.training.want(labels)
