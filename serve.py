@@ -62,7 +62,8 @@ def main(ckpt, data_dir, label_studio_root, labels_path, accepted_path, max_erro
     \b
     python evaluate.py --ckpt runs/mine/lc.pt --predict mydata/unlabeled --label-studio tasks.json
     LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=$PWD/mydata \\
-      ML_BLOCK_LOCAL_IP=false SSRF_PROTECTION_ENABLED=false label-studio start
+      ML_BLOCK_LOCAL_IP=false SSRF_PROTECTION_ENABLED=false \\
+      ff_front_dev_1682_model_version_dropdown_070622_short=true label-studio start
     python serve.py --ckpt runs/mine/lc.pt --data-dir mydata
 
     Then in Label Studio: a project with tasks.label-config.xml, a local-files storage of
