@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from mtlc.data.datasets import CIFAR10_CLASSES
-from conftest import ROOT, run
+from conftest import ROOT, needs_triton, run
 from fakedata import write_folder
 
 
@@ -32,6 +32,7 @@ def gpu_check(*args):
     return run("tools/gpu_check.py", *args)
 
 
+@needs_triton  # the GPU check runs the fused kernel
 @pytest.mark.slow
 def test_gpu_check_in_miniature(tmp_path):
     write_folder(tmp_path / "cifar10-jpeg", classes=CIFAR10_CLASSES, n_train=3, n_test=1)
@@ -94,6 +95,7 @@ def test_gpu_check_needs_its_archive(tmp_path):
     assert res.returncode == 2 and "does not exist" in res.stderr and not list(tmp_path.iterdir())
 
 
+@needs_triton  # the GPU check runs the fused kernel
 @pytest.mark.slow
 def test_gpu_session_runs_the_parts_it_has_time_for(tmp_path):
     """The lent machine's one command: imports checked, a part run under its limit into OUT, a part

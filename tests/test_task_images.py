@@ -74,13 +74,14 @@ def test_a_file_too_large_is_refused_unread(served, monkeypatch):
 def test_labels_are_kept_whole_and_two_servers_keep_each_others(tmp_path):
     path = tmp_path / "labels.csv"
     one, other = KeptLabels(path, print), KeptLabels(path, print)
-    one.keep({"unlabeled/a.png": ("cat", "aa")})
-    other.keep({"unlabeled/b,\"c\".png": ("dog", "bb")})
-    assert one.keep({"unlabeled/a.png": ("owl", "aa")}) == {"unlabeled/a.png": ("owl", "aa"),
-                                                            "unlabeled/b,\"c\".png": ("dog", "bb")}
+    aa, bb = "a" * 32, "b" * 32  # as files.file_digest writes them
+    one.keep({"unlabeled/a.png": ("cat", aa)})
+    other.keep({"unlabeled/b,\"c\".png": ("dog", bb)})
+    assert one.keep({"unlabeled/a.png": ("owl", aa)}) == {"unlabeled/a.png": ("owl", aa),
+                                                          "unlabeled/b,\"c\".png": ("dog", bb)}
     assert path.read_text().splitlines()[0] == "path,label,blake2b"
-    threads = [threading.Thread(target=KeptLabels(path, print).keep, args=({f"unlabeled/{i}.png": ("cat", str(i))},))
-               for i in range(20)]
+    threads = [threading.Thread(target=KeptLabels(path, print).keep,
+                                args=({f"unlabeled/{i}.png": ("cat", f"{i:032x}")},)) for i in range(20)]
     for t in threads:
         t.start()
     for t in threads:
