@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 CHECKPOINTS = (0, 50, 100, 200, 500, 1000)  # labels given, where the curves are read off
+COLORS = {"least-confident": "tab:blue", "disagreement": "tab:orange", "typiclust": "tab:red",
+          "typiclust-first": "tab:purple", "random": "tab:green"}  # one colour an order, in every panel
 
 
 def mean_se(values):
@@ -128,7 +130,7 @@ def plot(records, path, per_round):
             for row, value in enumerate((lambda r: r["labels_error"], to_finish)):
                 # round k follows k * per_round labels; a run that ended earlier stays at its last round
                 ys = [np.mean([value(r["rounds"][min(k, len(r["rounds"]) - 1)]) for r in mine]) for k in range(longest)]
-                axes[row, column].plot(np.arange(longest) * per_round, ys, label=order)
+                axes[row, column].plot(np.arange(longest) * per_round, ys, label=order, color=COLORS[order])
         axes[0, column].set_title(f"{name} ({record['unlabeled']:,} unlabeled)", fontsize=9)
         axes[1, column].set_xlabel("the person's labels")
     axes[0, 0].set_ylabel("labels' error on the rest (%)")
