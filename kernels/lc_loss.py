@@ -1,14 +1,13 @@
 """The public local-clustering loss `lc_loss` (paper Eq. 4-5): the fused Triton kernels
 (lc_loss_triton.py, imported only where they run: Triton installs on Linux only) for CUDA tensors,
 the memory-bounded torch path (lc_loss_torch.py) everywhere else."""
-import os
 import warnings
 from typing import Optional, Tuple, Union
 
 import torch
 
 from .lc_loss_torch import ChunkedLCLoss
-from .reference import check_lc_inputs
+from .reference import check_lc_inputs, triton_interpreted
 
 # What a run that needs the fused kernel is told where Triton cannot be imported.
 NO_TRITON = ("the fused LC kernel needs Triton, which cannot be imported here: pip install triton (Linux; "
@@ -27,10 +26,6 @@ def triton_function(on_cuda):
         warnings.warn(f"{NO_TRITON}; the torch path computes the loss instead", stacklevel=3)
         return ChunkedLCLoss
     return TritonLCLoss
-
-
-def _triton_interpreted():
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def lc_loss(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: float, *, impl: str = "auto",
@@ -66,7 +61,7 @@ def lc_loss(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: float, *, i
         raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
     if impl == "auto":
         impl = "triton" if z_labeled.is_cuda else "torch"
-    if impl == "triton" and not z_labeled.is_cuda and not _triton_interpreted():
+    if impl == "triton" and not z_labeled.is_cuda and not triton_interpreted():
         raise ValueError("impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before triton is imported)")
     dtype = torch.promote_types(z_labeled.dtype, z_unlabeled.dtype)
     z = torch.cat([z_labeled.to(dtype), z_unlabeled.to(dtype)])

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .lc_loss import _triton_interpreted
 from .lc_loss_torch import finish_forward
+from .reference import triton_interpreted
 
 BLOCK_M = 64  # rows of z per tile
 BLOCK_N = 64  # unlabeled points per tile
@@ -157,7 +157,7 @@ DOT_DTYPES = {torch.float64: tl.float64, torch.float32: tl.float32, torch.float1
 
 def _launch_config(z):
     dot = DOT_DTYPES[z.dtype]
-    if dot == tl.bfloat16 and _triton_interpreted():
+    if dot == tl.bfloat16 and triton_interpreted():
         dot = tl.float32  # the interpreter multiplies bf16 as raw uint16 bits; fp32 holds bf16 exactly
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=min(64, max(16, triton.next_power_of_2(z.shape[1]))),
                 DOT=dot, ACC=tl.float64 if z.dtype == torch.float64 else tl.float32)

@@ -3,6 +3,7 @@
 Written for clarity, not speed: it materializes the N_l x N_u and N_u x N_u distance matrices.
 """
 import math
+import os
 
 from typing import Optional
 
@@ -82,3 +83,8 @@ def lc_loss_reference(z_labeled: torch.Tensor, z_unlabeled: torch.Tensor, eps: f
     unlabeled_classes = classes[n_labeled:]
     return (term(z_labeled, z_unlabeled, classes[:n_labeled], unlabeled_classes)
             + term(z_unlabeled, z_unlabeled, unlabeled_classes, unlabeled_classes)).to(out_dtype)
+
+
+def triton_interpreted():
+    """Whether Triton's interpreter runs the kernels (TRITON_INTERPRET set: CPU tensors, for tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -50,12 +50,17 @@ def predictions_of(task):
     return [p if isinstance(p, dict) else p.dict() for p in task.predictions]
 
 
-def test_label_studio_shows_the_backends_predictions_and_its_labels_train_a_new_version(studio, browser, tmp_path):
-    url, root = studio
+def served_tasks(root, tmp_path):
+    """(evaluate.py --label-studio's tasks file of the run's unlabeled images, a backend serving them)."""
     tasks_file = tmp_path / "tasks.json"
     assert invoke(evaluate, ["--ckpt", root / "run" / "mt.pt", "--predict", root / "d" / "unlabeled",
                              "--label-studio", tasks_file]).exit_code == 0
-    backend = Served(root, labels=tmp_path / "labels.csv")
+    return tasks_file, Served(root, labels=tmp_path / "labels.csv")
+
+
+def test_label_studio_shows_the_backends_predictions_and_its_labels_train_a_new_version(studio, browser, tmp_path):
+    url, root = studio
+    tasks_file, backend = served_tasks(root, tmp_path)
     try:
         ls, project = project_with_backend(url, tasks_file, root / "d" / "unlabeled", backend.url)
         tasks = list(ls.tasks.list(project=project.id, fields="all"))
@@ -108,10 +113,7 @@ def test_the_data_manager_sorts_the_tasks_least_confident_first_by_the_latest_ve
     predictions retrieved, its order is the backend's scores ascending (use/orders.py's least-confident
     order), first of the heads of --predict, then, after a round of labels, of the new version."""
     url, root = studio
-    tasks_file = tmp_path / "tasks.json"
-    assert invoke(evaluate, ["--ckpt", root / "run" / "mt.pt", "--predict", root / "d" / "unlabeled",
-                             "--label-studio", tasks_file]).exit_code == 0
-    backend = Served(root, labels=tmp_path / "labels.csv")
+    tasks_file, backend = served_tasks(root, tmp_path)
     try:
         ls, project = project_with_backend(url, tasks_file, root / "d" / "unlabeled", backend.url)
         tasks = list(ls.tasks.list(project=project.id, fields="all"))
