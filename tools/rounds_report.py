@@ -35,16 +35,19 @@ def finish_table(records):
              "| share of the unlabeled images | against random order, paired by draw |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, record in records.items():
-        n = record["unlabeled"]
-        for per_round in sorted({r["per_round"] for r in record["runs"]}):
-            by_order = {}
-            for run in record["runs"]:
-                if run["per_round"] == per_round:
-                    by_order.setdefault(run["order"], {})[run["draw"]] = finished_at(run, record["max_error"])
-            random = by_order.get("random", {})
+        n, finished = record["unlabeled"], {}
+        for run in record["runs"]:
+            finished.setdefault(run["per_round"], {}).setdefault(run["order"], {})[run["draw"]] = finished_at(
+                run, record["max_error"])
+        for per_round, by_order in sorted(finished.items()):
+            # where random order was not played at this K, against it at the nearest K played, said so
+            random_k = min((k for k in finished if "random" in finished[k]), key=lambda k: abs(k - per_round),
+                           default=None)
+            random = finished[random_k]["random"] if random_k is not None else {}
             for order, draws in by_order.items():
                 paired = [100 * (draws[d] / random[d] - 1) for d in draws if d in random]
-                versus = "-" if order == "random" or not paired else cell(paired, 0, "%")
+                versus = "-" if order == "random" or not paired else cell(paired, 0, "%") + (
+                    "" if random_k == per_round else f" (random at {random_k} a round)")
                 lines.append(f"| {name} ({n:,}) | {order} | {per_round} | {cell(list(draws.values()))} | "
                              f"{cell([100 * v / n for v in draws.values()], 1, '%')} | {versus} |")
     return "\n".join(lines)
