@@ -258,6 +258,7 @@ class Calibration:
     correct: np.ndarray     # False for every relabeled image (module docstring)
     uncalibrated: str = None  # why no temperature was fitted, if none was
     relabeled: int = 0      # held-out images relabeled with label.py, counted as errors
+    predicted: np.ndarray = None  # the class predicted for each held-out image (class_shift.py compares them)
 
     @classmethod
     def fit(cls, logits, labels, source, doubted=None):
@@ -274,7 +275,7 @@ class Calibration:
         correct = (predicted == labels) & trusted
         before, after = (cross_fitted_ece(logits[trusted], labels[trusted]) if uncalibrated is None else (np.nan, np.nan))
         return cls(source, len(labels), temperature, before, after, errors_at_coverage(confidence, correct),
-                   confidence, correct, uncalibrated, int((~trusted).sum()))
+                   confidence, correct, uncalibrated, int((~trusted).sum()), predicted)
 
     @property
     def ceiling(self):

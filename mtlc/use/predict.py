@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 import click
+import numpy as np
 from tqdm import tqdm
 
 from ..data.files import ImageFiles, describe_hidden, describe_others
@@ -27,6 +28,7 @@ from ..errors import UserError
 from ..train.checkpoints import restore_data
 from ..train.model import ModelConfig
 from . import label_studio
+from .class_shift import class_shift
 from .classifier import Classifier, checkpoint_identity, labeled_features
 from .figures import plot_coverage
 from .outliers import OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN
@@ -60,11 +62,12 @@ class PredictOptions:
 class Tally:
     """The predictions that pass through it, counted: rows, unreadable files (each reported as it
     passes, above the progress bar where there is one), names that are not UTF-8 text and, with a
-    threshold, accepted ones."""
+    threshold, accepted ones; and the images predicted a class, in the order of classes."""
 
-    def __init__(self, threshold, bar=None):
-        self.threshold, self.bar = threshold, bar
+    def __init__(self, threshold, classes, bar=None):
+        self.threshold, self.bar, self.classes = threshold, bar, list(classes)
         self.rows = self.failed = self.accepted = self.not_text = self.strays = 0
+        self.per_class = np.zeros(len(self.classes), int)
 
     def count(self, predictions):
         for p in predictions:
@@ -78,6 +81,7 @@ class Tally:
                 self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
             else:
                 self.strays += p.like_no_class
+                self.per_class[self.classes.index(p.label)] += 1
                 self.accepted += self.threshold is not None and is_accepted(p, self.threshold)
             yield p
 
@@ -118,7 +122,7 @@ def predicted(path, state, device, o, listed, output, studio, claim):
                    unseen_heads=FOLDS if classifier.unseen else 0, like_no_class=0 if classifier.strays else None)
     bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
     if not (output or o.suggest_n):  # rows straight to stdout as they come
-        tally = Tally(threshold, bar)
+        tally = Tally(threshold, classifier.classes, bar)
         write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold, strays=classifier.strays)
         bar.close()
         return report(path, o, tally, files.others, summary, found, cal)
@@ -132,7 +136,7 @@ def predicted(path, state, device, o, listed, output, studio, claim):
         kept.fill(classifier.predict_files(itertools.islice(files, kept.done, None), o.batch_size), bar.update,
                   o.batch_size)
         bar.close()
-        tally = Tally(threshold)
+        tally = Tally(threshold, classifier.classes)
         for _ in tally.count(kept.rows()):
             pass
         if tally.rows != count:  # work this run did not write, or a folder changed under it: never a short output
@@ -277,6 +281,10 @@ def report(path, o, tally, others, summary, found, cal, suggested=None):
         say(describe_acceptance(tally.accepted, n - failed, o.max_error, found, cal, bool(summary['unseen_heads'])))
         summary.update(max_error=o.max_error, accepted=tally.accepted, predicted=n - failed,
                        threshold=found.confidence if found else None)
+        shift = class_shift(cal.predicted, tally.per_class, tally.classes) if cal is not None else None
+        if shift:
+            say(shift.line(cal.source))
+        summary.update(class_shift=shift.summary() if shift else None)
     if o.as_json:
         click.echo(json.dumps(summary))
     return failed
