@@ -67,7 +67,7 @@ class Tally:
     def __init__(self, threshold, classes, bar=None):
         self.threshold, self.bar, self.classes = threshold, bar, list(classes)
         self.rows = self.failed = self.accepted = self.not_text = self.strays = 0
-        self.per_class = np.zeros(len(self.classes), int)
+        self.per_class, self.index = np.zeros(len(self.classes), int), {c: k for k, c in enumerate(self.classes)}
 
     def count(self, predictions):
         for p in predictions:
@@ -81,7 +81,7 @@ class Tally:
                 self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
             else:
                 self.strays += p.like_no_class
-                self.per_class[self.classes.index(p.label)] += 1
+                self.per_class[self.index[p.label]] += 1
                 self.accepted += self.threshold is not None and is_accepted(p, self.threshold)
             yield p
 
