@@ -30,15 +30,23 @@ def finished_at(run, max_error):
     return min(r["labels"] + r["unlabeled"] - r["accepted"] for r in run["rounds"] if r["accepted_error"] <= max_error)
 
 
+def rest_within(run, max_error):
+    """The labels given when the images still unlabeled were, all of them together, at most max_error %
+    wrong for the first time (accepting every one would then have kept the promise), or None."""
+    return next((r["labels"] for r in run["rounds"] if r["labels_error"] <= max_error), None)
+
+
 def finish_table(records):
     lines = ["| folder (unlabeled images) | order | labels a round | the person's labels to a finished folder "
-             "| share of the unlabeled images | against random order, paired by draw |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| share of the unlabeled images | against random order, paired by draw "
+             "| labels until the rest was at most 5% wrong as a whole (draws that got there) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, record in records.items():
-        n, finished = record["unlabeled"], {}
+        n, finished, within = record["unlabeled"], {}, {}
         for run in record["runs"]:
             finished.setdefault(run["per_round"], {}).setdefault(run["order"], {})[run["draw"]] = finished_at(
                 run, record["max_error"])
+            within.setdefault((run["per_round"], run["order"]), []).append(rest_within(run, record["max_error"]))
         for per_round, by_order in sorted(finished.items()):
             # where random order was not played at this K, against it at the nearest K played, said so
             random_k = min((k for k in finished if "random" in finished[k]), key=lambda k: abs(k - per_round),
@@ -48,8 +56,10 @@ def finish_table(records):
                 paired = [100 * (draws[d] / random[d] - 1) for d in draws if d in random]
                 versus = "-" if order == "random" or not paired else cell(paired, 0, "%") + (
                     "" if random_k == per_round else f" (random at {random_k} a round)")
+                reached = [v for v in within[per_round, order] if v is not None]
                 lines.append(f"| {name} ({n:,}) | {order} | {per_round} | {cell(list(draws.values()))} | "
-                             f"{cell([100 * v / n for v in draws.values()], 1, '%')} | {versus} |")
+                             f"{cell([100 * v / n for v in draws.values()], 1, '%')} | {versus} | "
+                             f"{cell(reached) if reached else '-'} ({len(reached)} of {len(draws)}) |")
     return "\n".join(lines)
 
 
