@@ -67,7 +67,10 @@ def test_predict_says_so_and_its_json_holds_it(trained, tmp_path):
     apart = run("evaluate.py", "--ckpt", ckpt, "--predict", copies, "--csv", tmp_path / "c.csv", "--max-error", "60",
                 "--json")
     assert apart.returncode == 0, apart.stderr
-    shift = json.loads(apart.stdout.splitlines()[-1])["class_shift"]
+    summary = json.loads(apart.stdout.splitlines()[-1])
+    shift = summary["class_shift"]
+    # the threshold is then for the images' own proportions (label_shift.py), and the line says so
+    assert ("the images' error in their own class proportions" in apart.stderr) == (summary["threshold"] is not None)
     held_share = sum(r["prediction"] == rarest for r in rows) / len(rows)
     assert shift["most_apart"][rarest] == [1.0, pytest.approx(held_share, abs=1e-4)]
     assert shift["total_variation"] >= 0.5 and shift["p_value"] < 1e-3

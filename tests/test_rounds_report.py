@@ -1,6 +1,6 @@
 """The rounds' report (tools/rounds_report.py): the person's labels to a finished folder counts only the
 rounds whose promise held, and each order is set against random order on the same starting labels."""
-from tools.rounds_report import finish_table, finished_at, promise_table, rest_within
+from tools.rounds_report import finish_table, finished_at, promise_table, rest_within, shift_table
 
 
 def round_(labels, unlabeled, accepted, accepted_error, labels_error=20.0):
@@ -46,3 +46,15 @@ def test_the_promise_table_counts_the_rounds_that_accepted_more_than_the_error_a
     record = dict(unlabeled=100, max_error=5.0, runs=[
         run("random", 50, 1, [round_(0, 100, 0, 0.0), round_(50, 50, 40, 5.5), round_(100, 0, 10, 5.0)])])
     assert "| f | 3 | 2 | 1 (50.0%) | 5.50% |" in promise_table({"f": record})
+
+
+def test_the_shift_table_sets_the_images_proportions_against_the_held_out_ones_where_the_shift_was_seen():
+    def shifted(seen, accepted, before, before_error):
+        return dict(round_(0, 100, accepted, 1.0), shift_seen=seen,
+                    before={"held-out proportions": [before, before_error]})
+    record = dict(unlabeled=100, max_error=5.0, runs=[run("least-confident", 10, 1, [
+        shifted(True, 60, 50, 1.0), shifted(True, 40, 45, 2.0), shifted(True, 30, 70, 6.0), shifted(False, 0, 0, 0.0)])])
+    line = shift_table({"f": record}).splitlines()[-1]
+    # now 60, 40, 30 of 100 (43.3%), the other 50, 45, 70 (55.0%); fewer in two rounds, one where it held (5)
+    assert line == "| f | 3 (4) | 43.3% | 55.0% | 1.00% / 3.39% | 1 (5) | 0 / 1 |"
+    assert shift_table({"f": dict(record, runs=[run("random", 10, 1, [round_(0, 100, 0, 0.0)])])}).count("\n") == 1

@@ -43,6 +43,7 @@ from mtlc.train.progress import TimeEstimate  # noqa: E402
 from mtlc.train.networks import build_models  # noqa: E402
 from mtlc.train.model import ModelConfig  # noqa: E402
 from mtlc.use.calibration import Calibration, confidences  # noqa: E402
+from mtlc.use.label_shift import standardized_bound  # noqa: E402
 from mtlc.use.orders import ORDERS, next_images  # noqa: E402
 from mtlc.use.outliers import TRUNK_OUTLIER_MARGIN, LabeledSpread  # noqa: E402
 from mtlc.use.selection import unit_rows  # noqa: E402
@@ -100,7 +101,8 @@ def trained(folder, labels, previous, workers):
 def outcome(folder, heads, labels, pool, calibrating):
     """(the Calibration on the held-out images still calibrating (a mask), each pool image's class and
     confidence by the head that never saw it, the threshold or None, which pool images are like no
-    class, every head's logits of the pool, each held-out image's confidence)."""
+    class, every head's logits of the pool, each held-out image's confidence, whether the threshold is for
+    the pool's own class proportions: label_shift.py)."""
     fold = folder.heads.fold_of_row[pool]
     with torch.no_grad():
         every = torch.stack([model_outputs(teacher, folder.features[pool], None, None)[1] for _, teacher in heads])
@@ -115,15 +117,19 @@ def outcome(folder, heads, labels, pool, calibrating):
     spread = LabeledSpread(in_memory(unit_rows(folder.features[rows].numpy())))
     strays = (spread.ratios(folder.features[pool].numpy()) > TRUNK_OUTLIER_MARGIN) if spread.largest else np.zeros(
         len(pool), bool)
-    return cal, predicted, confidence, cal.threshold(MAX_ERROR), strays, every.numpy(), confidences(
-        held_own, cal.temperature, cal.ceiling)[1]
+    # the images' class proportions, as --predict weighs them: the images never accepted left out
+    standardized = standardized_bound(cal, confidence[~strays], predicted[~strays], folder.classes)
+    return cal, predicted, confidence, cal.threshold(MAX_ERROR, standardized), strays, every.numpy(), confidences(
+        held_own, cal.temperature, cal.ceiling)[1], standardized is not None
 
 
 def searched_before(cal, confidence, wrong, strays):
-    """{search: (images accepted, their actual error %)} of the two searches the fallback procedure
-    replaced (bench_acceptance.py), on the same held-out images and pool."""
+    """{search: (images accepted, their actual error %)} of the searches the one now replaced, on the same
+    held-out images and pool: the fallback procedure in the held-out images' proportions (label_shift.py)
+    and the two searches that replaced (bench_acceptance.py)."""
     before = {}
-    for name, search in (("fixed sequence", fixed_sequence), ("binary search", binary_search)):
+    for name, search in (("held-out proportions", lambda *args: getattr(cal.threshold(MAX_ERROR), "confidence", None)),
+                         ("fixed sequence", fixed_sequence), ("binary search", binary_search)):
         t = search(cal.confidence, cal.correct, MAX_ERROR)
         accepted = (confidence >= t) & ~strays if t is not None else np.zeros(len(confidence), bool)
         before[name] = (int(accepted.sum()), round(100 * wrong[accepted].mean(), 3) if accepted.any() else 0.0)
@@ -147,8 +153,8 @@ def play(folder, order, per_round, draw, max_share, workers, echo, first_heads, 
         else:
             heads = trained(folder, labels, heads, workers)
             first_heads.setdefault(draw, heads)
-        cal, predicted, confidence, found, strays, every, held_confidence = outcome(folder, heads, labels, pool,
-                                                                                   calibrating)
+        cal, predicted, confidence, found, strays, every, held_confidence, shifted = outcome(folder, heads, labels,
+                                                                                            pool, calibrating)
         accepted = (confidence >= found.confidence) & ~strays if found else np.zeros(len(pool), bool)
         wrong = predicted != folder.truth[pool]
         given = len(labels) - start_labels
@@ -159,6 +165,7 @@ def play(folder, order, per_round, draw, max_share, workers, echo, first_heads, 
                            accepted=int(accepted.sum()), accepted_error=round(100 * wrong[accepted].mean(), 3)
                            if accepted.any() else 0.0, threshold=found.confidence if found else None,
                            held_out_above=found.held_out if found else 0, calibrating=int(calibrating.sum()),
+                           shift_seen=shifted,
                            before=searched_before(cal, confidence, wrong, strays), like_no_class=int(strays.sum()),
                            seconds=round(time.perf_counter() - began, 2)))
         echo(f"{order} K={per_round} draw {draw}: " + json.dumps(rounds[-1]))

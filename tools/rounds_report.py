@@ -130,6 +130,31 @@ def searches_table(records):
     return "\n".join(lines)
 
 
+def shift_table(records):
+    """On the rounds where the pool's classes were seen apart from the held-out images' (label_shift.py):
+    the search in the pool's own proportions (now) against the same search in the held-out proportions,
+    the share each accepted, their actual error, and the rounds now accepted fewer where that one held."""
+    lines = ["| folder | rounds with the shift seen (of all) | accepted: the images' proportions (now) "
+             "| the held-out images' proportions | actual error: now / held-out proportions "
+             "| rounds now accepted fewer where the other kept its promise (most images short) "
+             "| promise broken: now / held-out proportions |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, record in records.items():
+        every = [r for run in record["runs"] for r in run["rounds"] if "shift_seen" in r]
+        rounds = [r for r in every if r["shift_seen"]]
+        if not rounds:
+            continue
+        limit = record["max_error"]
+        now = [(r["accepted"], r["accepted_error"]) for r in rounds]
+        held = [tuple(r["before"]["held-out proportions"]) for r in rounds]
+        share = [f"{100 * np.mean([a / r['unlabeled'] for (a, _), r in zip(results, rounds)]):.1f}%" for results in (now, held)]
+        error = [f"{sum(a * e for a, e in results) / max(1, sum(a for a, _ in results)):.2f}%" for results in (now, held)]
+        gaps = [b - a for (a, _), (b, e) in zip(now, held) if e <= limit and b > a]
+        broken = [sum(a > 0 and e > limit for a, e in results) for results in (now, held)]
+        lines.append(f"| {name} | {len(rounds):,} ({len(every):,}) | {share[0]} | {share[1]} | {error[0]} / {error[1]} "
+                     f"| {len(gaps):,} ({max(gaps, default=0):,}) | {broken[0]} / {broken[1]} |")
+    return "\n".join(lines)
+
+
 def plot(records, path, per_round):
     import matplotlib
     matplotlib.use("Agg")
@@ -167,5 +192,6 @@ def print_report(folder, figure=None):
         print(curve_table(records, per_round))
     print("\n" + promise_table(records))
     print("\n" + searches_table(records))
+    print("\n" + shift_table(records))
     if figure:
         plot(records, figure, max(r["per_round"] for record in records.values() for r in record["runs"]))

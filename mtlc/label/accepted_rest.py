@@ -1,11 +1,11 @@
 """The rest of a folder that needs no person: every image still unlabeled, answered by the live model's
 current version (each by the head that never saw it, live_model.py), with `accepted` where --max-error's
-threshold on the held-out images takes it, as evaluate.py --predict computes it; written as the CSV
+threshold on the held-out images takes it, as evaluate.py --predict computes it (in the rest's own class
+proportions where they are apart from the held-out images': use/label_shift.py); written as the CSV
 --predict writes, which `label.py --apply FILE --accepted` takes. Beside the labels the person gave
 (kept_labels.py, `label.py --apply`), it finishes the folder: what is neither accepted nor labeled is
 what the person still has to look at, least confident first (use/orders.py).
 """
-import math
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from ..disk.console import path_text
 from ..disk.runs import atomic_write
 from ..use.calibration import confidences
 from ..use.classifier import Prediction
+from ..use.label_shift import threshold_for
 from ..use.outliers import LabeledSpread
 from ..use.prediction_rows import write_rows
 from ..use.selection import unit_rows
@@ -56,8 +57,8 @@ def write_accepted_rest(model, given, folder, max_error, path):
     """Write the rest (module docstring) of the current version to path, whole or not at all; returns
     (images accepted, images still unlabeled, the threshold found or None)."""
     version = model.current
-    found = version.calibration.threshold(max_error)
-    threshold = found.confidence if found else math.inf
+    found, threshold = threshold_for(version.calibration, rest_predictions(model, version, given, folder),
+                                     model.classes, max_error)
     counts = [0, 0]
 
     def counted(predictions):

@@ -212,11 +212,12 @@ def restart_places(n_held_out, max_error, level=CONFIDENCE_LEVEL):
     return [(counts[0], alpha / 2)] + [(c, rest) for c in counts[1:]]
 
 
-def acceptance_threshold(confidence, correct, max_error, level=CONFIDENCE_LEVEL):
+def acceptance_threshold(confidence, correct, max_error, level=CONFIDENCE_LEVEL, standardized=None):
     """The lowest confidence t that the fallback procedure's tests (module docstring) pass, such that
     the held-out images at confidence >= t are at most max_error % wrong, with the given confidence:
     (t, count above it, their error %, its upper bound % at the level it was tested at), or None
-    where no threshold qualifies."""
+    where no threshold qualifies. standardized: a label_shift.StandardizedBound, whose bound on the
+    error in the images' own class proportions each place is then tested with."""
     conf, errors, counts = ranked(confidence, correct)
     restarts = restart_places(len(correct), max_error, level)
     carried, best, next_restart = 0.0, None, 0
@@ -225,7 +226,12 @@ def acceptance_threshold(confidence, correct, max_error, level=CONFIDENCE_LEVEL)
         while next_restart < len(restarts) and restarts[next_restart][0] <= counts[place]:
             share += restarts[next_restart][1]
             next_restart += 1
-        bound = float(error_upper_bound(errors[place], counts[place], 1 - share)) if share > 0 else 100.0
+        if share <= 0:
+            bound = 100.0
+        elif standardized is None:
+            bound = float(error_upper_bound(errors[place], counts[place], 1 - share))
+        else:
+            bound = standardized.upper(int(counts[place]), float(conf[place]), 1 - share)
         if bound <= max_error:
             best, carried = (place, bound), share
         else:
@@ -233,7 +239,8 @@ def acceptance_threshold(confidence, correct, max_error, level=CONFIDENCE_LEVEL)
     if best is None:
         return None
     place, bound = best
-    return Threshold(float(conf[place]), int(counts[place]), float(100.0 * errors[place] / counts[place]), bound)
+    return Threshold(float(conf[place]), int(counts[place]), float(100.0 * errors[place] / counts[place]), bound,
+                     standardized is not None)
 
 
 @dataclass
@@ -242,6 +249,7 @@ class Threshold:
     held_out: int       # held-out images at or above it
     error: float        # their error, %
     bound: float        # its one-sided upper bound, %, at the level its test had (a share of 1 - CONFIDENCE_LEVEL)
+    standardized: bool = False  # the bound is on the error in the images' own class proportions (label_shift.py)
 
 
 @dataclass
@@ -259,6 +267,7 @@ class Calibration:
     uncalibrated: str = None  # why no temperature was fitted, if none was
     relabeled: int = 0      # held-out images relabeled with label.py, counted as errors
     predicted: np.ndarray = None  # the class predicted for each held-out image (class_shift.py compares them)
+    labels: np.ndarray = None     # each held-out image's class (label_shift.py: the classes' errors)
 
     @classmethod
     def fit(cls, logits, labels, source, doubted=None):
@@ -275,15 +284,16 @@ class Calibration:
         correct = (predicted == labels) & trusted
         before, after = (cross_fitted_ece(logits[trusted], labels[trusted]) if uncalibrated is None else (np.nan, np.nan))
         return cls(source, len(labels), temperature, before, after, errors_at_coverage(confidence, correct),
-                   confidence, correct, uncalibrated, int((~trusted).sum()), predicted)
+                   confidence, correct, uncalibrated, int((~trusted).sum()), predicted, labels)
 
     @property
     def ceiling(self):
         """The highest confidence these held-out images support (supported_confidence)."""
         return supported_confidence(self.n - self.relabeled)
 
-    def threshold(self, max_error):
-        return acceptance_threshold(self.confidence, self.correct, max_error)
+    def threshold(self, max_error, standardized=None):
+        """acceptance_threshold on these held-out images (standardized: as there)."""
+        return acceptance_threshold(self.confidence, self.correct, max_error, standardized=standardized)
 
     def summary(self):
         return dict(held_out=self.source, n_held_out=self.n, relabeled_counted_wrong=self.relabeled,

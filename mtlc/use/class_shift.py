@@ -2,7 +2,8 @@
 
 The promise `--max-error` makes (calibration.py) is for images like the held-out ones. Where a folder's
 classes come in other proportions than its test/ (a test/ of 100 a class beside a long-tailed
-unlabeled folder), the images accepted can be less or more wrong than the held-out images showed:
+unlabeled folder), the images accepted can be less or more wrong than the held-out images showed
+(label_shift.py then makes the promise for the images' own proportions):
 under label shift the error at a confidence depends on which classes are many (Lipton, Wang and Smola,
 "Detecting and correcting for label shift with black box predictors", ICML 2018), and nothing in the
 promise says which way. The images' classes are unknown, but their predicted classes are seen, by the
@@ -30,9 +31,10 @@ class ClassShift:
     def line(self, source):
         shares = ", ".join(f"{name} {100 * mine:.0f}% against {100 * held:.0f}%" for name, mine, held in self.apart)
         return (f"the images' predicted classes are not in the held-out {source} images' proportions ({shares}; "
-                f"a total variation of {self.distance:.2f}, p = {self.p_value:.1g}): the promise is made for images "
-                f"like the held-out ones, and among classes in other proportions the error of those accepted can "
-                f"be higher or lower than that; held-out images drawn as the images are make it theirs")
+                f"a total variation of {self.distance:.2f}, p = {self.p_value:.1g}): the promise is made for the "
+                f"images' own proportions, estimated from their predicted classes, and costs held-out evidence "
+                f"where a class many images are predicted has few held-out images; held-out images drawn as the "
+                f"images are make it cheaper")
 
     def summary(self):
         return dict(total_variation=round(self.distance, 4), p_value=float(f"{self.p_value:.3g}"),

@@ -1,9 +1,10 @@
 """The --predict job of evaluate.py: a Classifier of the checkpoint, calibrated on its held-out
 images; the acceptance threshold of --max-error; one CSV row per image (or, with --suggest, per
 image to label next) streamed to a file or stdout; the review page; one summary line per outcome.
-The files are streamed as they are found, never listed whole; with a file to write, the predictions
-are kept on disk beside it as they are made (prediction_rows.py), so that a run interrupted goes on
-where it stopped, and the outputs are made from them at the end, a row at a time.
+The files are streamed as they are found, never listed whole; with a file to write (or a threshold to
+find: it is for the images' own class proportions, label_shift.py, so it waits for the last image), the
+predictions are kept on disk as they are made (prediction_rows.py), beside the file so that a run
+interrupted goes on where it stopped, and the outputs are made from them at the end, a row at a time.
 """
 import contextlib
 import itertools
@@ -29,6 +30,7 @@ from ..train.checkpoints import restore_data
 from ..train.model import ModelConfig
 from . import label_studio
 from .class_shift import class_shift
+from .label_shift import threshold_for
 from .classifier import Classifier, checkpoint_identity, labeled_features
 from .figures import plot_coverage
 from .outliers import OUTLIER_MARGIN, TRUNK_OUTLIER_MARGIN
@@ -62,7 +64,8 @@ class PredictOptions:
 class Tally:
     """The predictions that pass through it, counted: rows, unreadable files (each reported as it
     passes, above the progress bar where there is one), names that are not UTF-8 text and, with a
-    threshold, accepted ones; and the images predicted a class, in the order of classes."""
+    threshold, accepted ones; and the images predicted a class (those like no class left out, as they are
+    never accepted), in the order of classes."""
 
     def __init__(self, threshold, classes, bar=None):
         self.threshold, self.bar, self.classes = threshold, bar, list(classes)
@@ -81,7 +84,7 @@ class Tally:
                 self.bar.write(message, file=sys.stderr) if self.bar is not None else say(message)
             else:
                 self.strays += p.like_no_class
-                self.per_class[self.index[p.label]] += 1
+                self.per_class[self.index[p.label]] += not p.like_no_class
                 self.accepted += self.threshold is not None and is_accepted(p, self.threshold)
             yield p
 
@@ -117,15 +120,15 @@ def predicted(path, state, device, o, listed, output, studio, claim):
     """predict's work once its inputs are checked (listed: the ImageFiles, their count, listing and
     targets) and its output's work folder claimed."""
     files, count, listing, targets = listed
-    classifier, cal, found, threshold = calibrated(path, state, device, o)
+    classifier, cal = calibrated(state, device, o, path)
     summary = dict(checkpoint=str(path), model=o.model_name, **(cal.summary() if cal else dict(temperature=None)),
                    unseen_heads=FOLDS if classifier.unseen else 0, like_no_class=0 if classifier.strays else None)
     bar = tqdm(total=count, desc="predicting", unit="img", disable=None, file=sys.stderr)
-    if not (output or o.suggest_n):  # rows straight to stdout as they come
-        tally = Tally(threshold, classifier.classes, bar)
-        write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), threshold, strays=classifier.strays)
+    if not (output or o.suggest_n or o.max_error is not None or o.coverage):  # rows straight to stdout as they come
+        tally = Tally(None, classifier.classes, bar)
+        write_stdout(tally.count(classifier.predict_files(files, o.batch_size)), None, strays=classifier.strays)
         bar.close()
-        return report(path, o, tally, files.others, summary, found, cal)
+        return report(path, o, tally, files.others, summary, None, cal)
     key = dict(step="predict", checkpoint=checkpoint_identity(path), model=o.model_name,
                temperature=classifier.temperature, ceiling=classifier.ceiling, listing=listing,
                features=bool(o.suggest_n), unseen=classifier.unseen is not None, strays=classifier.strays)
@@ -136,6 +139,13 @@ def predicted(path, state, device, o, listed, output, studio, claim):
         kept.fill(classifier.predict_files(itertools.islice(files, kept.done, None), o.batch_size), bar.update,
                   o.batch_size)
         bar.close()
+        # the threshold once every image is predicted: it is for their class proportions (label_shift.py)
+        found, threshold = (threshold_for(cal, kept.rows(), classifier.classes, o.max_error) if o.max_error is not None
+                            else (None, None))
+        if o.coverage:
+            plot_coverage(cal, o.max_error, found, o.coverage,
+                          f"{state['config'].dataset}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
+            say(f"wrote {o.coverage}")
         tally = Tally(threshold, classifier.classes)
         for _ in tally.count(kept.rows()):
             pass
@@ -148,9 +158,9 @@ def predicted(path, state, device, o, listed, output, studio, claim):
     return report(path, o, tally, files.others, summary, found, cal, suggested=chosen)
 
 
-def calibrated(path, state, device, o):
-    """(the Classifier of --model, its calibration on the held-out images or None, the --max-error
-    threshold found or None, the confidence a row needs to be accepted or None); --coverage drawn."""
+def calibrated(state, device, o, path):
+    """(the Classifier of --model, its calibration on the held-out images or None); refused here, before
+    any work, where --max-error or --coverage has no held-out images to stand on."""
     classifier = Classifier(state, model=o.model_name, device=device)
     cal = unseen_calibration(classifier, path, o) or classifier.calibrate(o.data_dir, echo=say)
     # the heads' own temperature: not the checkpoint's (evaluate.py --json), whose head saw the images
@@ -160,13 +170,7 @@ def calibrated(path, state, device, o):
     if cal is None and (o.max_error is not None or o.coverage):
         raise UserError(f"--max-error and --coverage need the checkpoint's held-out labeled images: "
                         f"{classifier.uncalibrated}")
-    found = cal.threshold(o.max_error) if o.max_error is not None else None
-    threshold = None if o.max_error is None else (found.confidence if found else float("inf"))
-    if o.coverage:
-        plot_coverage(cal, o.max_error, found, o.coverage,
-                      f"{state['config'].dataset}, {method_name(state)} {o.model_name}: held-out {cal.source} images")
-        say(f"wrote {o.coverage}")
-    return classifier, cal, found, threshold
+    return classifier, cal
 
 
 def unseen_calibration(classifier, path, o):

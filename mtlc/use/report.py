@@ -304,7 +304,9 @@ def describe_calibration(summary):
 
 def describe_acceptance(n_accepted, n, max_error, found, cal, unseen=False):
     """The line --max-error ends with; unseen: the images were predicted by heads that never saw them."""
-    promise = (f"the promise holds at {CONFIDENCE_LEVEL:.0%} for images like the held-out ones (the search for the "
+    alike = ("images in these images' class proportions, each class like its held-out images" if found and found.standardized
+             else "images like the held-out ones")
+    promise = (f"the promise holds at {CONFIDENCE_LEVEL:.0%} for {alike} (the search for the "
                "threshold included)" + ("; each image was predicted by a head that never saw it, so the unlabeled "
                                         "ones the checkpoint trained on are such images" if unseen else
                                         "; the unlabeled images were trained on, so the network is more confident on "
@@ -316,5 +318,6 @@ def describe_acceptance(n_accepted, n, max_error, found, cal, unseen=False):
                 f"can never show it)")
     return (f"{n_accepted:,} of {n:,} accepted at an expected error of at most {max_error:g}% (threshold "
             f"{found.confidence:.4f}, from {cal.n:,} held-out images): {found.held_out:,} of the held-out "
-            f"{cal.source} images are at or above it, {found.error:.1f}% of them wrong, at most {found.bound:.1f}% "
-            f"at {CONFIDENCE_LEVEL:.0%} confidence; {promise}")
+            f"{cal.source} images are at or above it, {found.error:.1f}% of them wrong; "
+            + ("the images' error in their own class proportions (next line) " if found.standardized else "")
+            + f"at most {found.bound:.1f}% at {CONFIDENCE_LEVEL:.0%} confidence; {promise}")
