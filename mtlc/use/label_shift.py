@@ -45,9 +45,19 @@ class StandardizedBound:
         mine = np.argsort(-np.asarray(confidence), kind="stable")
         self.confidence, self.mine = np.asarray(confidence)[mine], np.asarray(predicted)[mine]
         self.k = n_classes
+        self.above, self.counts = 0, np.zeros(n_classes, np.int64)  # counted_above's last count
         # Whether the images' mix of classes is no harder than the held-out images', judged once on all of
         # them (where the errors are many, not by the few near the top)
         self.no_harder = self.estimate(len(self.labels), -np.inf)[0] <= self.wrong.mean()
+
+    def counted_above(self, above):
+        """The images a predicted class among the first `above` (most confident first): from the count
+        before where the search goes down, so a search over the places reads each image once."""
+        if above < self.above:
+            self.above, self.counts = 0, np.zeros(self.k, np.int64)
+        self.counts = self.counts + np.bincount(self.mine[self.above:above], minlength=self.k)
+        self.above = above
+        return self.counts
 
     def shares(self, count, threshold):
         """(q: the classes' estimated shares among the images at or above threshold, the share of them
@@ -56,7 +66,7 @@ class StandardizedBound:
         above = int(np.searchsorted(-self.confidence, -threshold, side="right"))
         if not above:
             return None
-        mu = np.bincount(self.mine[:above], minlength=self.k) / above
+        mu = self.counted_above(above) / above
         labels, predicted = self.labels[:count], self.predicted[:count]
         n_class = np.bincount(labels, minlength=self.k)
         present = np.flatnonzero(n_class)
@@ -116,8 +126,9 @@ def threshold_for(cal, predictions, classes, max_error):
     accepted): in their own class proportions where class_shift.py sees them apart from the held-out
     images' (the rows never accepted, unreadable or like no class, left out)."""
     index = {c: k for k, c in enumerate(classes)}
-    kept = [(index[p.label], p.confidence) for p in predictions if p.label is not None and not p.like_no_class]
-    predicted, confidence = (np.array(column) for column in zip(*kept)) if kept else (np.zeros(0, int), np.zeros(0))
+    kept = np.fromiter(((index[p.label], p.confidence) for p in predictions if p.label is not None
+                        and not p.like_no_class), dtype=[("predicted", np.int64), ("confidence", np.float64)])
+    predicted, confidence = kept["predicted"], kept["confidence"]  # two arrays, not a row object an image
     found = cal.threshold(max_error, standardized_bound(cal, confidence, predicted, classes))
     if found is not None and found.standardized and not (confidence >= found.confidence).any():
         found = None  # a place above every image passed only as it accepts none of them
